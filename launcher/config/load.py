@@ -1,0 +1,59 @@
+"""From Hydra's composed config to a validated ``JobConfig``, frozen once into the run dir, and back."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .schema import ClusterConfig, JobConfig
+
+FROZEN_NAME = "config.yaml"
+
+# One schema per cluster kind; ``+cluster=<kind>`` composes the subclass, the frozen YAML is read back with it.
+CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {"local": ClusterConfig}
+
+
+def to_job(cfg: DictConfig) -> JobConfig:
+    """Resolve interpolations and build the dataclasses; every ``__post_init__`` check runs here."""
+    job = OmegaConf.to_object(cfg)
+    if not isinstance(job, JobConfig):
+        raise TypeError(f"config did not compose onto JobConfig (got {type(job).__name__})")
+    return job
+
+
+def to_yaml(job: JobConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(job))
+
+
+def freeze(job: JobConfig, run_dir: str | Path) -> Path:
+    """Write the resolved config the workers will run, once, on the submitting host."""
+    path = Path(run_dir) / FROZEN_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{FROZEN_NAME}.tmp")
+    tmp.write_text(to_yaml(job), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_frozen(run_dir: str | Path) -> JobConfig:
+    raw = OmegaConf.load(Path(run_dir) / FROZEN_NAME)
+    kind = raw.get("cluster", {}).get("kind", "local")
+    schema = OmegaConf.structured(JobConfig)
+    schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
+    return to_job(OmegaConf.merge(schema, raw))
+
+
+def default_run_name() -> str:
+    """Run dir name for ``hydra.run.dir``: shared by all ranks under torchrun (its run id), else a timestamp."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and "RANK" in os.environ:
+        return f"torchrun-{run_id}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3]
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("launcher_run_name"):
+        OmegaConf.register_new_resolver("launcher_run_name", default_run_name, use_cache=True)

@@ -1,0 +1,209 @@
+"""Typed schema of a job. Hydra composes YAML from ``conf/`` onto these dataclasses; ``OmegaConf.to_object``
+then builds them, which runs every ``__post_init__``: each check names the value and the fix.
+
+Checks that depend on the machine (GPUs present) live in the launch plan, not here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """Bad user input, caught before any process starts (exit code 2)."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. Local when no cluster is chosen; ``+cluster=slurm|sim`` picks a subclass."""
+
+    kind: str = "local"  # set by the chosen cluster config: local | sim | slurm
+    nodes: int = 1  # machines (or simulated nodes)
+    gpus_per_node: Optional[int] = None  # 0 = CPU only; null = every visible GPU for a local run, 0 elsewhere
+    procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU
+    max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
+    master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
+    master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
+    join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
+
+    def __post_init__(self) -> None:
+        _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
+        if self.gpus_per_node is not None:
+            _check(
+                self.gpus_per_node >= 0,
+                f"cluster.gpus_per_node={self.gpus_per_node} must be >= 0; HINT: 0 trains on the CPU",
+            )
+        if self.procs_per_node is not None:
+            _check(
+                self.procs_per_node >= 1,
+                f"cluster.procs_per_node={self.procs_per_node} must be >= 1; HINT: omit it to use one rank per GPU "
+                "(or 2 on CPU)",
+            )
+        _check(self.max_restarts >= 0, f"cluster.max_restarts={self.max_restarts} must be >= 0")
+        _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
+        _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10  # passes over the training split
+    max_steps: Optional[int] = None  # stop after this many optimiser steps in total (null = epochs decide)
+    batch_size: int = 64  # GLOBAL batch, split evenly across ranks
+    batch_size_per_rank: Optional[int] = None  # if set, each rank's batch is fixed and the global batch grows
+    seed: int = 0  # same initial weights on every rank; rank r's data RNG is seeded with seed + r
+    resume: str = "auto"  # auto (newest checkpoint in the run dir) | never | PATH to a checkpoint file
+    checkpoint_every_steps: int = 50  # 0 = only at the end
+    keep_checkpoints: int = 3  # newest checkpoints kept on disk
+    eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
+    log_every_steps: int = 10  # one metrics.jsonl line every N steps
+    threads_per_rank: Optional[int] = None  # torch intra-op threads per rank; null = cores / local ranks
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
+        if self.max_steps is not None:
+            _check(self.max_steps >= 1, f"train.max_steps={self.max_steps} must be >= 1 (or null)")
+        _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
+        if self.batch_size_per_rank is not None:
+            _check(self.batch_size_per_rank >= 1, f"train.batch_size_per_rank={self.batch_size_per_rank} must be >= 1")
+        _check(self.checkpoint_every_steps >= 0, f"train.checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0")
+        _check(self.keep_checkpoints >= 1, f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        _check(self.eval_every_epochs >= 1, f"train.eval_every_epochs={self.eval_every_epochs} must be >= 1")
+        _check(self.log_every_steps >= 1, f"train.log_every_steps={self.log_every_steps} must be >= 1")
+        if self.resume not in ("auto", "never"):
+            _check(
+                Path(self.resume).is_file(),
+                f"train.resume={self.resume!r} is not a checkpoint file; HINT: use auto, never or a path to a .pt file",
+            )
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"  # sgd | adamw
+    lr: float = 0.1  # for one rank's batch when lr_scaling=linear, else for the global batch
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0
+    lr_scaling: str = "none"  # none | linear (lr x world size: more GPUs, larger batch, larger lr)
+    scheduler: str = "cosine"  # none | cosine (to 0 over the run)
+    warmup_steps: int = 0  # linear warm-up before the schedule
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("sgd", "adamw"), f"optim.name={self.name!r} is unknown; HINT: use sgd or adamw")
+        _check(self.lr > 0, f"optim.lr={self.lr} must be > 0")
+        _check(self.lr_scaling in ("none", "linear"), f"optim.lr_scaling={self.lr_scaling!r}; HINT: none or linear")
+        _check(self.scheduler in ("none", "cosine"), f"optim.scheduler={self.scheduler!r}; HINT: none or cosine")
+        _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+
+
+@dataclass
+class CommConfig:
+    reducer: str = "ddp"  # ddp (torch DistributedDataParallel) | bucketed (our reducer; coming)
+    hierarchical: str = "auto"  # auto | true | false: reduce inside a node before crossing nodes
+    bucket_cap_mb: float = 25.0  # gradient bucket size
+    backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
+    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long
+
+    def __post_init__(self) -> None:
+        self.hierarchical = str(self.hierarchical).lower()
+        _check(self.reducer in ("ddp", "bucketed"), f"comm.reducer={self.reducer!r}; HINT: ddp or bucketed")
+        _check(
+            self.hierarchical in ("auto", "true", "false"),
+            f"comm.hierarchical={self.hierarchical!r}; HINT: auto, true or false",
+        )
+        _check(self.bucket_cap_mb > 0, f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
+        _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
+
+
+DATASETS = ("digits", "synthetic", "idx")
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits (bundled with scikit-learn) | synthetic | idx (MNIST/Fashion-MNIST files)
+    image_size: int = 28  # images are resized to image_size x image_size
+    channels: int = 1
+    num_classes: int = 10
+    path: Optional[str] = None  # idx: directory holding train-images-idx3-ubyte[.gz] and friends
+    test_fraction: float = 0.2  # digits: held-out share (stratified, fixed split)
+    train_samples: int = 4096  # synthetic
+    test_samples: int = 1024  # synthetic
+
+    def __post_init__(self) -> None:
+        _check(self.name in DATASETS, f"data.name={self.name!r} is unknown; HINT: use data=" + " or data=".join(DATASETS))
+        _check(self.image_size >= 1 and self.channels >= 1, "data.image_size and data.channels must be >= 1")
+        _check(self.num_classes >= 2, f"data.num_classes={self.num_classes} must be >= 2")
+        _check(0 < self.test_fraction < 1, f"data.test_fraction={self.test_fraction} must be in (0, 1)")
+        if self.name == "idx":
+            _check(
+                self.path is not None and Path(self.path).is_dir(),
+                f"data.path={self.path!r} is not a directory; HINT: data=idx data.path=/path/to/fashion-mnist "
+                "(with train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...)",
+            )
+
+
+@dataclass
+class JobConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = MISSING  # {_target_: dotted.path.to.nn.Module or factory, **kwargs}
+    dry_run: bool = False  # print the resolved config and launch plan, start nothing
+    script: Optional[str] = None  # run this torchrun-compatible script instead of the built-in trainer
+    script_args: list[str] = field(default_factory=list)
+    run_dir: str = "."  # filled from Hydra's run dir; every file of the run goes there
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.model, dict) and isinstance(self.model.get("_target_"), str),
+            "model needs a _target_; HINT: model=lenet|mlp|resnet18, or model._target_=pkg.module.Class",
+        )
+        _check_importable(self.model["_target_"])
+        if self.script is not None:
+            _check(
+                Path(self.script).is_file(),
+                f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
+            )
+        world = self.cluster.nodes * (self.cluster.procs_per_node or 1)
+        if self.train.batch_size_per_rank is None:
+            _check(
+                self.train.batch_size % world == 0,
+                f"train.batch_size={self.train.batch_size} is not divisible by the world size {world} "
+                f"(cluster.nodes={self.cluster.nodes} x cluster.procs_per_node={self.cluster.procs_per_node}); "
+                f"HINT: use train.batch_size={_round_up(self.train.batch_size, world)} "
+                "or set train.batch_size_per_rank",
+            )
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _check_importable(target: str) -> None:
+    module, _, attr = target.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"model._target_={target!r} cannot be imported ({exc}); HINT: model=lenet|mlp|resnet18, or a dotted "
+            "path to an nn.Module class or factory on PYTHONPATH"
+        ) from None
+    _check(callable(obj), f"model._target_={target!r} is not callable")
+
+
+def register_configs() -> None:
+    """Schemas Hydra composes onto: the job, and one per cluster kind (``conf/cluster/*.yaml`` extend them)."""
+    cs = ConfigStore.instance()
+    cs.store(name="job_schema", node=JobConfig)

@@ -1,0 +1,180 @@
+"""Who am I in the job? One frozen answer, resolved once, in a fixed order: torchrun env -> Slurm env -> single.
+
+Every launcher names the same facts differently; the names live in the two tables below and nowhere else.
+Nothing here writes ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+# torchrun / torch.distributed.elastic (and any launcher following the env:// convention).
+TORCHRUN_VARS = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "node_rank": "GROUP_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "run_id": "TORCHELASTIC_RUN_ID",
+    "agent_store": "TORCHELASTIC_USE_AGENT_STORE",
+}
+
+# Slurm, one task per rank (srun / submitit); never nested under torchrun.
+SLURM_VARS = {
+    "rank": "SLURM_PROCID",
+    "local_rank": "SLURM_LOCALID",
+    "world_size": "SLURM_NTASKS",
+    "node_rank": "SLURM_NODEID",
+    "num_nodes": "SLURM_JOB_NUM_NODES",
+    "nodelist": "SLURM_JOB_NODELIST",
+    "tasks_per_node": "SLURM_TASKS_PER_NODE",
+    "job_id": "SLURM_JOB_ID",
+    "step_id": "SLURM_STEP_ID",
+}
+
+SLURM_PORT_BASE = 20000
+SLURM_PORT_SPAN = 20000
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job. ``source`` says which table it came from."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    source: str = "single"
+    hostname: str = ""
+    job_id: str = ""
+    agent_store: bool = False  # the elastic agent already hosts the TCPStore at master_addr:master_port
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size} ({self.source} env)")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(
+                f"local rank {self.local_rank} outside local world size {self.local_world_size} ({self.source} env)"
+            )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank}/{self.world_size} (node {self.node_rank}/{self.num_nodes}, "
+            f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}"
+        )
+
+    @classmethod
+    def resolve(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
+        """torchrun env if RANK & co. are set, else Slurm task env, else a single process."""
+        environ = os.environ if environ is None else environ
+        if all(TORCHRUN_VARS[k] in environ for k in ("rank", "world_size", "master_addr", "master_port")):
+            return _from_torchrun(environ)
+        if all(SLURM_VARS[k] in environ for k in ("rank", "world_size", "step_id", "nodelist")):
+            return _from_slurm(environ)
+        return cls(hostname=socket.gethostname())
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        if default is None:
+            raise ValueError(f"environment variable {name} is required but not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
+    v = TORCHRUN_VARS
+    world = _int(environ, v["world_size"])
+    local_world = _int(environ, v["local_world_size"], world)
+    rank = _int(environ, v["rank"])
+    return DistEnv(
+        rank=rank,
+        local_rank=_int(environ, v["local_rank"], rank % local_world),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=_int(environ, v["node_rank"], rank // local_world),
+        num_nodes=max(1, world // local_world),
+        master_addr=environ[v["master_addr"]],
+        master_port=_int(environ, v["master_port"]),
+        source="elastic",
+        hostname=socket.gethostname(),
+        job_id=environ.get(v["run_id"], ""),
+        agent_store=environ.get(v["agent_store"], "") == "True",
+    )
+
+
+def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
+    v = SLURM_VARS
+    hosts = expand_hostlist(environ[v["nodelist"]])
+    node_rank = _int(environ, v["node_rank"], 0)
+    per_node = parse_tasks_per_node(environ.get(v["tasks_per_node"], ""), len(hosts))
+    job_id = environ.get(v["job_id"], "0")
+    return DistEnv(
+        rank=_int(environ, v["rank"]),
+        local_rank=_int(environ, v["local_rank"], 0),
+        world_size=_int(environ, v["world_size"]),
+        local_world_size=per_node[node_rank] if node_rank < len(per_node) else 1,
+        node_rank=node_rank,
+        num_nodes=_int(environ, v["num_nodes"], len(hosts)),
+        master_addr=hosts[0],
+        master_port=slurm_port(job_id),
+        source="slurm",
+        hostname=socket.gethostname(),
+        job_id=job_id,
+    )
+
+
+def slurm_port(job_id: str) -> int:
+    """Every task of a job derives the same port from the job id without talking to the others."""
+    digits = re.sub(r"\D", "", job_id.split("_")[0]) or "0"
+    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand Slurm's compact host list: ``node[1-3,7],gpu[01-02]`` -> node1 node2 node3 node7 gpu01 gpu02."""
+    hosts: list[str] = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)", hostlist):
+        if not ranges:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{i:0{width}d}{suffix}")
+    if not hosts:
+        raise ValueError(f"cannot parse Slurm host list {hostlist!r}")
+    return hosts
+
+
+def parse_tasks_per_node(spec: str, num_nodes: int) -> list[int]:
+    """Parse SLURM_TASKS_PER_NODE (``2``, ``2(x3)``, ``4,2(x2)``) into one count per node."""
+    counts: list[int] = []
+    for part in filter(None, spec.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"cannot parse SLURM_TASKS_PER_NODE={spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts or [1] * num_nodes

@@ -1,0 +1,96 @@
+"""Local launch: the elastic agent torchrun uses spawns ``procs_per_node`` workers on this host.
+
+- Rendezvous: c10d store on the loopback address; port 0 lets the store take a free port and hold it (no race
+  between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
+- ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
+- A failure prints the first failing rank, its host and pid, and its traceback; exit code 1.
+- One rank: the worker runs in this process (nothing to spawn).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import traceback
+import uuid
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ..config import ConfigError, JobConfig
+from ..env import DistEnv
+from ..logs import rank_log_path
+from ..worker import run_worker, worker_entry
+from .plan import LaunchPlan
+
+log = logging.getLogger(__name__)
+
+
+def check_port(addr: str, port: int) -> None:
+    """A fixed port must be free now; say which and how to fix it instead of a clash at rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cluster.master_port={port} on {addr} is not free ({exc.strerror}); HINT: cluster.master_port=0 "
+                "lets the launcher take a free port"
+            ) from None
+
+
+def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
+    if plan.world_size == 1:
+        try:
+            run_worker(job, DistEnv(hostname=socket.gethostname()))
+        except Exception:
+            print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
+            return 1
+        return 0
+
+    c = job.cluster
+    if c.master_port:
+        check_port(c.master_addr, c.master_port)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=plan.procs_per_node,
+        run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{c.master_addr}:{c.master_port}",
+        rdzv_configs={"timeout": int(c.join_timeout_s), "is_host": True},
+        max_restarts=c.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr=c.master_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic")),
+    )
+    try:
+        elastic_launch(config, worker_entry)(job.run_dir)
+    except ChildFailedError as exc:
+        report_failure(exc, job.run_dir)
+        return 1
+    return 0
+
+
+def report_failure(exc: ChildFailedError, run_dir: str) -> None:
+    """Name the first failing rank, where it ran, and why; point at its log."""
+    rank, failure = exc.get_first_failure()
+    host = socket.gethostname()
+    if failure.signal_name() != "<N/A>":
+        cause = f"died with signal {failure.signal_name().replace('SIG', '')} ({failure.signal_name()})"
+    else:
+        cause = f"exited with code {failure.exitcode}"
+    lines = [f"launcher: rank {rank} (pid {failure.pid}) on {host} {cause}"]
+    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if isinstance(data, dict):
+        lines.append(data.get("extraInfo", {}).get("py_callstack") or data.get("message", ""))
+    elif failure.message:
+        lines.append(str(failure.message))
+    others = sorted(r for r in exc.failures if r != rank)
+    if others:
+        lines.append(f"launcher: ranks {others} failed too (see their logs)")
+    lines.append(f"launcher: log of rank {rank}: {rank_log_path(run_dir, rank)}")
+    print("\n".join(line.rstrip() for line in lines if line), file=sys.stderr)

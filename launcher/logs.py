@@ -1,0 +1,48 @@
+"""Rank-aware logging: every rank writes ``logs/rank-<k>.log`` in the run dir; only rank 0 talks to the console.
+
+Ranks other than 0 also send their raw stdout/stderr (prints, warnings, C++ messages) to their log file, so the
+console shows one rank's story; a failing rank's traceback still reaches the console through the launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .env import DistEnv
+
+FILE_FORMAT = "%(asctime)s %(levelname)s [rank {rank} {host}] %(name)s: %(message)s"
+CONSOLE_FORMAT = "[launcher] %(message)s"
+
+
+def rank_log_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank-{rank}.log"
+
+
+def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = True) -> Path:
+    """Configure the ``launcher`` logger for this rank; returns the rank's log file."""
+    path = rank_log_path(run_dir, env.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("launcher")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    file_handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter(FILE_FORMAT.format(rank=env.rank, host=env.hostname)))
+    logger.addHandler(file_handler)
+    if env.rank == 0:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+        logger.addHandler(console)
+    elif redirect_output:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    return path

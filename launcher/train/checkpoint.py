@@ -1,0 +1,98 @@
+"""Checkpoints that survive a crash mid-write and load anywhere.
+
+- Rank 0 writes ``checkpoints/step-XXXXXXXX.pt`` to a temp file in the same directory, fsyncs, then renames:
+  a reader sees the old file or the new one, never half of one.
+- A checkpoint holds the model (without ``module.``), optimiser, scheduler, position (step, epoch, batch in
+  epoch), every rank's RNG states and the resolved config.
+- Loading maps tensors to the current device (``map_location``: a GPU checkpoint loads on a CPU box) and accepts
+  state dicts saved from ``DataParallel``/DDP (``module.``) or ``torch.compile`` (``_orig_mod.``) wrappers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"step-(\d+)\.pt$")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoints in ``directory``, oldest first (by step)."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
+    """torch.save to a temp file beside ``path``, fsync, rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(dict(state, format_version=FORMAT_VERSION), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints."""
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint (or a bare state dict) with every tensor on ``map_location``."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def strip_prefixes(state_dict: Mapping[str, Any], prefixes: tuple[str, ...] = WRAPPER_PREFIXES) -> dict[str, Any]:
+    """Remove wrapper prefixes (``module.`` from DataParallel/DDP, ``_orig_mod.`` from torch.compile), at any
+    depth of nesting, so the keys match a plain model."""
+    out = {}
+    for key, value in state_dict.items():
+        changed = True
+        while changed:
+            changed = False
+            for prefix in prefixes:
+                if key.startswith(prefix):
+                    key, changed = key[len(prefix) :], True
+        out[key] = value
+    return out
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DataParallel / DDP / torch.compile wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def load_model_state(model: nn.Module, source: str | Path | Mapping[str, Any], map_location=None) -> None:
+    """Load weights into ``model`` (wrapped or not) from a checkpoint file, a checkpoint dict or a bare state
+    dict, whatever wrapper prefixes it was saved with and whichever device it was saved on."""
+    if map_location is None:
+        map_location = next(model.parameters()).device
+    state = load(source, map_location) if isinstance(source, (str, Path)) else source
+    if "model" in state and isinstance(state["model"], Mapping):
+        state = state["model"]
+    unwrap(model).load_state_dict(strip_prefixes(state))

@@ -1,0 +1,142 @@
+"""Data sets (no download ever) and the distributed loaders that shard them.
+
+- ``digits``: scikit-learn's bundled 8x8 digits (real handwriting), fixed stratified split, upsampled.
+- ``synthetic``: random images labelled by a fixed random linear teacher (learnable), any shape and size.
+- ``idx``: MNIST / Fashion-MNIST IDX files (optionally .gz) from a local directory.
+
+Data is prepared once on the CPU, as tensors, and moved to the device one batch at a time (the seeds' advice).
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+from ..config import DataConfig
+
+DATA_SEED = 20240601  # fixed: the data set itself must not depend on train.seed or the rank
+
+
+def build_datasets(cfg: DataConfig) -> tuple[TensorDataset, TensorDataset]:
+    """(train, test) as tensors of shape (N, channels, image_size, image_size) and int64 labels."""
+    loaders = {"digits": _digits, "synthetic": _synthetic, "idx": _idx}
+    x_train, y_train, x_test, y_test = loaders[cfg.name](cfg)
+    x_train, x_test = (_shape(x, cfg) for x in (x_train, x_test))
+    mean, std = x_train.mean(), x_train.std().clamp_min(1e-6)
+    return TensorDataset((x_train - mean) / std, y_train), TensorDataset((x_test - mean) / std, y_test)
+
+
+def _shape(x: torch.Tensor, cfg: DataConfig) -> torch.Tensor:
+    """Resize to image_size (bilinear) and repeat grey images to the requested channels."""
+    if x.shape[-1] != cfg.image_size:
+        x = F.interpolate(x, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False)
+    if x.shape[1] != cfg.channels:
+        if x.shape[1] != 1:
+            raise ValueError(f"data.channels={cfg.channels} but {cfg.name} images have {x.shape[1]} channels")
+        x = x.expand(-1, cfg.channels, -1, -1)
+    return x.contiguous()
+
+
+def _digits(cfg: DataConfig):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = bunch.images.astype(np.float32) / 16.0
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, bunch.target, test_size=cfg.test_fraction, random_state=0, stratify=bunch.target
+    )
+    as_x = lambda a: torch.from_numpy(a).unsqueeze(1)  # noqa: E731
+    return as_x(x_tr), torch.from_numpy(y_tr).long(), as_x(x_te), torch.from_numpy(y_te).long()
+
+
+def _synthetic(cfg: DataConfig):
+    g = torch.Generator().manual_seed(DATA_SEED)
+    n = cfg.train_samples + cfg.test_samples
+    x = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
+    teacher = torch.randn(x[0].numel(), cfg.num_classes, generator=g)
+    y = (x.flatten(1) @ teacher).argmax(1)
+    k = cfg.train_samples
+    return x[:k], y[:k], x[k:], y[k:]
+
+
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+def _idx(cfg: DataConfig):
+    root = Path(cfg.path or ".")
+    arrays = {key: read_idx(_find(root, name)) for key, name in IDX_FILES.items()}
+    as_x = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)  # noqa: E731
+    as_y = lambda a: torch.from_numpy(a.astype(np.int64))  # noqa: E731
+    return as_x(arrays["x_train"]), as_y(arrays["y_train"]), as_x(arrays["x_test"]), as_y(arrays["y_test"])
+
+
+def _find(root: Path, name: str) -> Path:
+    for candidate in (root / name, root / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{name}[.gz] not found in data.path={str(root)!r}; HINT: point data.path at the IDX files")
+
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (the MNIST format): magic 0x0000 | dtype | ndim, big-endian dims, then the data."""
+    raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (magic {raw[:4].hex()})")
+    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    return np.frombuffer(raw, dtype=_IDX_DTYPES[dtype_code], offset=4 + 4 * ndim).reshape(dims)
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way (after ``skip`` of this rank's samples) on resume."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self.skip :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+def train_loader(dataset, batch_per_rank: int, rank: int, world: int, seed: int) -> DataLoader:
+    """Each rank sees a disjoint 1/world of every epoch, reshuffled by ``set_epoch``; partial batches dropped
+    so every rank takes the same number of steps."""
+    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
+    if len(sampler) < batch_per_rank:
+        raise ValueError(
+            f"{len(dataset)} training samples give each of {world} ranks {len(sampler)} samples, fewer than its "
+            f"batch of {batch_per_rank}; HINT: lower train.batch_size"
+        )
+    # A private generator: iterating the loader must not draw from the global RNG (bit-identical resume).
+    generator = torch.Generator().manual_seed(seed + rank)
+    return DataLoader(dataset, batch_size=batch_per_rank, sampler=sampler, drop_last=True, generator=generator)
+
+
+def eval_loader(dataset, batch_size: int, rank: int, world: int) -> DataLoader:
+    """Rank r evaluates samples r, r+world, ... : every sample exactly once across ranks (no padding)."""
+    shard = Subset(dataset, range(rank, len(dataset), world))
+    return DataLoader(shard, batch_size=batch_size, generator=torch.Generator().manual_seed(rank))

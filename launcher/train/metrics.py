@@ -1,0 +1,34 @@
+"""What a run leaves behind for people and tools: ``metrics.jsonl`` (one JSON object per logged step or
+evaluation) and ``summary.json`` at the end. Only rank 0 writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends JSON lines to ``run_dir/metrics.jsonl`` (a resumed run continues the same file)."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,263 @@
+"""The built-in trainer: model, data and optimiser from the config, torch DDP as the reducer, checkpoints that
+resume bit-identically, metrics and a summary. Runs the same with one rank or many (no ``if ddp:`` branches)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from .. import dist
+from ..config import JobConfig
+from ..devices import rng_state, seed_all, set_rng_state
+from ..env import DistEnv
+from . import checkpoint as ckpt
+from .data import build_datasets, eval_loader, train_loader
+from .metrics import MetricsWriter, write_json_atomic
+from .optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "LAUNCHER_FAULT"  # "step=K[,rank=R]": rank R raises at step K (failure tests; rank defaults to 0)
+
+
+@dataclass
+class Position:
+    step: int = 0  # optimiser steps done
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # batches of the current epoch already done
+
+
+def build_model(job: JobConfig, device: torch.device) -> nn.Module:
+    """Same seed on every rank -> same initial weights; checked across ranks below."""
+    seed_all(job.train.seed)
+    model = instantiate(job.model)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model._target_={job.model['_target_']!r} built a {type(model).__name__}, not an nn.Module")
+    return model.to(device)
+
+
+def check_same_weights(model: nn.Module) -> None:
+    """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
+    with torch.no_grad():
+        checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
+    sums = dist.all_gather_object(checksum)
+    bad = [r for r, s in enumerate(sums) if s != sums[0]]
+    if bad:
+        raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
+
+
+class Trainer:
+    def __init__(self, job: JobConfig, env: DistEnv, device: torch.device, backend: str) -> None:
+        self.job, self.env, self.device, self.backend = job, env, device, backend
+        self.run_dir = Path(job.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        world = env.world_size
+        t = job.train
+        self.batch_per_rank = t.batch_size_per_rank or t.batch_size // world
+        self.global_batch = self.batch_per_rank * world
+
+        model = build_model(job, device)
+        check_same_weights(model)
+        seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
+        self.model = model
+        self.ddp = DistributedDataParallel(
+            model,
+            device_ids=[device] if device.type == "cuda" else None,
+            bucket_cap_mb=job.comm.bucket_cap_mb,
+        )
+        train_set, test_set = build_datasets(job.data)
+        self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
+        self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
+        self.steps_per_epoch = len(self.train_loader)
+        schedule_steps = t.epochs * self.steps_per_epoch  # the schedule spans the epochs; max_steps only stops early
+        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
+        self.optimizer = build_optimizer(job.optim, model, world)
+        self.scheduler = build_scheduler(job.optim, self.optimizer, schedule_steps)
+        self.pos = Position()
+        self.resumed_from: Optional[str] = None
+        self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
+        self._fault = _parse_fault(os.environ.get(FAULT_ENV, ""))
+
+    # ---------------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": ckpt.unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.pos.step,
+            "epoch": self.pos.epoch,
+            "batch_in_epoch": self.pos.batch_in_epoch,
+            "world_size": self.env.world_size,
+            "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
+        }
+
+    def save(self) -> None:
+        """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
+        rngs = dist.all_gather_object(rng_state())
+        if self.env.is_main:
+            path = ckpt.save_atomic(dict(self.state(), rng=rngs), ckpt.checkpoint_path(self.ckpt_dir, self.pos.step))
+            ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
+            log.info("checkpoint %s", path)
+
+    def resume_source(self) -> Optional[Path]:
+        mode = self.job.train.resume
+        if mode == "never":
+            return None
+        if mode == "auto":
+            found = ckpt.list_checkpoints(self.ckpt_dir)
+            return found[-1] if found else None
+        return Path(mode)
+
+    def maybe_resume(self) -> None:
+        path = self.resume_source()
+        if path is None:
+            return
+        state = ckpt.load(path, map_location=self.device)
+        ckpt.load_model_state(self.model, state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
+        rngs = state.get("rng") or []
+        if len(rngs) == self.env.world_size:
+            set_rng_state(rngs[self.env.rank])
+        self.resumed_from = str(path)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())
+
+    # ---------------------------------------------------------------- loop
+    def fit(self) -> dict[str, Any]:
+        self.maybe_resume()
+        t, env = self.job.train, self.env
+        start = time.perf_counter()
+        trained_steps, last_eval_epoch = 0, -1
+        window = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, batches since last log
+        window_t0, final_loss, accuracy = time.perf_counter(), math.nan, None
+        bar = tqdm(
+            total=self.total_steps, initial=self.pos.step, disable=None if env.is_main else True,
+            unit="step", dynamic_ncols=True, leave=False,
+        )
+        with logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]):
+            while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
+                epoch = self.pos.epoch
+                skip = self.pos.batch_in_epoch * self.batch_per_rank
+                self.train_loader.sampler.set_epoch(epoch, skip=skip)
+                self.ddp.train()
+                for x, y in self.train_loader:
+                    loss = self._step(x, y)
+                    window += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
+                                                                                 device=self.device)])
+                    self.pos.step += 1
+                    self.pos.batch_in_epoch += 1
+                    trained_steps += 1
+                    bar.update(1)
+                    if self.pos.step % t.log_every_steps == 0 or self.pos.step == self.total_steps:
+                        final_loss = self._log_window(window, window_t0)
+                        bar.set_postfix(epoch=epoch, loss=f"{final_loss:.4f}")
+                        window.zero_()
+                        window_t0 = time.perf_counter()
+                    if t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0:
+                        self.save()
+                    if self.pos.step >= self.total_steps:
+                        break
+                if self.pos.batch_in_epoch >= self.steps_per_epoch:
+                    self.pos.epoch, self.pos.batch_in_epoch = epoch + 1, 0
+                    if (epoch + 1) % t.eval_every_epochs == 0:
+                        accuracy, last_eval_epoch = self._evaluate(epoch), epoch
+        bar.close()
+        wall = time.perf_counter() - start
+        if last_eval_epoch != self.pos.epoch - 1 or accuracy is None:
+            accuracy = self._evaluate(self.pos.epoch)
+        if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and trained_steps):
+            self.save()
+        self.metrics.close()
+        return self._summary(final_loss, accuracy, trained_steps, wall)
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._fault is not None and self._fault == (self.pos.step + 1, self.env.rank):
+            raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.ddp(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss
+
+    def _log_window(self, window: torch.Tensor, t0: float) -> float:
+        """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
+        dist.all_reduce(window)
+        batches = window[1].item() / self.env.world_size
+        loss = window[0].item() / max(1.0, window[1].item())
+        step_s = (time.perf_counter() - t0) / max(1.0, batches)
+        self.metrics.write({
+            "kind": "train", "step": self.pos.step, "epoch": self.pos.epoch, "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0], "samples_per_s": self.global_batch / step_s, "step_s": step_s,
+        })
+        return loss
+
+    @torch.no_grad()
+    def _evaluate(self, epoch: int) -> float:
+        """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
+        self.ddp.eval()
+        for buffer in self.model.buffers():
+            dist.broadcast_(buffer, src=0)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        for x, y in self.test_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            logits = self.model(x)
+            totals += torch.stack([
+                F.cross_entropy(logits, y, reduction="sum").double(),
+                (logits.argmax(1) == y).sum().double(),
+                torch.tensor(float(len(y)), dtype=torch.float64, device=self.device),
+            ])
+        dist.all_reduce(totals)
+        loss, accuracy = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+        self.metrics.write({"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss,
+                            "test_accuracy": accuracy})
+        log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
+        return accuracy
+
+    def _summary(self, final_loss: float, accuracy: float, trained_steps: int, wall: float) -> dict[str, Any]:
+        job, env = self.job, self.env
+        summary = {
+            "world_size": env.world_size,
+            "nodes": env.num_nodes,
+            "procs_per_node": env.local_world_size,
+            "backend": self.backend,
+            "device": str(self.device.type),
+            "reducer": job.comm.reducer,
+            "hierarchical": False,
+            "model": job.model["_target_"],
+            "data": job.data.name,
+            "epochs": self.pos.epoch,
+            "steps": self.pos.step,
+            "global_batch": self.global_batch,
+            "final_loss": final_loss,
+            "test_accuracy": accuracy,
+            "samples_per_s": trained_steps * self.global_batch / wall if wall > 0 else None,
+            "wall_s": wall,
+            "resumed_from": self.resumed_from,
+        }
+        if env.is_main:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+
+def _parse_fault(spec: str) -> Optional[tuple[int, int]]:
+    if not spec:
+        return None
+    fields = dict(part.split("=", 1) for part in spec.split(","))
+    return int(fields["step"]), int(fields.get("rank", 0))

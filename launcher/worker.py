@@ -1,0 +1,68 @@
+"""What every rank runs, whichever launcher started it: resolve the DistEnv once, set up logging and the
+device, open the process group, then train (or run the user's script), and always close the group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from .config import JobConfig, load_frozen
+from .devices import backend_for, rank_device
+from .dist import process_group
+from .env import DistEnv
+from .logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+def job_backend(job: JobConfig) -> str:
+    return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
+
+
+def set_threads(job: JobConfig, env: DistEnv) -> None:
+    """Split the cores between the ranks of a node unless OMP_NUM_THREADS or train.threads_per_rank says."""
+    if job.train.threads_per_rank:
+        torch.set_num_threads(job.train.threads_per_rank)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
+def run_worker(job: JobConfig, env: DistEnv) -> dict | None:
+    """Run one rank of ``job``. Returns the trainer's summary (None for a user script)."""
+    setup_logging(job.run_dir, env)
+    if job.script is not None:
+        run_script(job.script, job.script_args)
+        return None
+    from .train.trainer import Trainer  # heavy imports only where training happens
+
+    set_threads(job, env)
+    backend = job_backend(job)
+    device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
+    log.info("%s, device %s, backend %s", env.describe(), device, backend)
+    with process_group(env, backend, timeout_s=job.comm.timeout_s):
+        return Trainer(job, env, device, backend).fit()
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run a torchrun-compatible script as ``__main__`` in this process: it reads RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT (already set by the launcher) and calls init_process_group itself."""
+    path = str(Path(script).resolve())
+    sys.argv = [path, *args]
+    sys.path.insert(0, str(Path(path).parent))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"script {script} exited with status {exc.code}") from None
+
+
+@record
+def worker_entry(run_dir: str) -> None:
+    """Entry point the elastic agent spawns (one per rank): the job comes from the frozen config."""
+    run_worker(load_frozen(run_dir), DistEnv.resolve())
