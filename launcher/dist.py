@@ -43,6 +43,8 @@ def process_group(
             timeout=timeout,
             wait_for_workers=False,
         )
+    # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
+    store = dist.PrefixStore(f"launcher/attempt-{env.restart_count}", store)
     dist.init_process_group(
         backend=backend,
         store=store,

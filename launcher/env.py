@@ -23,6 +23,7 @@ TORCHRUN_VARS = {
     "master_port": "MASTER_PORT",
     "run_id": "TORCHELASTIC_RUN_ID",
     "agent_store": "TORCHELASTIC_USE_AGENT_STORE",
+    "restart_count": "TORCHELASTIC_RESTART_COUNT",
 }
 
 # Slurm, one task per rank (srun / submitit); never nested under torchrun.
@@ -58,6 +59,7 @@ class DistEnv:
     hostname: str = ""
     job_id: str = ""
     agent_store: bool = False  # the elastic agent already hosts the TCPStore at master_addr:master_port
+    restart_count: int = 0  # elastic restarts so far: each attempt keeps its keys apart in the shared store
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -122,6 +124,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         hostname=socket.gethostname(),
         job_id=environ.get(v["run_id"], ""),
         agent_store=environ.get(v["agent_store"], "") == "True",
+        restart_count=_int(environ, v["restart_count"], 0),
     )
 
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import traceback
@@ -67,6 +68,8 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         local_addr=c.master_addr,
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic")),
     )
+    # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, worker_entry)(job.run_dir)
     except ChildFailedError as exc:
@@ -75,9 +78,23 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     return 0
 
 
+def first_failure(exc: ChildFailedError):
+    """The root cause: the rank whose error file was written first. Peers of a failed rank fail a moment later
+    in their collectives; elastic's own ordering uses whole seconds, which cannot tell them apart."""
+
+    def written_at(item) -> tuple[bool, int, int]:
+        rank, failure = item
+        try:
+            return False, os.stat(failure.error_file).st_mtime_ns, rank
+        except OSError:  # no error file (killed by a signal, or terminated by the agent): ranked after those with one
+            return True, failure.timestamp, rank
+
+    return min(exc.failures.items(), key=written_at)
+
+
 def report_failure(exc: ChildFailedError, run_dir: str) -> None:
     """Name the first failing rank, where it ran, and why; point at its log."""
-    rank, failure = exc.get_first_failure()
+    rank, failure = first_failure(exc)
     host = socket.gethostname()
     if failure.signal_name() != "<N/A>":
         cause = f"died with signal {failure.signal_name().replace('SIG', '')} ({failure.signal_name()})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import nullcontext
 import os
 import time
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from .optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
-FAULT_ENV = "LAUNCHER_FAULT"  # "step=K[,rank=R]": rank R raises at step K (failure tests; rank defaults to 0)
+# Fault injection for failure tests: "step=K[,rank=R][,attempt=A]" makes rank R (default 0) raise at step K,
+# only in elastic restart attempt A when given (TORCHELASTIC_RESTART_COUNT).
+FAULT_ENV = "LAUNCHER_FAULT"
 
 
 @dataclass
@@ -149,7 +152,8 @@ class Trainer:
             total=self.total_steps, initial=self.pos.step, disable=None if env.is_main else True,
             unit="step", dynamic_ncols=True, leave=False,
         )
-        with logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]):
+        quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
+        with quiet_bar:
             while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
                 epoch = self.pos.epoch
                 skip = self.pos.batch_in_epoch * self.batch_per_rank
@@ -260,4 +264,6 @@ def _parse_fault(spec: str) -> Optional[tuple[int, int]]:
     if not spec:
         return None
     fields = dict(part.split("=", 1) for part in spec.split(","))
+    if "attempt" in fields and fields["attempt"] != os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"):
+        return None
     return int(fields["step"]), int(fields.get("rank", 0))

@@ -1,0 +1,84 @@
+"""Shared test machinery: real processes, bounded by timeouts, so a hang fails fast."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from launcher.dist import process_group
+from launcher.env import DistEnv
+
+REPO = Path(__file__).resolve().parent.parent
+RANK_TIMEOUT_S = 120
+
+
+def run_launcher(*overrides: str, run_dir: Path, timeout: float = 240, env: dict | None = None,
+                 module: tuple[str, ...] = ("-m", "launcher")) -> subprocess.CompletedProcess:
+    """``python -m launcher hydra.run.dir=<run_dir> overrides...`` as a user would type it."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, *module, f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def _rank_main(fn: Callable, rank: int, world: int, store_path: str, out_dir: str, args: tuple) -> None:
+    env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
+    try:
+        store = dist.FileStore(store_path, world)
+        with process_group(env, "gloo", timeout_s=60, store=store):
+            fn(rank, world, Path(out_dir), *args)
+    except BaseException:
+        Path(out_dir, f"error-{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: float = RANK_TIMEOUT_S) -> None:
+    """Run module-level ``fn(rank, world, out_dir, *args)`` on ``world`` real gloo ranks (FileStore, no ports).
+    Fails with the failing rank's traceback; kills every rank if any is still running after ``timeout``."""
+    ctx = mp.get_context("spawn")
+    store = tmp_path / "filestore"
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, str(store), str(tmp_path), args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    errors = {r: (tmp_path / f"error-{r}.txt").read_text() for r in range(world) if (tmp_path / f"error-{r}.txt").exists()}
+    if errors:
+        raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in errors.items()))
+    assert not hung, f"ranks {hung} still running after {timeout}s"
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * world, f"exit codes {codes}"
+
+
+def compose(*overrides: str, run_dir: Path | None = None):
+    """The job config exactly as ``python -m launcher overrides...`` composes it (Hydra compose API)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from launcher.config import register_configs, register_resolvers
+
+    register_resolvers()
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=[f"run_dir={run_dir or '.'}", *overrides])
+
+
+def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, environ: dict | None = None):
+    """(JobConfig, LaunchPlan) for ``overrides`` on a machine with ``gpus_visible`` GPUs."""
+    from launcher.launch import plan_job
+
+    return plan_job(compose(*overrides, run_dir=run_dir), DistEnv.resolve(environ or {}), gpus_visible)

@@ -1,0 +1,85 @@
+"""Process group and rank helpers on real gloo ranks; the seeds' allreduce example; hand-written data parallel."""
+
+import pytest
+import torch
+import torch.distributed as tdist
+from torch.nn import functional as F
+
+from helpers import spawn_ranks
+from launcher import dist, try_all_gpus, try_gpu
+from launcher.dataparallel import HandDataParallel, allreduce_devices, split_batch
+from launcher.dist import process_group
+from launcher.env import DistEnv
+from models import LeNet
+
+
+def _seeds_allreduce(rank, world, out_dir):
+    # The seeds: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
+    data = torch.ones((1, 2)) * (rank + 1)
+    dist.all_reduce(data)
+    torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
+    mean = torch.ones(2) * (rank + 1)
+    dist.all_reduce(mean, op="mean")
+    torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
+    assert dist.get_rank() == rank and dist.get_world_size() == world
+    assert dist.all_gather_object(f"r{rank}") == ["r0", "r1"]
+    assert dist.broadcast_object({"from": rank}) == {"from": 0}
+    dist.barrier()
+
+
+def test_seeds_allreduce_example_on_two_ranks(tmp_path):
+    spawn_ranks(_seeds_allreduce, 2, tmp_path)
+
+
+def test_helpers_without_process_group():
+    assert not dist.is_initialized()
+    t = torch.tensor([1.0, 2.0])
+    assert dist.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
+    assert (dist.get_rank(), dist.get_world_size(), dist.is_main_process()) == (0, 1, True)
+    assert dist.all_gather_object(7) == [7] and dist.broadcast_object(7) == 7
+    dist.barrier()
+
+
+def test_process_group_destroyed_even_on_error():
+    with pytest.raises(RuntimeError, match="boom"):
+        with process_group(DistEnv(), "gloo"):
+            assert tdist.is_initialized() and tdist.get_world_size() == 1
+            raise RuntimeError("boom")
+    assert not tdist.is_initialized()
+
+
+def test_try_gpu_falls_back_to_cpu():
+    n = torch.cuda.device_count()
+    assert try_gpu(n) == torch.device("cpu")
+    assert try_all_gpus() == ([torch.device(f"cuda:{i}") for i in range(n)] or [torch.device("cpu")])
+
+
+def test_allreduce_devices_seeds_example():
+    devices = [try_gpu(0), try_gpu(1)]
+    data = [torch.ones((1, 2), device=d) * (i + 1) for i, d in enumerate(devices)]
+    allreduce_devices(data)
+    for t in data:
+        assert t.tolist() == [[3.0, 3.0]]
+
+
+def test_split_batch_rejects_uneven():
+    with pytest.raises(ValueError, match="does not split evenly over 3 devices"):
+        split_batch(torch.zeros(4, 1), torch.zeros(4), [torch.device("cpu")] * 3)
+
+
+def test_hand_written_data_parallel_equals_full_batch_step():
+    torch.manual_seed(0)
+    model = LeNet()
+    reference = LeNet()
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    hand = HandDataParallel(model, [torch.device("cpu"), torch.device("cpu")])
+    hand.train_batch(x, y, F.cross_entropy, lr=0.1)
+
+    F.cross_entropy(reference(x), y).backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    for replica in hand.replicas:
+        for a, b in zip(replica.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

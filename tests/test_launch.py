@@ -1,0 +1,104 @@
+"""End to end, as a user runs it: ``python -m launcher`` (elastic agent, real gloo ranks) and torchrun."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import run_launcher
+
+SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
+SUMMARY_KEYS = {"world_size", "nodes", "procs_per_node", "backend", "reducer", "hierarchical", "epochs", "steps",
+                "final_loss", "test_accuracy", "samples_per_s", "wall_s", "resumed_from"}
+
+
+def final_state(run_dir):
+    path = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    return torch.load(path, weights_only=True)
+
+
+def assert_same_training_state(a, b):
+    assert a["step"] == b["step"]
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"parameter {name} differs"
+    for key, sa in a["optimizer"]["state"].items():
+        assert torch.equal(sa["momentum_buffer"], b["optimizer"]["state"][key]["momentum_buffer"])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    result = run_launcher(*SHORT, run_dir=run_dir)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+def test_default_job_trains_digits_to_95_percent(tmp_path):
+    result = run_launcher(run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert (summary["world_size"], summary["nodes"], summary["procs_per_node"]) == (2, 1, 2)
+    assert (summary["backend"], summary["reducer"], summary["hierarchical"]) == ("gloo", "ddp", False)
+    assert summary["test_accuracy"] >= 0.95 and summary["resumed_from"] is None
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert {"step", "epoch", "loss", "samples_per_s", "step_s"} <= train[0].keys()
+    assert train[-1]["loss"] < train[0]["loss"] / 4
+    assert [r["epoch"] for r in records if r["kind"] == "eval"] == list(range(10))
+    for rank in (0, 1):
+        assert f"rank {rank}/2" in (tmp_path / "logs" / f"rank-{rank}.log").read_text()
+    assert "test accuracy" in result.stderr and "done: 220 steps" in result.stderr
+    assert "model:\n  _target_: models.lenet.LeNet" in (tmp_path / "config.yaml").read_text()
+
+
+def test_failing_rank_is_named_and_resume_is_bit_identical(tmp_path, uninterrupted):
+    failed = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=25,rank=1"})
+    assert failed.returncode == 1
+    assert "launcher: rank 1 (pid" in failed.stderr and "exited with code 1" in failed.stderr
+    assert "Traceback" in failed.stderr and "RuntimeError: injected fault at step 25 on rank 1" in failed.stderr
+    assert f"log of rank 1: {tmp_path}/logs/rank-1.log" in failed.stderr
+    assert final_state(tmp_path)["step"] == 20  # the last good checkpoint is intact
+
+    resumed = run_launcher(*SHORT, run_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-00000020.pt") and summary["steps"] == 30
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
+    result = run_launcher(*SHORT, "cluster.max_restarts=1", run_dir=tmp_path,
+                          env={"LAUNCHER_FAULT": "step=15,rank=0,attempt=0"})
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-00000010.pt")
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_torchrun_entry_runs_the_same_worker(tmp_path, uninterrupted):
+    result = run_launcher(*SHORT, run_dir=tmp_path,
+                          module=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                  "-m", "launcher"))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["procs_per_node"]) == (2, 2)
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "logs" / "rank-1.log").is_file()
+    # one worker per rank, started by torchrun: same result as the launcher's own agent
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_single_rank_runs_in_process(tmp_path):
+    result = run_launcher("cluster.procs_per_node=1", "train.max_steps=5", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["steps"]) == (1, 5)
+
+
+def test_script_mode_runs_a_torchrun_script_unchanged(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_launcher("script=tests/scripts/allreduce_script.py", f"script_args=[{out}]", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [(out / f"rank-{r}.txt").read_text() for r in (0, 1)] == ["3 3", "3 3"]
+    assert "script rank 1 done" in (tmp_path / "logs" / "rank-1.log").read_text()
