@@ -92,6 +92,19 @@ def first_failure(exc: ChildFailedError):
     return min(exc.failures.items(), key=written_at)
 
 
+def trim_callstack(callstack: str) -> str:
+    """Drop the frames of elastic's ``@record`` wrappers: they say nothing about the failure."""
+    kept, skipping = [], False
+    for line in callstack.splitlines():
+        if line.startswith('  File "'):
+            skipping = "elastic/multiprocessing/errors" in line
+        elif not line.startswith("  "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def report_failure(exc: ChildFailedError, run_dir: str) -> None:
     """Name the first failing rank, where it ran, and why; point at its log."""
     rank, failure = first_failure(exc)
@@ -103,7 +116,7 @@ def report_failure(exc: ChildFailedError, run_dir: str) -> None:
     lines = [f"launcher: rank {rank} (pid {failure.pid}) on {host} {cause}"]
     data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
     if isinstance(data, dict):
-        lines.append(data.get("extraInfo", {}).get("py_callstack") or data.get("message", ""))
+        lines.append(trim_callstack(data.get("extraInfo", {}).get("py_callstack") or data.get("message", "")))
     elif failure.message:
         lines.append(str(failure.message))
     others = sorted(r for r in exc.failures if r != rank)
