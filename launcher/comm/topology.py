@@ -1,0 +1,148 @@
+"""Who shares a node with whom: the process groups the hierarchical reduction runs on.
+
+Built collectively, on every rank, from each rank's (node, local rank) as the DistEnv says them, gathered once.
+It does not assume ranks are numbered node by node, so interleaved layouts (rank r on node r % N) and uneven
+ones (3 ranks on one node, 1 on another) are both right:
+
+- ``intra``: the ranks of my node (ordered by local rank); its first member is my node's *leader*;
+- ``intra_bcast``: the same ranks again, a separate group for the hierarchy's broadcasts (see collectives);
+- ``inter``: the ranks with my local rank on every node that has one (for local rank 0: the leaders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..env import DistEnv
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Pure description of the job's placement: ``nodes[k]`` lists node k's global ranks by local rank."""
+
+    nodes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[int, int]]) -> "Layout":
+        """``pairs[rank] = (node_rank, local_rank)`` -> layout; rejects what a node-first reduction can't use."""
+        by_node: dict[int, dict[int, int]] = {}
+        for rank, (node, local) in enumerate(pairs):
+            slots = by_node.setdefault(node, {})
+            if local in slots:
+                raise ValueError(f"ranks {slots[local]} and {rank} both claim local rank {local} on node {node}")
+            slots[local] = rank
+        for node, slots in by_node.items():
+            if sorted(slots) != list(range(len(slots))):
+                raise ValueError(f"node {node} has local ranks {sorted(slots)}; expected 0..{len(slots) - 1}")
+        return cls(tuple(tuple(slots[i] for i in range(len(slots))) for _, slots in sorted(by_node.items())))
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(n) for n in self.nodes)
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        return tuple(n[0] for n in self.nodes)
+
+    def node_of(self, rank: int) -> int:
+        return next(i for i, n in enumerate(self.nodes) if rank in n)
+
+    def inter_groups(self) -> list[tuple[int, ...]]:
+        """One group per local rank: that local rank's member on every node that has one."""
+        depth = max(len(n) for n in self.nodes)
+        return [tuple(n[i] for n in self.nodes if i < len(n)) for i in range(depth)]
+
+    def interleaved(self) -> bool:
+        """True when ranks are not numbered node by node (flat ring order then crosses nodes more often)."""
+        return list(r for n in self.nodes for r in n) != list(range(self.world_size))
+
+
+@dataclass
+class Topology:
+    """Process groups for node-first reduction; ``None`` groups mean "just me" (nothing to do)."""
+
+    env: DistEnv
+    layout: Layout
+    world: dist.ProcessGroup | None
+    intra: dist.ProcessGroup | None
+    intra_bcast: dist.ProcessGroup | None
+    inter: dist.ProcessGroup | None
+    node_ranks: tuple[int, ...] = field(default=())  # global ranks of my node
+    inter_ranks: tuple[int, ...] = field(default=())  # global ranks of my inter-node group
+    _pipeline: Any = field(default=None, repr=False)  # the hierarchy's comm threads, started on first use
+
+    def close(self) -> None:
+        """Stop the hierarchy's comm threads (they hold the groups): call before destroying the process group."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+
+    def __enter__(self) -> "Topology":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.layout.nodes)
+
+    @property
+    def leader(self) -> int:
+        """Global rank of my node's leader."""
+        return self.node_ranks[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.env.rank == self.leader
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def useful(self) -> bool:
+        """Hierarchy only differs from a flat allreduce with several nodes, one of them holding several ranks."""
+        return self.num_nodes > 1 and max(len(n) for n in self.layout.nodes) > 1
+
+    def describe(self) -> str:
+        sizes = "+".join(str(len(n)) for n in self.layout.nodes)
+        extra = ", interleaved ranks" if self.layout.interleaved() else ""
+        return f"{self.num_nodes} node(s) ({sizes} ranks){extra}"
+
+    @classmethod
+    def build(cls, env: DistEnv, backend: str | None = None) -> "Topology":
+        """Collective: every rank of the default group must call it, in the same order as its other groups."""
+        if not dist.is_initialized():
+            raise RuntimeError("Topology.build needs an initialised process group (see launcher.dist.process_group)")
+        world = dist.get_world_size()
+        if world != env.world_size or dist.get_rank() != env.rank:
+            raise ValueError(
+                f"DistEnv says rank {env.rank}/{env.world_size} but the process group is {dist.get_rank()}/{world}"
+            )
+        mine = torch.tensor([env.node_rank, env.local_rank], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            mine = mine.cuda()
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        layout = Layout.from_pairs([(int(t[0]), int(t[1])) for t in gathered])
+        node_ranks = layout.nodes[layout.node_of(env.rank)]
+        inter_ranks = next(g for g in layout.inter_groups() if env.rank in g)
+        # new_group is collective over the default group: every rank creates every group, in one order.
+        intra = _groups([list(n) for n in layout.nodes], env.rank, backend)
+        intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend)
+        inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend)
+        return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks)
+
+
+def _groups(members: list[list[int]], rank: int, backend: str | None) -> dist.ProcessGroup | None:
+    mine = None
+    for ranks in members:
+        group = dist.new_group(ranks, backend=backend, use_local_synchronization=False)
+        if rank in ranks:
+            mine = group
+    return mine
