@@ -16,8 +16,7 @@ callbacks on the backend's threads would not guarantee that, and would hold the 
 drop the last reference to them). Blocking collectives release the GIL, so backward keeps computing meanwhile.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP checks the hooks' annotations as real objects.
 import queue
 import threading
 
@@ -75,7 +74,7 @@ class _Pipeline:
 
     @staticmethod
     def _run(inbox: queue.SimpleQueue, step) -> None:
-        failed: Exception | None = None
+        failed = None
         while (item := inbox.get()) is not None:
             tensor, result = item
             if failed is not None:  # a group is broken: fail everything behind it instead of hanging
@@ -114,13 +113,13 @@ def allreduce(tensor: torch.Tensor, topology: Topology, hierarchical: bool) -> F
 # ------------------------------------------------------------------ torch DDP comm hooks: (state, bucket) -> Future
 
 
-def hierarchical_hook(state: Topology, bucket: dist.GradBucket) -> Future:
+def hierarchical_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook: average a gradient bucket node-first. ``ddp.register_comm_hook(topology, hierarchical_hook)``"""
     tensor = bucket.buffer().div_(state.world_size)  # divide before reducing: no overflow in low precision
     return hierarchical_allreduce(tensor, state)
 
 
-def flat_hook(state: Topology, bucket: dist.GradBucket) -> Future:
+def flat_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook equal to DDP's default allreduce, on our Future plumbing (a baseline for measurements)."""
     tensor = bucket.buffer().div_(state.world_size)
     return flat_allreduce(tensor, state.world)

@@ -1,0 +1,186 @@
+"""Our gradient reducer: buckets whose allreduce overlaps the backward pass.
+
+- Parameters are bucketed in reverse registration order (roughly the order backward produces gradients):
+  a small first bucket (``first_bucket_mb``, ~1 MB) so communication starts early, then ``bucket_cap_mb``.
+- Each ``param.grad`` is a view into its bucket's flat buffer: autograd accumulates straight into the bucket,
+  nothing is copied or allocated per step. (Zero with ``reducer.zero_grad()``; if something sets ``.grad`` to
+  None anyway, the next gradient is copied into the bucket once and the view restored.)
+- A post-accumulate-grad hook counts a bucket's gradients; the moment it is complete it is divided by the world
+  size and its allreduce (flat, or node-first) is launched asynchronously. Buckets launch strictly in index
+  order, the same on every rank, whatever order their gradients arrive in.
+- One wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged gradients, ready for
+  ``optimizer.step()``. The time spent in that wait is the exposed communication (``last_wait_s``).
+- ``no_sync()`` accumulates locally (gradient accumulation); parameters that got no gradient are named in an
+  error, or reduced as they are with ``find_unused_parameters=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.futures import Future
+
+from .collectives import allreduce
+from .topology import Topology
+
+MB = 1024 * 1024
+
+
+def plan_buckets(
+    sizes_bytes: Sequence[int], keys: Sequence[object], first_cap_bytes: float, cap_bytes: float
+) -> list[list[int]]:
+    """Group consecutive items (already in reverse registration order) into buckets: the first holds up to
+    ``first_cap_bytes``, the rest up to ``cap_bytes``; an item never splits, a new ``key`` (dtype, device)
+    starts a new bucket. Returns lists of item indices."""
+    buckets: list[list[int]] = []
+    filled, cap = 0.0, first_cap_bytes
+    for i, (size, key) in enumerate(zip(sizes_bytes, keys)):
+        if buckets and (filled + size <= cap or filled == 0) and keys[buckets[-1][0]] == key:
+            buckets[-1].append(i)
+            filled += size
+            continue
+        if buckets:
+            cap = cap_bytes
+        buckets.append([i])
+        filled = size
+    return buckets
+
+
+@dataclass
+class _Bucket:
+    params: list[nn.Parameter]
+    views: list[torch.Tensor]
+    buffer: torch.Tensor
+    pending: int = 0
+    future: Future | None = None
+    seen: set = field(default_factory=set)
+
+
+class BucketedReducer:
+    def __init__(
+        self,
+        model: nn.Module,
+        topology: Topology,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        hierarchical: bool = False,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        self.topology = topology
+        self.hierarchical = hierarchical
+        self.find_unused_parameters = find_unused_parameters
+        self.world_size = topology.world_size
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # named_parameters dedupes ties
+        self._names = {id(p): n for n, p in named}
+        params = [p for _, p in reversed(named)]
+        with torch.no_grad():  # everyone starts from rank 0's weights, as DDP does
+            for p in params:
+                if self.world_size > 1:
+                    dist.broadcast(p.data, src=0)
+        plan = plan_buckets(
+            [p.numel() * p.element_size() for p in params],
+            [(p.dtype, p.device) for p in params],
+            first_bucket_mb * MB,
+            bucket_cap_mb * MB,
+        )
+        self.buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
+        for index, members in enumerate(plan):
+            ps = [params[i] for i in members]
+            buffer = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            views, offset = [], 0
+            for p in ps:
+                view = buffer[offset : offset + p.numel()].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                views.append(view)
+                offset += p.numel()
+                self._where[id(p)] = (index, len(views) - 1)
+                p.register_post_accumulate_grad_hook(self._on_grad)
+            self.buckets.append(_Bucket(ps, views, buffer))
+        self._sync = True
+        self._armed = False
+        self._next = 0
+        self.last_wait_s = 0.0
+
+    # ------------------------------------------------------------------ public
+    def layout(self) -> list[tuple[int, float]]:
+        """(parameters, MB) per bucket, in launch order."""
+        return [(len(b.params), b.buffer.numel() * b.buffer.element_size() / MB) for b in self.buckets]
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{mb:.2f}" for _, mb in self.layout())
+        return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}"
+
+    def zero_grad(self) -> None:
+        for bucket in self.buckets:
+            bucket.buffer.zero_()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally; the next one outside reduces the sum."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # ------------------------------------------------------------------ hooks
+    def _on_grad(self, param: nn.Parameter) -> None:
+        index, slot = self._where[id(param)]
+        bucket, view = self.buckets[index], self.buckets[index].views[slot]
+        if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)  # .grad was replaced (set_to_none): back into the bucket, once
+            param.grad = view
+        if not self._sync:
+            return
+        if not self._armed:
+            self._arm()
+        if id(param) in bucket.seen:
+            return  # a parameter used twice in one graph gets one hook call per accumulation
+        bucket.seen.add(id(param))
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready()
+
+    def _arm(self) -> None:
+        self._armed = True
+        self._next = 0
+        for bucket in self.buckets:
+            bucket.pending, bucket.future = len(bucket.params), None
+            bucket.seen.clear()
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            bucket = self.buckets[self._next]
+            bucket.buffer.div_(self.world_size)  # average: divide before the sum, no overflow in low precision
+            bucket.future = allreduce(bucket.buffer, self.topology, self.hierarchical)
+            self._next += 1
+
+    def _finalize(self) -> None:
+        self._armed = False
+        missing = [
+            self._names[id(p)] for b in self.buckets if b.pending for p in b.params if id(p) not in b.seen
+        ]
+        if missing:
+            if not self.find_unused_parameters:
+                raise RuntimeError(
+                    f"parameters got no gradient in this backward pass: {', '.join(missing)}; every rank must "
+                    "reduce every bucket. HINT: use them in forward, freeze them (requires_grad=False), or set "
+                    "comm.find_unused_parameters=true"
+                )
+            for bucket in self.buckets:
+                bucket.pending = 0
+            self._launch_ready()
+        start = time.perf_counter()
+        for bucket in self.buckets:
+            bucket.future.wait()
+        self.last_wait_s = time.perf_counter() - start
