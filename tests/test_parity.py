@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -11,6 +12,7 @@ from launcher.config import freeze, load_frozen
 from launcher.env import DistEnv
 from launcher.train.trainer import Trainer
 from models import LeNet, resnet18
+from test_hierarchy import virtual_env
 
 
 def _grad_parity(rank, world, out_dir, model_name):
@@ -42,22 +44,42 @@ def test_ddp_gradient_equals_full_batch_resnet18(tmp_path):
 
 
 
-def _train_and_dump(rank, world, out_dir):
+def _train_and_dump(rank, world, out_dir, per_node):
     job = load_frozen(out_dir / "run")
-    env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
+    env = virtual_env(rank, world, per_node)
     trainer = Trainer(job, env, torch.device("cpu"), "gloo")
-    trainer.fit()
-    torch.save(trainer.model.state_dict(), out_dir / f"params-{rank}.pt")
+    summary = trainer.fit()
+    torch.save({"params": trainer.model.state_dict(), "summary": summary}, out_dir / f"params-{rank}.pt")
 
 
-def test_two_rank_training_reduces_loss_and_ranks_agree(tmp_path):
+LAYOUTS = {"1x2": (2, 2), "2x2": (4, 2)}
+BASELINE = {}
+
+
+@pytest.mark.parametrize("reducer, layout, hierarchical", [
+    ("ddp", "1x2", "false"), ("bucketed", "1x2", "false"),
+    ("ddp", "2x2", "true"), ("bucketed", "2x2", "true"), ("bucketed", "2x2", "auto"),
+])
+def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, layout, hierarchical):
+    world, per_node = LAYOUTS[layout]
     run = tmp_path / "run"
-    job, _ = plan("train.max_steps=40", "train.log_every_steps=5", "model=mlp", run_dir=run)
+    job, _ = plan("train.max_steps=40", "train.log_every_steps=5", "model=mlp", f"comm.reducer={reducer}",
+                  f"comm.hierarchical={hierarchical}", "comm.bucket_cap_mb=0.05", f"cluster.procs_per_node={world}",
+                  run_dir=run)
     freeze(job, run)
-    spawn_ranks(_train_and_dump, 2, tmp_path)
-    p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1))
-    for name in p0:
-        assert torch.equal(p0[name], p1[name]), f"{name} differs between ranks"
+    spawn_ranks(_train_and_dump, world, tmp_path, per_node)
+    results = [torch.load(tmp_path / f"params-{r}.pt") for r in range(world)]
+    for r in range(1, world):
+        for name, value in results[0]["params"].items():
+            assert torch.equal(value, results[r]["params"][name]), f"{name} differs on rank {r}"
+    summary = results[0]["summary"]
+    assert summary["reducer"] == reducer and summary["world_size"] == world
+    if hierarchical != "auto":
+        assert summary["hierarchical"] == (hierarchical == "true")
     losses = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
               if r["kind"] == "train"]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0], losses
+    # every reducer and strategy computes the same training, up to float summation order
+    baseline = BASELINE.setdefault(layout, results[0]["params"])
+    for name, value in results[0]["params"].items():
+        torch.testing.assert_close(value, baseline[name], rtol=1e-4, atol=1e-5)

@@ -107,9 +107,11 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    reducer: str = "ddp"  # ddp (torch DistributedDataParallel) | bucketed (our reducer; coming)
-    hierarchical: str = "auto"  # auto | true | false: reduce inside a node before crossing nodes
+    reducer: str = "ddp"  # ddp (torch DistributedDataParallel) | bucketed (our overlapped reducer)
+    hierarchical: str = "auto"  # auto (measure both at start-up) | true | false: reduce inside a node first
     bucket_cap_mb: float = 25.0  # gradient bucket size
+    first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
+    find_unused_parameters: bool = False  # bucketed: reduce parameters that got no gradient instead of failing
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long
 
@@ -121,6 +123,7 @@ class CommConfig:
             f"comm.hierarchical={self.hierarchical!r}; HINT: auto, true or false",
         )
         _check(self.bucket_cap_mb > 0, f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
 

@@ -87,8 +87,6 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
             f"cluster.procs_per_node={c.procs_per_node} exceeds cluster.gpus_per_node={c.gpus_per_node}: ranks "
             f"cannot share a GPU under nccl; HINT: set cluster.procs_per_node={c.gpus_per_node}"
         )
-    if job.comm.reducer == "bucketed":
-        raise ConfigError("comm.reducer=bucketed is not available yet (the sync-engine issue); HINT: comm.reducer=ddp")
     if job.comm.backend == "nccl" and not c.gpus_per_node:
         raise ConfigError("comm.backend=nccl needs GPUs; HINT: comm.backend=auto (gloo on CPU)")
 

@@ -17,7 +17,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -29,6 +28,7 @@ from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter, write_json_atomic
 from .optim import build_optimizer, build_scheduler
+from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +77,7 @@ class Trainer:
         check_same_weights(model)
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
-        self.ddp = DistributedDataParallel(
-            model,
-            device_ids=[device] if device.type == "cuda" else None,
-            bucket_cap_mb=job.comm.bucket_cap_mb,
-        )
+        self.sync = GradientSync(model, env, device, job.comm)
         train_set, test_set = build_datasets(job.data)
         self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
         self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
@@ -94,6 +90,7 @@ class Trainer:
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
         self._fault = _parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._exposed_s = 0.0  # communication waited for since the last log
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
@@ -142,11 +139,18 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
+        try:
+            return self._fit()
+        finally:
+            self.sync.close()
+            self.metrics.close()
+
+    def _fit(self) -> dict[str, Any]:
         self.maybe_resume()
         t, env = self.job.train, self.env
         start = time.perf_counter()
         trained_steps, last_eval_epoch = 0, -1
-        window = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, batches since last log
+        window = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, batches, exposed comm s
         window_t0, final_loss, accuracy = time.perf_counter(), math.nan, None
         bar = tqdm(
             total=self.total_steps, initial=self.pos.step, disable=None if env.is_main else True,
@@ -158,11 +162,11 @@ class Trainer:
                 epoch = self.pos.epoch
                 skip = self.pos.batch_in_epoch * self.batch_per_rank
                 self.train_loader.sampler.set_epoch(epoch, skip=skip)
-                self.ddp.train()
+                self.sync.module.train()
                 for x, y in self.train_loader:
                     loss = self._step(x, y)
-                    window += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
-                                                                                 device=self.device)])
+                    window[:2] += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
+                                                                                     device=self.device)])
                     self.pos.step += 1
                     self.pos.batch_in_epoch += 1
                     trained_steps += 1
@@ -186,36 +190,43 @@ class Trainer:
             accuracy = self._evaluate(self.pos.epoch)
         if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and trained_steps):
             self.save()
-        self.metrics.close()
         return self._summary(final_loss, accuracy, trained_steps, wall)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._fault is not None and self._fault == (self.pos.step + 1, self.env.rank):
             raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.ddp(x), y)
+        self.sync.zero_grad(self.optimizer)
+        self.sync.sync_buffers()
+        loss = F.cross_entropy(self.sync.module(x), y)
         loss.backward()
+        if (exposed := self.sync.exposed_s()) is not None:
+            self._exposed_s += exposed
         self.optimizer.step()
         self.scheduler.step()
         return loss
 
     def _log_window(self, window: torch.Tensor, t0: float) -> float:
         """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
+        window[2] = self._exposed_s
+        self._exposed_s = 0.0
         dist.all_reduce(window)
         batches = window[1].item() / self.env.world_size
         loss = window[0].item() / max(1.0, window[1].item())
         step_s = (time.perf_counter() - t0) / max(1.0, batches)
-        self.metrics.write({
+        record = {
             "kind": "train", "step": self.pos.step, "epoch": self.pos.epoch, "loss": loss,
             "lr": self.scheduler.get_last_lr()[0], "samples_per_s": self.global_batch / step_s, "step_s": step_s,
-        })
+        }
+        if self.sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
+            record["comm_exposed_s"] = window[2].item() / self.env.world_size / max(1.0, batches)
+        self.metrics.write(record)
         return loss
 
     @torch.no_grad()
     def _evaluate(self, epoch: int) -> float:
         """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
-        self.ddp.eval()
+        self.sync.module.eval()
         for buffer in self.model.buffers():
             dist.broadcast_(buffer, src=0)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
@@ -243,7 +254,8 @@ class Trainer:
             "backend": self.backend,
             "device": str(self.device.type),
             "reducer": job.comm.reducer,
-            "hierarchical": False,
+            "hierarchical": self.sync.hierarchical,
+            "hierarchical_reason": self.sync.choice.reason,
             "model": job.model["_target_"],
             "data": job.data.name,
             "epochs": self.pos.epoch,

@@ -1,0 +1,68 @@
+"""Flat or node-first? ``auto`` measures both on the real groups at start-up and keeps the faster.
+
+The hierarchy pays when the inter-node link is the bottleneck (it sends one tensor per node across, not one per
+rank) and costs an extra hop on fast links. Timing: a few alternating repetitions of each on a bucket-sized
+tensor, each started behind a barrier; every rank's medians are max-reduced, so all ranks see the same figures
+and make the same choice.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .collectives import flat_allreduce, hierarchical_allreduce
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    hierarchical: bool
+    reason: str
+    flat_ms: Optional[float] = None
+    hier_ms: Optional[float] = None
+
+    def describe(self) -> str:
+        return f"{'hierarchical' if self.hierarchical else 'flat'} allreduce: {self.reason}"
+
+
+def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5) -> tuple[float, float]:
+    """(flat ms, hierarchical ms): max over ranks of each rank's median. Collective."""
+    tensor = torch.ones(numel, dtype=torch.float32, device=device)
+    runs = {"flat": lambda: flat_allreduce(tensor, topology.world), "hier": lambda: hierarchical_allreduce(tensor, topology)}
+    times: dict[str, list[float]] = {"flat": [], "hier": []}
+    for rep in range(reps + 1):  # the first round warms up connections and is not counted
+        for name, run in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            run().wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    medians = torch.tensor([statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    return medians[0].item() * 1e3, medians[1].item() * 1e3
+
+
+def choose(topology: Topology, mode: str, numel: int, device: torch.device, reps: int = 5) -> StrategyChoice:
+    """``mode`` is ``auto``, ``true`` or ``false`` (``comm.hierarchical``)."""
+    if mode == "false":
+        return StrategyChoice(False, "comm.hierarchical=false")
+    if mode == "true":
+        return StrategyChoice(True, "comm.hierarchical=true")
+    if topology.num_nodes == 1:
+        return StrategyChoice(False, "one node: nothing crosses nodes")
+    if not topology.useful:
+        return StrategyChoice(False, "one rank per node: nothing to reduce inside a node")
+    flat_ms, hier_ms = measure(topology, numel, device, reps)
+    mb = numel * 4 / 2**20
+    if hier_ms < flat_ms:
+        return StrategyChoice(True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {mb:.1f} MB", flat_ms, hier_ms)
+    return StrategyChoice(False, f"measured {flat_ms:.1f} ms <= hierarchical {hier_ms:.1f} ms on {mb:.1f} MB",
+                          flat_ms, hier_ms)
