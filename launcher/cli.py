@@ -35,6 +35,7 @@ from .devices import gpu_count
 from .env import DistEnv
 from .launch import plan_job
 from .launch.local import launch_local
+from .launch.sim import launch_sim
 from .launch.torchrun import run_under_torchrun
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -57,7 +58,7 @@ def run_job(cfg: DictConfig) -> int:
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
-        code = launch_local(plan, job)
+        code = launch_sim(plan, job) if plan.mode == "sim" else launch_local(plan, job)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

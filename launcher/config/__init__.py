@@ -8,6 +8,7 @@ from .schema import (
     DataConfig,
     JobConfig,
     OptimConfig,
+    SimClusterConfig,
     TrainConfig,
     register_configs,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "DataConfig",
     "JobConfig",
     "OptimConfig",
+    "SimClusterConfig",
     "TrainConfig",
     "freeze",
     "load_frozen",

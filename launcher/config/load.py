@@ -8,12 +8,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ClusterConfig, JobConfig
+from .schema import ClusterConfig, JobConfig, SimClusterConfig
 
 FROZEN_NAME = "config.yaml"
 
 # One schema per cluster kind; ``+cluster=<kind>`` composes the subclass, the frozen YAML is read back with it.
-CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {"local": ClusterConfig}
+CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {"local": ClusterConfig, "sim": SimClusterConfig}
 
 
 def to_job(cfg: DictConfig) -> JobConfig:

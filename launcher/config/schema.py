@@ -56,6 +56,34 @@ class ClusterConfig:
 
 
 @dataclass
+class SimClusterConfig(ClusterConfig):
+    """``+cluster=sim``: several virtual nodes on this host, one elastic agent each, so node-first reduction
+    meets a real topology; with ``netns=true`` each node gets its own network namespace and a shaped link."""
+
+    kind: str = "sim"
+    nodes: int = 2
+    netns: bool = False  # one network namespace per node, joined by a bridge (needs root and iproute2)
+    link_gbit: Optional[float] = None  # shape each node's link to this rate (tbf; needs netns=true)
+    link_burst: str = "2mbit"  # tbf burst: below ~64 KB tbf splits every segment and the CPU, not the link, limits
+    subnet: str = "10.99.0"  # namespace addresses <subnet>.<node+1>/24; they exist only inside the namespaces
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.link_gbit is not None:
+            _check(self.link_gbit > 0, f"cluster.link_gbit={self.link_gbit} must be > 0")
+            _check(self.netns, f"cluster.link_gbit={self.link_gbit} shapes the namespace links; HINT: add cluster.netns=true")
+        _check(
+            not self.gpus_per_node,
+            f"cluster.gpus_per_node={self.gpus_per_node}: simulated nodes run on the CPU; HINT: cluster.gpus_per_node=0",
+        )
+        octets = self.subnet.split(".")
+        _check(
+            len(octets) == 3 and all(o.isdigit() and int(o) < 256 for o in octets),
+            f"cluster.subnet={self.subnet!r} must be three octets like 10.99.0",
+        )
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 10  # passes over the training split
     max_steps: Optional[int] = None  # stop after this many optimiser steps in total (null = epochs decide)
@@ -210,3 +238,4 @@ def register_configs() -> None:
     """Schemas Hydra composes onto: the job, and one per cluster kind (``conf/cluster/*.yaml`` extend them)."""
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
+    cs.store(group="cluster", name="sim_schema", node=SimClusterConfig)

@@ -42,32 +42,35 @@ def check_port(addr: str, port: int) -> None:
             ) from None
 
 
-def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
-    if plan.world_size == 1:
-        try:
-            run_worker(job, DistEnv(hostname=socket.gethostname()))
-        except Exception:
-            print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
-            return 1
-        return 0
+def free_port(addr: str) -> int:
+    """A port that is free on ``addr`` now (for agents that must all be told the port in advance)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]
 
+
+def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_host: bool, local_addr: str,
+                 node: int = 0) -> LaunchConfig:
+    """The elastic agent of one node: ``procs_per_node`` workers, c10d rendezvous at ``endpoint``."""
     c = job.cluster
-    if c.master_port:
-        check_port(c.master_addr, c.master_port)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=plan.procs_per_node,
-        run_id=uuid.uuid4().hex[:12],
+    return LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=c.procs_per_node,
+        run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{c.master_addr}:{c.master_port}",
-        rdzv_configs={"timeout": int(c.join_timeout_s), "is_host": True},
+        rdzv_endpoint=endpoint,
+        rdzv_configs={"timeout": int(c.join_timeout_s), "is_host": is_host},
         max_restarts=c.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        local_addr=c.master_addr,
-        logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic")),
+        local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{node}")),
     )
+
+
+def run_agent(job: JobConfig, config: LaunchConfig) -> int:
+    """Run one node's agent to the end; on failure print the root-cause rank and return 1."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
@@ -76,6 +79,23 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         report_failure(exc, job.run_dir)
         return 1
     return 0
+
+
+def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
+    if plan.world_size == 1:
+        try:
+            run_worker(job, DistEnv(hostname=socket.gethostname()))
+        except Exception:
+            print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
+            return 1
+        return 0
+    c = job.cluster
+    if c.master_port:
+        check_port(c.master_addr, c.master_port)
+    if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
+    config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], True, c.master_addr)
+    return run_agent(job, config)
 
 
 def first_failure(exc: ChildFailedError):

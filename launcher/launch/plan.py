@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from ..config import ConfigError, JobConfig, to_job
 from ..devices import backend_for
 from ..env import DistEnv
+from .netns import check_netns_possible
 
 CPU_PROCS_PER_NODE = 2
 
@@ -71,6 +72,9 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
                     f"cluster.{key}={value} but torchrun started {getattr(c, key)}; HINT: drop the override, "
                     "torchrun's --nnodes/--nproc_per_node decide the layout"
                 )
+    elif c.kind == "sim":
+        if c.netns:
+            check_netns_possible()
     elif c.kind == "local":
         if c.nodes > 1:
             raise ConfigError(
@@ -93,6 +97,11 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     backend = backend_for(bool(c.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
     if under_torchrun:
         mode, rendezvous = "torchrun", f"{env.master_addr}:{env.master_port} (torchrun's store)"
+    elif c.kind == "sim":
+        mode = c.kind
+        net = (f"network namespaces on {c.subnet}.0/24" + (f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit
+               else ", unshaped links")) if c.netns else "loopback"
+        rendezvous = f"c10d on node 0's agent; {net}"
     else:
         mode = c.kind
         port = c.master_port or "free port held by the store"

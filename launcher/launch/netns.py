@@ -1,0 +1,104 @@
+"""Simulated nodes' network: loopback, or one network namespace per node joined by a bridge, each node's link
+optionally shaped by tbf (the recipe in ../shared/recipes/netns.md). The addresses exist only inside namespaces
+this module creates; everything it creates is deleted on exit, whatever happened inside."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+from ..config import ConfigError
+
+
+def check_netns_possible() -> None:
+    """Clear errors before anything starts."""
+    if os.geteuid() != 0:
+        raise ConfigError("cluster.netns=true needs root to create network namespaces; HINT: run as root, or drop "
+                          "cluster.netns (virtual nodes then share loopback)")
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise ConfigError("cluster.netns=true needs iproute2 (ip, tc); HINT: apt-get install iproute2")
+
+
+def _run(*cmd: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+
+
+@dataclass
+class SimNetwork:
+    nodes: int
+    netns: bool = False
+    link_gbit: float | None = None
+    burst: str = "2mbit"
+    subnet: str = "10.99.0"
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    _created: list[str] = field(default_factory=list)
+    _etc: list[str] = field(default_factory=list)
+
+    def ns(self, node: int) -> str:
+        return f"lnch{self.tag}n{node}"
+
+    def ifname(self, node: int) -> str:
+        """The interface a node's ranks talk on (GLOO_SOCKET_IFNAME)."""
+        return f"v{self.tag}{node}" if self.netns else "lo"
+
+    def addr(self, node: int) -> str:
+        return f"{self.subnet}.{node + 1}" if self.netns else "127.0.0.1"
+
+    def prefix(self, node: int) -> list[str]:
+        """Command prefix that runs a program on ``node``."""
+        return ["ip", "netns", "exec", self.ns(node)] if self.netns else []
+
+    def tx_bytes(self, node: int) -> int:
+        """Bytes ``node`` sent on its link (veth counter) since it was created."""
+        path = f"/sys/class/net/{self.ifname(node)}/statistics/tx_bytes"
+        out = subprocess.run([*self.prefix(node), "cat", path], capture_output=True, text=True, check=True)
+        return int(out.stdout)
+
+    def __enter__(self) -> "SimNetwork":
+        if not self.netns:
+            return self
+        try:
+            bridge = f"lnch{self.tag}br"
+            _run("ip", "netns", "add", bridge)
+            self._created.append(bridge)
+            _run("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", bridge, "link", "set", "br0", "up")
+            for node in range(self.nodes):
+                ns, dev, peer = self.ns(node), self.ifname(node), f"p{self.tag}{node}"
+                _run("ip", "netns", "add", ns)
+                self._created.append(ns)
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer, "netns", bridge)
+                _run("ip", "-n", bridge, "link", "set", peer, "master", "br0")
+                _run("ip", "-n", bridge, "link", "set", peer, "up")
+                _run("ip", "-n", ns, "addr", "add", f"{self.addr(node)}/24", "dev", dev)
+                _run("ip", "-n", ns, "link", "set", dev, "up")
+                self._hosts_file(ns)
+                if self.link_gbit:
+                    _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                         "rate", f"{self.link_gbit}gbit", "burst", self.burst, "latency", "50ms")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _hosts_file(self, ns: str) -> None:
+        """``ip netns exec`` shows /etc/netns/NS/hosts as /etc/hosts: name the node addresses, so reverse
+        look-ups of peers succeed instead of warning."""
+        directory = f"/etc/netns/{ns}"
+        os.makedirs(directory, exist_ok=True)
+        self._etc.append(directory)
+        names = "".join(f"{self.addr(n)} {self.ns(n)}\n" for n in range(self.nodes))
+        with open(f"{directory}/hosts", "w") as f:
+            f.write(f"127.0.0.1 localhost\n{names}")
+
+    def __exit__(self, *exc: object) -> None:
+        while self._created:  # deleting a namespace removes its end of each veth pair too
+            subprocess.run(["ip", "netns", "del", self._created.pop()], capture_output=True)
+        while self._etc:
+            shutil.rmtree(self._etc.pop(), ignore_errors=True)

@@ -1,0 +1,64 @@
+"""``+cluster=sim``: several virtual nodes on this host, one elastic agent process per node.
+
+Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WORLD_SIZE and the Topology is the
+one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
+(``ip netns exec``), gloo talks over the node's veth, and ``cluster.link_gbit`` shapes the links.
+When an agent fails, the others get ``GRACE_S`` to stop on their own (their collectives fail fast once a peer
+is gone), then are terminated.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import uuid
+
+from ..config import JobConfig
+from .local import free_port
+from .netns import SimNetwork
+from .plan import LaunchPlan
+
+GRACE_S = 30.0
+SIM_PORT = 29400  # inside fresh namespaces nothing else listens
+
+
+def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
+    c = job.cluster
+    run_id = uuid.uuid4().hex[:12]
+    with SimNetwork(c.nodes, c.netns, c.link_gbit, c.link_burst, c.subnet) as net:
+        master = net.addr(0)
+        port = c.master_port or (SIM_PORT if c.netns else free_port(master))
+        agents = []
+        for node in range(c.nodes):
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
+            cmd = [*net.prefix(node), sys.executable, "-m", "launcher.launch.node", job.run_dir, str(c.nodes),
+                   str(node), f"{master}:{port}", run_id, net.addr(node)]
+            agents.append(subprocess.Popen(cmd, env=env))
+        return wait_agents(agents)
+
+
+def wait_agents(agents: list[subprocess.Popen]) -> int:
+    """Exit code 0 when every agent succeeded; else the first failure's, after the rest stopped or were stopped."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for node, agent in enumerate(agents):
+        threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
+    failure, remaining = 0, len(agents)
+    while remaining:
+        try:
+            node, code = done.get(timeout=GRACE_S if failure else None)
+        except queue.Empty:
+            print(f"launcher: stopping the agents still running {GRACE_S:.0f} s after the failure", file=sys.stderr)
+            for agent in agents:
+                if agent.poll() is None:
+                    agent.terminate()
+            for agent in agents:
+                agent.wait()
+            break
+        remaining -= 1
+        if code != 0 and not failure:
+            print(f"launcher: node {node}'s agent exited with code {code}", file=sys.stderr)
+            failure = code if code > 0 else 1
+    return failure

@@ -1,0 +1,80 @@
+"""``+cluster=sim``: one elastic agent per virtual node on this host; optionally network namespaces."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import plan, run_launcher
+from launcher.config import ConfigError
+
+SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("lnch")}
+
+
+def test_two_virtual_nodes_two_ranks_each(tmp_path):
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "comm.reducer=bucketed", *SHORT,
+                          run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["procs_per_node"]) == (4, 2, 2)
+    assert "topology 2 node(s) (2+2 ranks)" in result.stderr
+    assert all((tmp_path / "logs" / f"rank-{r}.log").is_file() for r in range(4))
+
+
+def test_failing_rank_on_second_node_fails_the_job(tmp_path):
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=1", *SHORT, run_dir=tmp_path,
+                          env={"LAUNCHER_FAULT": "step=3,rank=1"})
+    assert result.returncode == 1
+    assert "RuntimeError: injected fault at step 3 on rank 1" in result.stderr
+    assert "launcher: node" in result.stderr and "agent exited with code 1" in result.stderr
+
+
+def test_sim_config_errors():
+    with pytest.raises(ConfigError, match=r"cluster.link_gbit=1.0 shapes the namespace links; HINT: add "
+                                          r"cluster.netns=true"):
+        plan("+cluster=sim", "cluster.link_gbit=1")
+    with pytest.raises(ConfigError, match=r"simulated nodes run on the CPU"):
+        plan("+cluster=sim", "cluster.gpus_per_node=1")
+    job, p = plan("+cluster=sim")
+    assert (p.mode, p.nodes, p.procs_per_node, p.world_size) == ("sim", 2, 2, 4)
+
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="network namespaces need root and iproute2 (ip, tc)",
+)
+
+
+@needs_netns
+def test_namespaces_with_shaped_link_and_cleanup(tmp_path):
+    before = namespaces()
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "cluster.netns=true", "cluster.link_gbit=1",
+                          "comm.hierarchical=true", "comm.reducer=bucketed", *SHORT, run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "network namespaces on 10.99.0.0/24, links shaped to 1.0 Gbit/s" in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["hierarchical"]) == (4, 2, True)
+    assert namespaces() == before  # everything created was removed
+    assert not any(p.startswith("lnch") for p in os.listdir("/etc/netns")) if os.path.isdir("/etc/netns") else True
+
+
+@needs_netns
+def test_namespaces_removed_when_a_rank_fails(tmp_path):
+    before = namespaces()
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=1", "cluster.netns=true", *SHORT,
+                          run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=2,rank=0"})
+    assert result.returncode == 1 and "injected fault at step 2 on rank 0" in result.stderr
+    assert namespaces() == before
+
+
+def test_netns_without_root_is_refused_before_start(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match=r"cluster.netns=true needs root to create network namespaces"):
+        plan("+cluster=sim", "cluster.netns=true")
