@@ -1,0 +1,93 @@
+"""Shared by the benchmarks: start real ranks, time steps, print tables. Not a test helper: figures come from
+these scripts only, with every ratio taken against an anchor measured in the same run."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from launcher.dist import process_group  # noqa: E402
+from launcher.env import DistEnv  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn: Callable, rank: int, world: int, per_node: int, port: int, out: Any, args: tuple) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    env = DistEnv(rank=rank, local_rank=rank % per_node, world_size=world, local_world_size=per_node,
+                  node_rank=rank // per_node, num_nodes=world // per_node, master_port=port)
+    try:
+        with process_group(env, "gloo", timeout_s=600):
+            result = fn(env, *args)
+        if rank == 0:
+            out.put(result)
+    except BaseException:
+        traceback.print_exc()
+        out.put(None)
+        raise
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, per_node: int | None = None) -> Any:
+    """Run ``fn(env, *args)`` on ``world`` gloo ranks over loopback; return rank 0's result."""
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, per_node or world, port, out, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = out.get()
+    for p in procs:
+        p.join()
+    if result is None or any(p.exitcode for p in procs):
+        raise SystemExit(f"a rank failed (exit codes {[p.exitcode for p in procs]})")
+    return result
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds for ``fn``, started together on all ranks (barrier), slowest rank's time (max)."""
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def interleaved_medians(variants: dict[str, Callable[[], Any]], steps: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per variant, variants interleaved step by step so drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for step in range(warmup + steps):
+        for name, fn in variants.items():
+            t = timed(fn)
+            if step >= warmup:
+                times[name].append(t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "-|-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, torch {torch.__version__}, python {sys.version.split()[0]}"
