@@ -9,9 +9,11 @@ Node-first (hierarchical) allreduce runs in three phases:
 Phase collectives were chosen by measurement on gloo (../shared/recipes/netns.md): ``reduce_scatter_tensor`` is
 slower than a whole allreduce there, so the node phases are reduce/broadcast, not reduce-scatter/all-gather.
 
-The phases run on two comm threads per Topology, a pipeline: thread 1 runs phase 1 for bucket k+1 while thread 2
-runs phases 2-3 for bucket k. Each process group is driven by one thread, in submission order, which is program
-order and so the same on every rank (collectives must reach a group in the same order everywhere; completion
+The phases run on three comm threads per Topology, a pipeline fed with chunks of ``CHUNK_BYTES``: while the
+leaders send chunk k across nodes, chunk k+1 is being reduced inside the node and chunk k-1 shared. Measured on
+2 namespaces x 2 ranks at 1 Gbit (bench/hierarchy.py): without chunks the node phases add to the link time.
+Each process group is driven by one thread, in submission order, which is program order and so the same on
+every rank (collectives must reach a group in the same order everywhere; completion
 callbacks on the backend's threads would not guarantee that, and would hold the groups on threads that must not
 drop the last reference to them). Blocking collectives release the GIL, so backward keeps computing meanwhile.
 """
@@ -41,56 +43,91 @@ def flat_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     return work.get_future().then(lambda _: tensor)
 
 
+CHUNK_BYTES = 4 * 2**20  # a large tensor moves through the three phases in chunks of this size
+
+
+class _Chunks:
+    """One caller's tensor split into chunks: its Future completes when the last chunk is broadcast."""
+
+    def __init__(self, tensor: torch.Tensor, count: int) -> None:
+        self.tensor, self.left, self.result = tensor, count, Future()
+        self.lock = threading.Lock()
+
+    def chunk_done(self) -> None:
+        with self.lock:
+            self.left -= 1
+            finished = self.left == 0
+        if finished:
+            self.result.set_result(self.tensor)
+
+    def fail(self, exc: Exception) -> None:
+        with self.lock:
+            first = not self.result.done()
+            if first:
+                self.result.set_exception(exc)
+
+
 class _Pipeline:
-    """Two daemon threads: [reduce to leader] -> [leaders' allreduce, broadcast from leader]."""
+    """Three daemon threads, one per phase and per group: reduce -> leaders' allreduce -> broadcast. Chunks of
+    one tensor (and successive tensors) flow through like an assembly line, so the inter-node link is busy
+    while the node phases of neighbouring chunks run."""
 
     def __init__(self, topology: Topology) -> None:
         t = topology
-        self._leader, self._is_leader = t.leader, t.is_leader
-        self._intra, self._bcast, self._inter = t.intra, t.intra_bcast, t.inter
-        self._first: queue.SimpleQueue = queue.SimpleQueue()
-        self._second: queue.SimpleQueue = queue.SimpleQueue()
+        leader, leads = t.leader, t.is_leader
+        self._inboxes = [queue.SimpleQueue() for _ in range(3)]
+
+        def reduce(chunk: torch.Tensor) -> None:
+            dist.reduce(chunk, dst=leader, group=t.intra)
+
+        def across(chunk: torch.Tensor) -> None:
+            if leads:
+                dist.all_reduce(chunk, group=t.inter)
+
+        def share(chunk: torch.Tensor) -> None:
+            dist.broadcast(chunk, src=leader, group=t.intra_bcast)
+
+        stages = [reduce, across, share]
         self._threads = [
-            threading.Thread(target=self._run, args=(self._first, self._phase1), name="hier-intra", daemon=True),
-            threading.Thread(target=self._run, args=(self._second, self._phase23), name="hier-inter", daemon=True),
+            threading.Thread(target=self._run, args=(i, stage), name=f"hier-{stage.__name__}", daemon=True)
+            for i, stage in enumerate(stages)
         ]
         for thread in self._threads:
             thread.start()
 
     def submit(self, tensor: torch.Tensor) -> Future:
-        result: Future = Future()
-        self._first.put((tensor, result))
-        return result
+        flat = tensor.view(-1)
+        per_chunk = max(1, CHUNK_BYTES // max(1, flat.element_size()))
+        chunks = flat.split(per_chunk)
+        owner = _Chunks(tensor, len(chunks))
+        for chunk in chunks:
+            self._inboxes[0].put((chunk, owner))
+        return owner.result
 
-    def _phase1(self, tensor: torch.Tensor, result: Future) -> None:
-        dist.reduce(tensor, dst=self._leader, group=self._intra)
-        self._second.put((tensor, result))
-
-    def _phase23(self, tensor: torch.Tensor, result: Future) -> None:
-        if self._is_leader:
-            dist.all_reduce(tensor, group=self._inter)
-        dist.broadcast(tensor, src=self._leader, group=self._bcast)
-        result.set_result(tensor)
-
-    @staticmethod
-    def _run(inbox: queue.SimpleQueue, step) -> None:
+    def _run(self, index: int, stage) -> None:
+        inbox = self._inboxes[index]
+        nxt = self._inboxes[index + 1] if index + 1 < len(self._inboxes) else None
         failed = None
         while (item := inbox.get()) is not None:
-            tensor, result = item
+            chunk, owner = item
+            if failed is None:
+                try:
+                    stage(chunk)
+                except Exception as exc:  # collective error or timeout: the caller's wait() raises it
+                    failed = exc
             if failed is not None:  # a group is broken: fail everything behind it instead of hanging
-                result.set_exception(failed)
-                continue
-            try:
-                step(tensor, result)
-            except Exception as exc:  # collective error or timeout: the caller's wait() raises it
-                failed = exc
-                result.set_exception(exc)
+                owner.fail(failed)
+            elif nxt is not None:
+                nxt.put(item)
+            else:
+                owner.chunk_done()
+        if nxt is not None:
+            nxt.put(None)
 
     def close(self) -> None:
-        self._first.put(None)
-        self._threads[0].join()
-        self._second.put(None)
-        self._threads[1].join()
+        self._inboxes[0].put(None)  # each stage passes the sentinel on when its queue is drained
+        for thread in self._threads:
+            thread.join()
 
 
 def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
