@@ -36,6 +36,7 @@ from .env import DistEnv
 from .launch import plan_job
 from .launch.local import launch_local
 from .launch.sim import launch_sim
+from .launch.slurm import launch_slurm, sbatch_preview
 from .launch.torchrun import run_under_torchrun
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -52,13 +53,16 @@ def run_job(cfg: DictConfig) -> int:
         return EXIT_CONFIG
     if job.dry_run:
         print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
+        if plan.mode == "slurm":
+            print("\n# sbatch script (submitit)\n" + sbatch_preview(job))
         return EXIT_OK
     if plan.mode == "torchrun":
         return run_under_torchrun(job, env)
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
-        code = launch_sim(plan, job) if plan.mode == "sim" else launch_local(plan, job)
+        launch = {"sim": launch_sim, "slurm": launch_slurm}.get(plan.mode, launch_local)
+        code = launch(plan, job)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -37,6 +37,7 @@ SLURM_VARS = {
     "tasks_per_node": "SLURM_TASKS_PER_NODE",
     "job_id": "SLURM_JOB_ID",
     "step_id": "SLURM_STEP_ID",
+    "node_name": "SLURMD_NODENAME",  # the (possibly virtual) node a task runs on; `hostname` may not tell
 }
 
 SLURM_PORT_BASE = 20000
@@ -144,7 +145,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         master_addr=hosts[0],
         master_port=slurm_port(job_id),
         source="slurm",
-        hostname=socket.gethostname(),
+        hostname=environ.get(v["node_name"]) or socket.gethostname(),
         job_id=job_id,
     )
 

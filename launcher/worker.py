@@ -17,6 +17,7 @@ from .devices import backend_for, rank_device
 from .dist import process_group
 from .env import DistEnv
 from .logs import setup_logging
+from .train.stop import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,11 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-def run_worker(job: JobConfig, env: DistEnv) -> dict | None:
+def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) -> dict | None:
     """Run one rank of ``job``. Returns the trainer's summary (None for a user script)."""
     setup_logging(job.run_dir, env)
     if job.script is not None:
+        os.environ.update(torchrun_environ(env))  # what the script reads, whichever launcher started us
         run_script(job.script, job.script_args)
         return None
     from .train.trainer import Trainer  # heavy imports only where training happens
@@ -46,7 +48,16 @@ def run_worker(job: JobConfig, env: DistEnv) -> dict | None:
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
     with process_group(env, backend, timeout_s=job.comm.timeout_s):
-        return Trainer(job, env, device, backend).fit()
+        return Trainer(job, env, device, backend, stop=stop).fit()
+
+
+def torchrun_environ(env: DistEnv) -> dict[str, str]:
+    """The torchrun variables describing ``env``, for scripts written against torchrun."""
+    return {
+        "RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
+        "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port),
+    }
 
 
 def run_script(script: str, args: list[str]) -> None:

@@ -9,6 +9,7 @@ from .schema import (
     JobConfig,
     OptimConfig,
     SimClusterConfig,
+    SlurmClusterConfig,
     TrainConfig,
     register_configs,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "JobConfig",
     "OptimConfig",
     "SimClusterConfig",
+    "SlurmClusterConfig",
     "TrainConfig",
     "freeze",
     "load_frozen",

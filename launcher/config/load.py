@@ -8,12 +8,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ClusterConfig, JobConfig, SimClusterConfig
+from .schema import ClusterConfig, JobConfig, SimClusterConfig, SlurmClusterConfig
 
 FROZEN_NAME = "config.yaml"
 
 # One schema per cluster kind; ``+cluster=<kind>`` composes the subclass, the frozen YAML is read back with it.
-CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {"local": ClusterConfig, "sim": SimClusterConfig}
+CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {
+    "local": ClusterConfig,
+    "sim": SimClusterConfig,
+    "slurm": SlurmClusterConfig,
+}
 
 
 def to_job(cfg: DictConfig) -> JobConfig:

@@ -84,6 +84,47 @@ class SimClusterConfig(ClusterConfig):
 
 
 @dataclass
+class SlurmClusterConfig(ClusterConfig):
+    """``+cluster=slurm``: one Slurm task per rank through submitit (never torchrun inside a task)."""
+
+    kind: str = "slurm"
+    partition: Optional[str] = None  # null = the cluster's default partition
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60  # time limit; > 10 so a preemption signal is not mistaken for a timeout
+    cpus_per_task: int = 1
+    mem_gb: Optional[float] = None  # memory per node
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    extra_sbatch: dict[str, str] = field(default_factory=dict)  # any other #SBATCH option: {key: value}
+    setup: list[str] = field(default_factory=list)  # shell lines run before the tasks start (module load ...)
+    signal_delay_s: int = 120  # Slurm sends SIGUSR2 this long before the time limit: checkpoint and requeue
+    max_requeues: int = 3  # preemptions/timeouts survived (each resumes from the checkpoint)
+    job_name: str = "launcher"
+    folder: str = "submitit"  # submitit's files, inside the run dir
+    wait: bool = True  # wait for the job, streaming rank 0's log; false returns after submission
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.time_min > 0, f"cluster.time_min={self.time_min} must be > 0")
+        _check(self.cpus_per_task >= 1, f"cluster.cpus_per_task={self.cpus_per_task} must be >= 1")
+        _check(self.signal_delay_s >= 0, f"cluster.signal_delay_s={self.signal_delay_s} must be >= 0")
+        _check(self.max_requeues >= 0, f"cluster.max_requeues={self.max_requeues} must be >= 0")
+        _check(
+            self.signal_delay_s < self.time_min * 60,
+            f"cluster.signal_delay_s={self.signal_delay_s} must be shorter than the time limit "
+            f"(cluster.time_min={self.time_min}); HINT: raise time_min or lower signal_delay_s",
+        )
+        reserved = {"nodes", "ntasks-per-node", "ntasks_per_node", "gres", "gpus-per-node", "partition", "time",
+                    "signal", "job-name", "output", "error"}
+        clash = sorted(k for k in self.extra_sbatch if k.replace("_", "-") in reserved or k in reserved)
+        _check(not clash, f"cluster.extra_sbatch sets {clash}, which the launcher derives from cluster.* keys; "
+                          "HINT: set cluster.nodes / procs_per_node / gpus_per_node / partition / time_min instead")
+        if self.mem_gb is not None:
+            _check(self.mem_gb > 0, f"cluster.mem_gb={self.mem_gb} must be > 0")
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 10  # passes over the training split
     max_steps: Optional[int] = None  # stop after this many optimiser steps in total (null = epochs decide)
@@ -239,3 +280,4 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="cluster", name="sim_schema", node=SimClusterConfig)
+    cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)

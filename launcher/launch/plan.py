@@ -97,6 +97,10 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     backend = backend_for(bool(c.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
     if under_torchrun:
         mode, rendezvous = "torchrun", f"{env.master_addr}:{env.master_port} (torchrun's store)"
+    elif c.kind == "slurm":
+        mode = c.kind
+        rendezvous = ("Slurm: MASTER_ADDR = the job's first node, MASTER_PORT = "
+                      + (str(c.master_port) if c.master_port else "20000 + job id % 20000"))
     elif c.kind == "sim":
         mode = c.kind
         net = (f"network namespaces on {c.subnet}.0/24" + (f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit

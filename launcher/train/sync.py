@@ -21,12 +21,16 @@ log = logging.getLogger(__name__)
 
 
 class GradientSync:
-    def __init__(self, model: nn.Module, env: DistEnv, device: torch.device, cfg: CommConfig) -> None:
+    def __init__(self, model: nn.Module, env: DistEnv, device: torch.device, cfg: CommConfig,
+                 resumed_hierarchical: Optional[bool] = None) -> None:
         self.model = model
         self.topology = Topology.build(env)
         model_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         probe_numel = max(1, min(model_numel, int(cfg.bucket_cap_mb * MB) // 4))
-        self.choice: StrategyChoice = choose(self.topology, cfg.hierarchical, probe_numel, device)
+        if cfg.hierarchical == "auto" and resumed_hierarchical is not None:
+            self.choice = StrategyChoice(bool(resumed_hierarchical), "kept from the checkpoint this run resumes")
+        else:
+            self.choice = choose(self.topology, cfg.hierarchical, probe_numel, device)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
             self.reducer = BucketedReducer(

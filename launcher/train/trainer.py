@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import nullcontext
 import os
+import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -28,12 +29,14 @@ from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter, write_json_atomic
 from .optim import build_optimizer, build_scheduler
+from .stop import Preempted, StopRequest
 from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
-# Fault injection for failure tests: "step=K[,rank=R][,attempt=A]" makes rank R (default 0) raise at step K,
-# only in elastic restart attempt A when given (TORCHELASTIC_RESTART_COUNT).
+# Fault injection for failure tests: "step=K[,rank=R][,signal=USR2][,attempt=A]" makes rank R (default 0) raise
+# at step K, or send itself the signal, only in restart attempt A when given (TORCHELASTIC_RESTART_COUNT under
+# the elastic agent, SLURM_RESTART_COUNT for a requeued Slurm job).
 FAULT_ENV = "LAUNCHER_FAULT"
 
 
@@ -64,10 +67,10 @@ def check_same_weights(model: nn.Module) -> None:
 
 
 class Trainer:
-    def __init__(self, job: JobConfig, env: DistEnv, device: torch.device, backend: str) -> None:
-        self.job, self.env, self.device, self.backend = job, env, device, backend
+    def __init__(self, job: JobConfig, env: DistEnv, device: torch.device, backend: str,
+                 stop: Optional[StopRequest] = None) -> None:
+        self.job, self.env, self.device, self.backend, self.stop = job, env, device, backend, stop
         self.run_dir = Path(job.run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
         world = env.world_size
         t = job.train
         self.batch_per_rank = t.batch_size_per_rank or t.batch_size // world
@@ -77,7 +80,12 @@ class Trainer:
         check_same_weights(model)
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
-        self.sync = GradientSync(model, env, device, job.comm)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self._resume_path = self.resume_source()
+        self._resume_state = ckpt.load(self._resume_path, map_location=device) if self._resume_path else None
+        # a resumed run keeps the strategy it measured before: the same summation order, bit for bit
+        kept = (self._resume_state or {}).get("hierarchical")
+        self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept)
         train_set, test_set = build_datasets(job.data)
         self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
         self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
@@ -102,6 +110,7 @@ class Trainer:
             "epoch": self.pos.epoch,
             "batch_in_epoch": self.pos.batch_in_epoch,
             "world_size": self.env.world_size,
+            "hierarchical": self.sync.hierarchical,
             "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
         }
 
@@ -123,10 +132,10 @@ class Trainer:
         return Path(mode)
 
     def maybe_resume(self) -> None:
-        path = self.resume_source()
-        if path is None:
+        path, state = self._resume_path, self._resume_state
+        if path is None or state is None:
             return
-        state = ckpt.load(path, map_location=self.device)
+        self._resume_state = None  # free it once applied
         ckpt.load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -176,8 +185,13 @@ class Trainer:
                         bar.set_postfix(epoch=epoch, loss=f"{final_loss:.4f}")
                         window.zero_()
                         window_t0 = time.perf_counter()
-                    if t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0:
+                    saved = t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0
+                    if saved:
                         self.save()
+                    if self.stop is not None and self.stop.agreed(self.device):
+                        if not saved:
+                            self.save()
+                        raise Preempted(self.pos.step, self.stop.signum or 0)
                     if self.pos.step >= self.total_steps:
                         break
                 if self.pos.batch_in_epoch >= self.steps_per_epoch:
@@ -193,8 +207,10 @@ class Trainer:
         return self._summary(final_loss, accuracy, trained_steps, wall)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._fault is not None and self._fault == (self.pos.step + 1, self.env.rank):
-            raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
+        if self._fault is not None and self._fault[:2] == (self.pos.step + 1, self.env.rank):
+            if self._fault[2] is None:
+                raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
+            os.kill(os.getpid(), self._fault[2])
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         self.sync.sync_buffers()
@@ -272,10 +288,12 @@ class Trainer:
         return summary
 
 
-def _parse_fault(spec: str) -> Optional[tuple[int, int]]:
+def _parse_fault(spec: str) -> Optional[tuple[int, int, Optional[int]]]:
     if not spec:
         return None
     fields = dict(part.split("=", 1) for part in spec.split(","))
-    if "attempt" in fields and fields["attempt"] != os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"):
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+    if "attempt" in fields and fields["attempt"] != attempt:
         return None
-    return int(fields["step"]), int(fields.get("rank", 0))
+    signum = getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None
+    return int(fields["step"]), int(fields.get("rank", 0)), signum

@@ -1,0 +1,151 @@
+"""``+cluster=slurm``: submit through submitit, one Slurm task per rank (no torchrun inside tasks).
+
+- The config was frozen into the run dir on this host; every task reads it back (shared filesystem).
+- Inside a task the DistEnv comes from SLURM_*: MASTER_ADDR is the job's first node, MASTER_PORT is derived
+  from the job id (``cluster.master_port`` overrides it).
+- Preemption / time limit: Slurm (or ``scancel --signal=USR2``) sends SIGUSR2; every rank stops at the same step,
+  one checkpoint is written, rank 0 requeues the job (``scontrol requeue``), and the requeued job resumes from
+  that checkpoint in the same run dir (at most ``cluster.max_requeues`` times). This replaces submitit's own
+  handler, which would requeue from inside a signal handler without the other ranks agreeing on a step.
+- ``cluster.wait=true``: stream rank 0's log until the job ends, then report; the exit code is the job's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, JobConfig, SlurmClusterConfig, load_frozen
+from ..env import DistEnv
+from ..logs import rank_log_path
+from .plan import LaunchPlan
+
+log = logging.getLogger(__name__)
+POLL_S = 1.0  # how often the log is streamed and the job state polled while waiting
+
+
+def executor(job: JobConfig):
+    """A submitit executor carrying every Slurm parameter of ``cluster``."""
+    import submitit
+
+    c = job.cluster
+    assert isinstance(c, SlurmClusterConfig)  # plan_job routed us here by cluster.kind
+    ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
+    params: dict[str, Any] = dict(
+        name=c.job_name, nodes=c.nodes, tasks_per_node=c.procs_per_node, cpus_per_task=c.cpus_per_task,
+        timeout_min=c.time_min, slurm_signal_delay_s=c.signal_delay_s,
+        slurm_additional_parameters=dict(c.extra_sbatch), slurm_setup=list(c.setup),
+    )
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if getattr(c, key):
+            params[f"slurm_{key}"] = getattr(c, key)
+    if c.gpus_per_node:
+        params["slurm_gres"] = f"gpu:{c.gpus_per_node}"
+    if c.mem_gb:
+        params["mem_gb"] = c.mem_gb
+    ex.update_parameters(**params)
+    return ex
+
+
+def sbatch_preview(job: JobConfig) -> str:
+    """The sbatch script submitit would submit (dry run)."""
+    slurm = executor(job)._executor
+    return slurm._make_submission_file_text(slurm._submitit_command_str, "<uid>")
+
+
+class SlurmTask:
+    """What each Slurm task runs (pickled by submitit): one rank of the frozen job."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> Any:
+        from ..train.stop import Preempted, StopRequest
+        from ..worker import run_worker
+
+        job = load_frozen(self.run_dir)
+        env = DistEnv.resolve()
+        if job.cluster.master_port:
+            env = dataclasses.replace(env, master_port=job.cluster.master_port)
+        stop = StopRequest().install(signal.SIGUSR2)
+        try:
+            return run_worker(job, env, stop=stop)
+        except Preempted as exc:
+            if env.is_main:
+                requeue(job, env, exc)
+            raise SystemExit(0)  # no result file: the job is not over, it comes back after the requeue
+
+
+def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+    count_file = Path(job.run_dir) / "requeues.json"
+    count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
+    if count >= job.cluster.max_requeues:
+        raise RuntimeError(f"{exc}; not requeued: cluster.max_requeues={job.cluster.max_requeues} reached. HINT: "
+                           f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint")
+    count_file.write_text(json.dumps({"count": count + 1}))
+    subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
+    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, job.cluster.max_requeues)
+
+
+def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
+    from submitit.core.utils import FailedJobError
+
+    ex = executor(job)
+    try:
+        submitted = ex.submit(SlurmTask(job.run_dir))
+    except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
+        raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
+    log0 = rank_log_path(job.run_dir, 0)
+    print(f"[launcher] submitted Slurm job {submitted.job_id}: {plan.world_size} task(s) on {plan.nodes} node(s)\n"
+          f"[launcher] rank 0 log: {log0}\n[launcher] submitit files: {submitted.paths.folder}", file=sys.stderr)
+    if not job.cluster.wait:
+        return 0
+    stream_until_done(submitted, log0)
+    return report(submitted, plan.world_size, job.run_dir)
+
+
+def stream_until_done(submitted, log: Path) -> None:
+    """Print rank 0's log as it grows until the job ends (submitit polls sacct for the state)."""
+    offset, tick = 0, threading.Event()
+    while True:
+        done = submitted.done()
+        if log.exists():
+            with open(log, encoding="utf-8", errors="replace") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+            if chunk:
+                print(chunk, end="", file=sys.stderr, flush=True)
+        if done:
+            return
+        tick.wait(POLL_S)
+
+
+def report(submitted, world_size: int, run_dir: str) -> int:
+    """0 when every task returned; else name the rank whose task raised, with its traceback."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    failures, incomplete = [], []
+    for rank in range(world_size):
+        task = submitted.task(rank)
+        try:
+            task.result()
+        except FailedJobError as exc:
+            # the root cause wrote its error first; its peers fail a moment later in their collectives
+            written = task.paths.result_pickle.stat().st_mtime_ns if task.paths.result_pickle.exists() else 0
+            failures.append((written, rank, str(exc)))
+        except UncompletedJobError as exc:
+            incomplete.append((0, rank, str(exc)))
+    if not failures and not incomplete:
+        return 0
+    _, rank, message = min(failures) if failures else incomplete[0]
+    print(f"launcher: rank {rank} (task {rank} of Slurm job {submitted.job_id}, state {submitted.state}) failed:\n"
+          f"{message.strip()}\nlauncher: log of rank {rank}: {rank_log_path(run_dir, rank)}", file=sys.stderr)
+    return 1

@@ -1,0 +1,1 @@
+"""The built-in trainer and what it is made of: data, optimiser, gradient sync, checkpoints, metrics."""

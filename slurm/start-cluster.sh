@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Start (idempotently) a real Slurm cluster on this host that looks like N nodes: munged, MariaDB + slurmdbd
+# (accounting, so sacct and submitit job states work), slurmctld and one slurmd per fake node (node1..nodeN),
+# everything under $LAUNCHER_SLURM_ROOT. Root and Debian (Slurm 22.05 packages, installed when missing).
+# Afterwards: source "$LAUNCHER_SLURM_ROOT/env.sh"  (sets SLURM_CONF).  Stop with slurm/stop-cluster.sh.
+set -euo pipefail
+
+ROOT=${LAUNCHER_SLURM_ROOT:-/tmp/launcher-slurm}
+NODES=${LAUNCHER_SLURM_NODES:-2}
+CPUS=${LAUNCHER_SLURM_CPUS:-$(nproc)}        # per fake node; more than the real cores drains the node
+MEM_MB=${LAUNCHER_SLURM_MEM_MB:-4000}
+CTLD_PORT=${LAUNCHER_SLURM_CTLD_PORT:-16817}
+DBD_PORT=${LAUNCHER_SLURM_DBD_PORT:-16819}
+DB_PORT=${LAUNCHER_SLURM_DB_PORT:-13306}
+SLURMD_PORT=${LAUNCHER_SLURM_SLURMD_PORT:-17001}   # node k listens on SLURMD_PORT + k - 1
+CRED_EXPIRE=${LAUNCHER_SLURM_CRED_EXPIRE:-10}      # a requeued job restarts after this many seconds (default 120)
+
+need=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+if ! dpkg -s "${need[@]}" >/dev/null 2>&1; then
+  echo "[slurm] installing ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+running() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+until_ok() {  # until_ok SECONDS WHAT CMD...: retry CMD (each try bounded to 5 s) until it succeeds
+  local limit=$1 what=$2; shift 2
+  local end=$((SECONDS + limit))
+  until timeout 5 "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= end)); then
+      echo "[slurm] $what not ready after ${limit}s; logs under $ROOT/log" >&2
+      tail -n 15 "$ROOT"/log/*.log >&2 || true
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+
+export SLURM_CONF=$ROOT/etc/slurm.conf
+if running "$ROOT/run/slurmctld.pid"; then
+  echo "[slurm] already running under $ROOT" >&2
+  exit 0
+fi
+
+mkdir -p "$ROOT"/{etc,state,log,run,munge,db}
+for k in $(seq 1 "$NODES"); do mkdir -p "$ROOT/spool/node$k"; done
+chmod 755 "$ROOT" "$ROOT/munge"   # munged wants every parent of its socket o+x
+SOCK=$ROOT/munge/munge.socket.2
+AUTH="socket=$SOCK,cred_expire=$CRED_EXPIRE"
+
+cat > "$SLURM_CONF" <<CONF
+ClusterName=launcher
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=$AUTH
+SlurmctldPort=$CTLD_PORT
+StateSaveLocation=$ROOT/state
+SlurmdSpoolDir=$ROOT/spool/%n
+SlurmctldPidFile=$ROOT/run/slurmctld.pid
+SlurmdPidFile=$ROOT/run/slurmd-%n.pid
+SlurmctldLogFile=$ROOT/log/slurmctld.log
+SlurmdLogFile=$ROOT/log/slurmd-%n.log
+MailProg=/bin/true
+MpiDefault=none
+SwitchType=switch/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+AccountingStoragePass=$SOCK
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+MinJobAge=600
+NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$SLURMD_PORT-$((SLURMD_PORT + NODES - 1))] CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN
+PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP
+CONF
+
+cat > "$ROOT/etc/slurmdbd.conf" <<CONF
+AuthType=auth/munge
+AuthInfo=$AUTH
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$ROOT/run/slurmdbd.pid
+LogFile=$ROOT/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=launcher_acct_db
+CONF
+chmod 600 "$ROOT/etc/slurmdbd.conf"
+echo "export SLURM_CONF=$SLURM_CONF" > "$ROOT/env.sh"
+
+# Jobs see node names (node1, ...) as hosts: they must resolve (loopback). Marked, so stop --wipe removes them.
+for k in $(seq 1 "$NODES"); do
+  getent hosts "node$k" >/dev/null || echo "127.0.0.1 node$k # launcher-slurm" >> /etc/hosts
+done
+
+[[ -f $ROOT/munge/munge.key ]] || mungekey -c -k "$ROOT/munge/munge.key" -b 1024
+chmod 600 "$ROOT/munge/munge.key"
+running "$ROOT/munge/munged.pid" || munged --key-file="$ROOT/munge/munge.key" --socket="$SOCK" \
+  --pid-file="$ROOT/munge/munged.pid" --log-file="$ROOT/log/munged.log" --seed-file="$ROOT/munge/munged.seed"
+until_ok 10 munged bash -c "munge -n -S '$SOCK' | unmunge -S '$SOCK'"
+
+DB=$ROOT/db
+if [[ ! -d $DB/data/mysql ]]; then
+  mariadb-install-db --no-defaults --user=root --datadir="$DB/data" --auth-root-authentication-method=socket \
+    --skip-test-db >"$ROOT/log/mariadb-install.log" 2>&1
+  new_db=1
+fi
+if ! running "$DB/mysqld.pid"; then
+  setsid mariadbd --no-defaults --user=root --datadir="$DB/data" --socket="$DB/mysqld.sock" \
+    --pid-file="$DB/mysqld.pid" --port="$DB_PORT" --bind-address=127.0.0.1 --log-error="$ROOT/log/mariadb.log" \
+    --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1 &
+fi
+until_ok 30 mariadb mariadb --no-defaults -S "$DB/mysqld.sock" -u root -e 'select 1'
+if [[ -n ${new_db:-} ]]; then
+  mariadb --no-defaults -S "$DB/mysqld.sock" -u root -e \
+    "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm'; GRANT ALL ON launcher_acct_db.* TO 'slurm'@'127.0.0.1';"
+fi
+running "$ROOT/run/slurmdbd.pid" || slurmdbd
+until_ok 60 slurmdbd sacctmgr -n list cluster
+
+slurmctld
+until_ok 15 slurmctld bash -c "scontrol ping | grep -q 'is UP'"
+for k in $(seq 1 "$NODES"); do slurmd -N "node$k"; done
+until_ok 60 "idle nodes" bash -c "[[ \$(sinfo -h -N -t idle -o %N | sort -u | wc -l) -eq $NODES ]]"
+until_ok 30 "cluster registration" bash -c "sacctmgr -n -P list cluster format=cluster,controlport | grep -q '^launcher|$CTLD_PORT'"
+sinfo >&2
+echo "[slurm] up under $ROOT: source $ROOT/env.sh" >&2
