@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -36,20 +37,24 @@ from .env import DistEnv
 from .launch import plan_job
 from .launch.local import launch_local
 from .launch.sim import launch_sim
-from .launch.slurm import launch_slurm, sbatch_preview
+from .launch.slurm import launch_slurm, sbatch_preview, submit_slurm
+from .sweep import Sweep
 from .launch.torchrun import run_under_torchrun
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def run_job(cfg: DictConfig) -> int:
-    """Validate, plan, freeze and launch one job. Returns the exit code."""
+def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
+    """Validate, plan, freeze and launch one job. Returns the exit code. In a sweep, Slurm jobs are only
+    submitted here; ``Sweep.finish`` waits for all of them together."""
     env = DistEnv.resolve()
     try:
         job, plan = plan_job(cfg, env, gpus_visible=gpu_count())
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
+        if sweep is not None:
+            sweep.add("", code=EXIT_CONFIG)
         return EXIT_CONFIG
     if job.dry_run:
         print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
@@ -61,13 +66,18 @@ def run_job(cfg: DictConfig) -> int:
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
+        if plan.mode == "slurm" and sweep is not None:
+            sweep.add(job.run_dir, submitted=submit_slurm(plan, job), world_size=plan.world_size)
+            return EXIT_OK
         launch = {"sim": launch_sim, "slurm": launch_slurm}.get(plan.mode, launch_local)
         code = launch(plan, job)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        code = EXIT_CONFIG
     if code == EXIT_OK:
         print_summary(job.run_dir)
+    if sweep is not None:
+        sweep.add(job.run_dir, code=code)
     return code
 
 
@@ -90,17 +100,19 @@ def main() -> None:
     register_resolvers()
     register_configs()
     entered = []
+    sweep = Sweep()
 
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _task(cfg: DictConfig) -> int:
         entered.append(True)
-        code = run_job(cfg)
         if HydraConfig.get().mode == RunMode.RUN:
-            raise SystemExit(code)
-        return code
+            raise SystemExit(run_job(cfg))
+        return run_job(cfg, sweep.point(" ".join(HydraConfig.get().overrides.task)))
 
     try:
         _task()
+        if entered:  # a sweep (-m): wait for its Slurm jobs, report every point
+            raise SystemExit(sweep.finish())
     except SystemExit as exc:
         # Hydra exits with 1 when it rejects the command line or config (unknown group option, typo'd key):
         # that is a configuration error, exit code 2, like our own checks.

@@ -24,8 +24,10 @@ def run_launcher(*overrides: str, run_dir: Path, timeout: float = 240, env: dict
     """``python -m launcher hydra.run.dir=<run_dir> overrides...`` as a user would type it."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
     full_env.update(env or {})
+    flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra wants flags before overrides
+    rest = [o for o in overrides if not o.startswith("-")]
     return subprocess.run(
-        [sys.executable, *module, f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
 

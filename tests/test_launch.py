@@ -102,3 +102,11 @@ def test_script_mode_runs_a_torchrun_script_unchanged(tmp_path):
     assert result.returncode == 0, result.stderr
     assert [(out / f"rank-{r}.txt").read_text() for r in (0, 1)] == ["3 3", "3 3"]
     assert "script rank 1 done" in (tmp_path / "logs" / "rank-1.log").read_text()
+
+
+def test_local_sweep_reports_every_point(tmp_path):
+    result = run_launcher("-m", "cluster.procs_per_node=1", "train.max_steps=5", "optim.lr=0.1,0.05",
+                          "cluster.nodes=0,1", f"hydra.sweep.dir={tmp_path}", run_dir=tmp_path / "unused")
+    assert result.returncode == 1  # one point is invalid: the sweep says so, the others still ran
+    assert "launcher: error: cluster.nodes=0 must be >= 1" in result.stderr
+    assert result.stderr.count(": ok, final loss") == 2 and result.stderr.count("FAILED (exit 2)") == 2

@@ -123,3 +123,15 @@ def test_dry_run_matches_golden_file(tmp_path):
         golden.write_text(script)
     assert script == golden.read_text()
     assert not list(tmp_path.glob("submitit*")) and not (tmp_path / "config.yaml").exists()
+
+
+def test_sweep_submits_one_job_per_point(slurm, tmp_path):
+    result = run_launcher("-m", "+cluster=slurm", "train.max_steps=10", "optim.lr=0.1,0.05",
+                          f"hydra.sweep.dir={tmp_path}", run_dir=tmp_path / "unused", env=slurm, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"waiting for 2 Slurm job\(s\): \d+, \d+", result.stderr)
+    assert re.search(r"0: .*optim.lr=0.1: ok, final loss", result.stderr)
+    assert re.search(r"1: .*optim.lr=0.05: ok, final loss", result.stderr)
+    lrs = [json.loads((tmp_path / str(k) / "summary.json").read_text()) and
+           (tmp_path / str(k) / "config.yaml").read_text().count("lr: 0.05") for k in (0, 1)]
+    assert lrs == [0, 1]

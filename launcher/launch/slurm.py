@@ -94,20 +94,25 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, job.cluster.max_requeues)
 
 
-def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
+def submit_slurm(plan: LaunchPlan, job: JobConfig):
+    """Submit; Slurm's refusal (bad partition, account, ...) becomes a ConfigError with Slurm's reason."""
     from submitit.core.utils import FailedJobError
 
-    ex = executor(job)
     try:
-        submitted = ex.submit(SlurmTask(job.run_dir))
+        submitted = executor(job).submit(SlurmTask(job.run_dir))
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
-    log0 = rank_log_path(job.run_dir, 0)
     print(f"[launcher] submitted Slurm job {submitted.job_id}: {plan.world_size} task(s) on {plan.nodes} node(s)\n"
-          f"[launcher] rank 0 log: {log0}\n[launcher] submitit files: {submitted.paths.folder}", file=sys.stderr)
+          f"[launcher] rank 0 log: {rank_log_path(job.run_dir, 0)}\n"
+          f"[launcher] submitit files: {submitted.paths.folder}", file=sys.stderr)
+    return submitted
+
+
+def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
+    submitted = submit_slurm(plan, job)
     if not job.cluster.wait:
         return 0
-    stream_until_done(submitted, log0)
+    stream_until_done(submitted, rank_log_path(job.run_dir, 0))
     return report(submitted, plan.world_size, job.run_dir)
 
 
