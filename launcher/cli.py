@@ -37,7 +37,7 @@ from .env import DistEnv
 from .launch import plan_job
 from .launch.local import launch_local
 from .launch.sim import launch_sim
-from .launch.slurm import launch_slurm, sbatch_preview, submit_slurm
+from .launch.slurm import launch_slurm, run_slurm_rank, sbatch_preview, submit_slurm
 from .sweep import Sweep
 from .launch.torchrun import run_under_torchrun
 
@@ -63,6 +63,11 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         return EXIT_OK
     if plan.mode == "torchrun":
         return run_under_torchrun(job, env)
+    if plan.mode == "slurm-task":  # srun inside a user's sbatch script: this process is one rank
+        if env.is_main:
+            freeze(job, job.run_dir)
+        run_slurm_rank(job, env)
+        return EXIT_OK
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:

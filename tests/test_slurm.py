@@ -135,3 +135,16 @@ def test_sweep_submits_one_job_per_point(slurm, tmp_path):
     lrs = [json.loads((tmp_path / str(k) / "summary.json").read_text()) and
            (tmp_path / str(k) / "config.yaml").read_text().count("lr: 0.05") for k in (0, 1)]
     assert lrs == [0, 1]
+
+
+def test_example_sbatch_script(slurm, tmp_path):
+    """The documented sbatch route: srun tasks run `python -m launcher` and become ranks in-process."""
+    script = (REPO / "slurm" / "example.sbatch").read_text().replace("runs/slurm-", f"{tmp_path}/slurm-")
+    (tmp_path / "job.sbatch").write_text(script)
+    env = {**os.environ, **slurm, "PYTHON": sys.executable}
+    result = subprocess.run(["sbatch", "--wait", str(tmp_path / "job.sbatch"), "train.max_steps=10"], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    job_id = re.search(r"Submitted batch job (\d+)", result.stdout).group(1)
+    summary = json.loads((tmp_path / f"slurm-{job_id}" / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["steps"]) == (4, 2, 10)

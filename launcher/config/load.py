@@ -51,10 +51,14 @@ def load_frozen(run_dir: str | Path) -> JobConfig:
 
 
 def default_run_name() -> str:
-    """Run dir name for ``hydra.run.dir``: shared by all ranks under torchrun (its run id), else a timestamp."""
+    """Run dir name for ``hydra.run.dir``, the same on every rank that composes the config itself: torchrun's run
+    id, or the Slurm job id for srun tasks of a user's sbatch script (a requeued job finds its checkpoints);
+    else a timestamp."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and "RANK" in os.environ:
         return f"torchrun-{run_id}"
+    if "SLURM_STEP_ID" in os.environ and "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}"
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3]
 
 

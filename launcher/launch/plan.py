@@ -49,7 +49,10 @@ class LaunchPlan:
 
 def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfig, LaunchPlan]:
     """Fill machine defaults into ``cfg``, validate it into a JobConfig, and plan the launch."""
-    under_torchrun = env.source == "elastic"
+    # Already one rank of a running job (torchrun, or an srun task of a user's sbatch script): the launcher that
+    # started us decided the layout; run in-process.
+    under_torchrun = env.source in ("elastic", "slurm")
+    starter = "torchrun" if env.source == "elastic" else "srun"
     cluster = cfg.cluster
     explicit = {"nodes": cluster.nodes, "procs_per_node": cluster.procs_per_node}
     if under_torchrun:
@@ -69,8 +72,8 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         for key, value in explicit.items():
             if value is not None and value != getattr(c, key) and not (key == "nodes" and value == 1):
                 raise ConfigError(
-                    f"cluster.{key}={value} but torchrun started {getattr(c, key)}; HINT: drop the override, "
-                    "torchrun's --nnodes/--nproc_per_node decide the layout"
+                    f"cluster.{key}={value} but {starter} started {getattr(c, key)}; HINT: drop the override, "
+                    f"{starter}'s layout (--nnodes/--nproc_per_node, -N/--ntasks-per-node) decides"
                 )
     elif c.kind == "sim":
         if c.netns:
@@ -95,8 +98,10 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         raise ConfigError("comm.backend=nccl needs GPUs; HINT: comm.backend=auto (gloo on CPU)")
 
     backend = backend_for(bool(c.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
-    if under_torchrun:
+    if under_torchrun and starter == "torchrun":
         mode, rendezvous = "torchrun", f"{env.master_addr}:{env.master_port} (torchrun's store)"
+    elif under_torchrun:
+        mode, rendezvous = "slurm-task", f"{env.master_addr}:{env.master_port} (rank 0 hosts the store)"
     elif c.kind == "slurm":
         mode = c.kind
         rendezvous = ("Slurm: MASTER_ADDR = the job's first node, MASTER_PORT = "

@@ -67,20 +67,24 @@ class SlurmTask:
         self.run_dir = run_dir
 
     def __call__(self) -> Any:
-        from ..train.stop import Preempted, StopRequest
-        from ..worker import run_worker
+        return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
 
-        job = load_frozen(self.run_dir)
-        env = DistEnv.resolve()
-        if job.cluster.master_port:
-            env = dataclasses.replace(env, master_port=job.cluster.master_port)
-        stop = StopRequest().install(signal.SIGUSR2)
-        try:
-            return run_worker(job, env, stop=stop)
-        except Preempted as exc:
-            if env.is_main:
-                requeue(job, env, exc)
-            raise SystemExit(0)  # no result file: the job is not over, it comes back after the requeue
+
+def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
+    """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun): SIGUSR2 stops all ranks at one
+    step with a checkpoint, then rank 0 requeues the job."""
+    from ..train.stop import Preempted, StopRequest
+    from ..worker import run_worker
+
+    if job.cluster.master_port:
+        env = dataclasses.replace(env, master_port=job.cluster.master_port)
+    stop = StopRequest().install(signal.SIGUSR2)
+    try:
+        return run_worker(job, env, stop=stop)
+    except Preempted as exc:
+        if env.is_main:
+            requeue(job, env, exc)
+        raise SystemExit(0)  # no result file: the job is not over, it comes back after the requeue
 
 
 def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
