@@ -78,3 +78,15 @@ def test_netns_without_root_is_refused_before_start(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ConfigError, match=r"cluster.netns=true needs root to create network namespaces"):
         plan("+cluster=sim", "cluster.netns=true")
+
+
+def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "script=tests/scripts/env_script.py",
+                          f"script_args=[{out}]", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [(s["LOCAL_RANK"], s["GROUP_RANK"], s["LOCAL_WORLD_SIZE"]) for s in seen] == [
+        ("0", "0", "2"), ("1", "0", "2"), ("0", "1", "2"), ("1", "1", "2")]
+    assert all(s["allreduce"] == 10.0 for s in seen)
