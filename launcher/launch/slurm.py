@@ -36,7 +36,8 @@ def executor(job: JobConfig):
     import submitit
 
     c = job.cluster
-    assert isinstance(c, SlurmClusterConfig)  # plan_job routed us here by cluster.kind
+    if not isinstance(c, SlurmClusterConfig):
+        raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
     ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
     params: dict[str, Any] = dict(
         name=c.job_name, nodes=c.nodes, tasks_per_node=c.procs_per_node, cpus_per_task=c.cpus_per_task,

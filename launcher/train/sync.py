@@ -15,6 +15,7 @@ from ..comm import Topology, hierarchical_hook
 from ..comm.reducer import MB, BucketedReducer
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
+from ..dist import broadcast_
 from ..env import DistEnv
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class GradientSync:
         """Rank 0's buffers (batch-norm statistics) everywhere; DDP does it in every forward already."""
         if self.reducer is not None:
             for buffer in self.model.buffers():
-                torch.distributed.broadcast(buffer, src=0) if self.topology.world_size > 1 else None
+                broadcast_(buffer, src=0)
 
     def close(self) -> None:
         self.topology.close()
