@@ -38,6 +38,7 @@ SLURM_VARS = {
     "job_id": "SLURM_JOB_ID",
     "step_id": "SLURM_STEP_ID",
     "node_name": "SLURMD_NODENAME",  # the (possibly virtual) node a task runs on; `hostname` may not tell
+    "restart_count": "SLURM_RESTART_COUNT",  # set in a requeued job
 }
 
 SLURM_PORT_BASE = 20000
@@ -60,7 +61,7 @@ class DistEnv:
     hostname: str = ""
     job_id: str = ""
     agent_store: bool = False  # the elastic agent already hosts the TCPStore at master_addr:master_port
-    restart_count: int = 0  # elastic restarts so far: each attempt keeps its keys apart in the shared store
+    restart_count: int = 0  # restarts / requeues so far (attempt number): logs mark it, store keys are kept apart
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -79,9 +80,10 @@ class DistEnv:
         return self.world_size > 1
 
     def describe(self) -> str:
+        attempt = f", attempt {self.restart_count}" if self.restart_count else ""
         return (
             f"rank {self.rank}/{self.world_size} (node {self.node_rank}/{self.num_nodes}, "
-            f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}"
+            f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}{attempt}"
         )
 
     @classmethod
@@ -147,6 +149,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         source="slurm",
         hostname=environ.get(v["node_name"]) or socket.gethostname(),
         job_id=job_id,
+        restart_count=_int(environ, v["restart_count"], 0),
     )
 
 

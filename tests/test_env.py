@@ -30,6 +30,11 @@ def test_slurm_table():
     assert env.source == "slurm" and not env.agent_store
 
 
+def test_requeued_slurm_job_is_a_later_attempt():
+    env = DistEnv.resolve({**SLURM, "SLURM_RESTART_COUNT": "2"})
+    assert env.restart_count == 2 and env.describe().endswith("via slurm, attempt 2")
+
+
 def test_torchrun_wins_over_slurm():
     """torchrun inside a Slurm allocation: torchrun's variables describe this process."""
     assert DistEnv.resolve({**SLURM, **TORCHRUN}).source == "elastic"

@@ -148,3 +148,19 @@ def test_example_sbatch_script(slurm, tmp_path):
     job_id = re.search(r"Submitted batch job (\d+)", result.stdout).group(1)
     summary = json.loads((tmp_path / f"slurm-{job_id}" / "summary.json").read_text())
     assert (summary["world_size"], summary["nodes"], summary["steps"]) == (4, 2, 10)
+
+
+def test_taken_store_port_is_named():
+    import socket
+
+    from launcher.env import DistEnv
+    from launcher.launch.slurm import check_store_port
+
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = DistEnv(master_port=port, job_id="77", hostname="node1")
+        with pytest.raises(RuntimeError, match=rf"MASTER_PORT {port} \(derived from job id 77 \(20000 \+ id % 20000\)\)"
+                                               r" is taken on node1: .*HINT: resubmit with cluster.master_port="):
+            check_store_port(env, derived=True)

@@ -36,6 +36,7 @@ class ClusterConfig:
     master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
     master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
+    gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first, as the seeds do)
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
@@ -53,6 +54,8 @@ class ClusterConfig:
         _check(self.max_restarts >= 0, f"cluster.max_restarts={self.max_restarts} must be >= 0")
         _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
         _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")
+        _check(self.gpu_select in ("index", "free_memory"),
+               f"cluster.gpu_select={self.gpu_select!r}; HINT: index or free_memory")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import ConfigError, JobConfig
 from ..env import DistEnv
+from ..gpus import by_free_memory
 from ..logs import rank_log_path
 from ..worker import run_worker, worker_entry
 from .plan import LaunchPlan
@@ -92,6 +93,9 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     c = job.cluster
     if c.master_port:
         check_port(c.master_addr, c.master_port)
+    if c.gpus_per_node and c.gpu_select == "free_memory":  # before any worker initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = by_free_memory(c.gpus_per_node)
+        log.warning("cluster.gpu_select=free_memory: CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
     if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], True, c.master_addr)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,8 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
 
     if job.cluster.master_port:
         env = dataclasses.replace(env, master_port=job.cluster.master_port)
+    if env.is_main:
+        check_store_port(env, derived=not job.cluster.master_port)
     stop = StopRequest().install(signal.SIGUSR2)
     try:
         return run_worker(job, env, stop=stop)
@@ -86,6 +89,19 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
         if env.is_main:
             requeue(job, env, exc)
         raise SystemExit(0)  # no result file: the job is not over, it comes back after the requeue
+
+
+def check_store_port(env: DistEnv, derived: bool) -> None:
+    """Rank 0 hosts the rendezvous store on MASTER_PORT: if something else holds it, say so, not a timeout."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", env.master_port))
+        except OSError as exc:
+            origin = f"derived from job id {env.job_id} (20000 + id % 20000)" if derived else "cluster.master_port"
+            raise RuntimeError(
+                f"MASTER_PORT {env.master_port} ({origin}) is taken on {env.hostname}: {exc.strerror}; HINT: "
+                "resubmit with cluster.master_port=<a free port>"
+            ) from None
 
 
 def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
