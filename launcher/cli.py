@@ -31,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .config import ConfigError, freeze, register_configs, register_resolvers, to_yaml
+from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
 from .devices import gpu_count
 from .env import DistEnv
 from .launch import plan_job
@@ -51,6 +51,7 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     env = DistEnv.resolve()
     try:
         job, plan = plan_job(cfg, env, gpus_visible=gpu_count())
+        check_resumable(job, job.run_dir)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         if sweep is not None:

@@ -61,7 +61,7 @@ def test_atomic_save_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
         ckpt.save_atomic({"x": torch.zeros(2)}, path)
     monkeypatch.undo()
     assert torch.equal(ckpt.load(path)["x"], torch.ones(2))
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]  # no temp file left
 
 
 def test_list_and_prune(tmp_path):
@@ -73,3 +73,25 @@ def test_list_and_prune(tmp_path):
     ckpt.prune(tmp_path, keep=2)
     assert [ckpt.load(p)["step"] for p in ckpt.list_checkpoints(tmp_path)] == [20, 100]
     assert ckpt.list_checkpoints(tmp_path / "missing") == []
+
+
+def test_truncated_newest_checkpoint_is_skipped(tmp_path):
+    for step in (10, 20):
+        ckpt.save_atomic({"step": step, "w": torch.randn(1000)}, ckpt.checkpoint_path(tmp_path, step))
+    newest = ckpt.checkpoint_path(tmp_path, 20)
+    newest.write_bytes(newest.read_bytes()[:100])  # a crash mid-copy, say
+    path, state = ckpt.load_newest_valid(tmp_path)
+    assert path == ckpt.checkpoint_path(tmp_path, 10) and state["step"] == 10
+    ckpt.checkpoint_path(tmp_path, 20).with_name("step-00000020.pt.sha256").unlink()  # no digest: load check only
+    assert ckpt.load_newest_valid(tmp_path)[1]["step"] == 10
+    ckpt.save_atomic({"step": 20}, newest)
+    newest.write_bytes(newest.read_bytes()[:-1] + b"x")
+    with pytest.raises(ValueError, match=r"step-00000020.pt is corrupted \(sha256 differs"):
+        ckpt.verify(newest)
+
+
+def test_prune_removes_digests(tmp_path):
+    for step in (1, 2, 3):
+        ckpt.save_atomic({"step": step}, ckpt.checkpoint_path(tmp_path, step))
+    ckpt.prune(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt", "step-00000003.pt.sha256"]

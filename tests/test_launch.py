@@ -110,3 +110,31 @@ def test_local_sweep_reports_every_point(tmp_path):
     assert result.returncode == 1  # one point is invalid: the sweep says so, the others still ran
     assert "launcher: error: cluster.nodes=0 must be >= 1" in result.stderr
     assert result.stderr.count(": ok, final loss") == 2 and result.stderr.count("FAILED (exit 2)") == 2
+
+
+def test_corrupted_newest_checkpoint_falls_back_to_previous(tmp_path, uninterrupted):
+    first = run_launcher("train.max_steps=20", "train.checkpoint_every_steps=10", "train.log_every_steps=5",
+                         run_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    newest = tmp_path / "checkpoints" / "step-00000020.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the tensors
+    newest.write_bytes(bytes(data))
+    resumed = run_launcher(*SHORT, run_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"skipping checkpoint {newest}: checkpoint {newest} is corrupted" in (tmp_path / "logs" / "rank-0.log").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-00000010.pt")
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_resume_into_a_different_job_is_refused(tmp_path):
+    first = run_launcher("train.max_steps=5", run_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = run_launcher("train.max_steps=5", "model=mlp", "cluster.procs_per_node=1", run_dir=tmp_path)
+    assert other.returncode == 2
+    assert "holds checkpoints of a different job (world size: 2 -> 1; model._target_: 'models.lenet.LeNet' -> " \
+           "'models.mlp.MLP'" in other.stderr
+    assert "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
+    forced = run_launcher("train.max_steps=5", "cluster.procs_per_node=1", "train.resume=force", run_dir=tmp_path)
+    assert forced.returncode == 0, forced.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ClusterConfig, JobConfig, SimClusterConfig, SlurmClusterConfig
+from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig
 
 FROZEN_NAME = "config.yaml"
 
@@ -48,6 +48,39 @@ def load_frozen(run_dir: str | Path) -> JobConfig:
     schema = OmegaConf.structured(JobConfig)
     schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
     return to_job(OmegaConf.merge(schema, raw))
+
+
+RESUME_KEYS = ("model", "data", "optim.name")  # what a checkpoint cannot be loaded across
+
+
+def _flat(tree: object, prefix: str = "") -> dict[str, object]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
+    """Before anything starts: ``train.resume=auto`` into a run dir whose checkpoints come from a different job
+    (another world size, model or data) is refused, with the differing keys named."""
+    run_dir = Path(run_dir)
+    old_path = run_dir / FROZEN_NAME
+    if job.train.resume != "auto" or not old_path.is_file() or not any(run_dir.glob("checkpoints/step-*.pt")):
+        return
+    old = _flat(OmegaConf.to_container(OmegaConf.load(old_path)))
+    new = _flat(OmegaConf.to_container(OmegaConf.structured(job)))
+    diffs = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+             if key.startswith(RESUME_KEYS) and old.get(key) != new.get(key)]
+    world = lambda c: c.get("cluster.nodes", 1) * (c.get("cluster.procs_per_node") or 1)  # noqa: E731
+    if world(old) != world(new):
+        diffs.insert(0, f"world size: {world(old)} -> {world(new)}")
+    if diffs:
+        raise ConfigError(
+            f"{run_dir} holds checkpoints of a different job ({'; '.join(diffs)}); HINT: use a new hydra.run.dir, "
+            "train.resume=never to start over there, or train.resume=force to load them anyway"
+        )
 
 
 def default_run_name() -> str:

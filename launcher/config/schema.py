@@ -134,7 +134,7 @@ class TrainConfig:
     batch_size: int = 64  # GLOBAL batch, split evenly across ranks
     batch_size_per_rank: Optional[int] = None  # if set, each rank's batch is fixed and the global batch grows
     seed: int = 0  # same initial weights on every rank; rank r's data RNG is seeded with seed + r
-    resume: str = "auto"  # auto (newest checkpoint in the run dir) | never | PATH to a checkpoint file
+    resume: str = "auto"  # auto (newest valid checkpoint in the run dir) | force (same, even if the job changed) | never | PATH
     checkpoint_every_steps: int = 50  # 0 = only at the end
     keep_checkpoints: int = 3  # newest checkpoints kept on disk
     eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
@@ -152,10 +152,10 @@ class TrainConfig:
         _check(self.keep_checkpoints >= 1, f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
         _check(self.eval_every_epochs >= 1, f"train.eval_every_epochs={self.eval_every_epochs} must be >= 1")
         _check(self.log_every_steps >= 1, f"train.log_every_steps={self.log_every_steps} must be >= 1")
-        if self.resume not in ("auto", "never"):
+        if self.resume not in ("auto", "force", "never"):
             _check(
                 Path(self.resume).is_file(),
-                f"train.resume={self.resume!r} is not a checkpoint file; HINT: use auto, never or a path to a .pt file",
+                f"train.resume={self.resume!r} is not a checkpoint file; HINT: use auto, force, never or a path to a .pt file",
             )
 
 

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -19,6 +21,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _NAME = re.compile(r"step-(\d+)\.pt$")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -36,8 +39,20 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
-    """torch.save to a temp file beside ``path``, fsync, rename over ``path``."""
+    """torch.save to a temp file beside ``path``, fsync, record its sha256, rename over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -45,6 +60,7 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
             torch.save(dict(state, format_version=FORMAT_VERSION), f)
             f.flush()
             os.fsync(f.fileno())
+        _digest_path(path).write_text(_sha256(Path(tmp)) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -52,10 +68,29 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def verify(path: Path) -> None:
+    """Raise ``ValueError`` naming the file if its bytes differ from the sha256 written with it."""
+    digest = _digest_path(path)
+    if digest.exists() and digest.read_text().strip() != _sha256(path):
+        raise ValueError(f"checkpoint {path} is corrupted (sha256 differs from {digest.name})")
+
+
+def load_newest_valid(directory: Path, map_location: str | torch.device = "cpu") -> tuple[Path | None, dict | None]:
+    """The newest checkpoint that verifies and loads; each one skipped is logged with the reason."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            verify(path)
+            return path, load(path, map_location)
+        except Exception as exc:  # truncated, corrupted, unreadable: fall back to the previous one
+            log.warning("skipping checkpoint %s: %s", path, str(exc).splitlines()[0])
+    return None, None
+
+
 def prune(directory: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` checkpoints."""
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
+        _digest_path(old).unlink(missing_ok=True)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

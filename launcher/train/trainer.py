@@ -81,8 +81,7 @@ class Trainer:
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self._resume_path = self.resume_source()
-        self._resume_state = ckpt.load(self._resume_path, map_location=device) if self._resume_path else None
+        self._resume_path, self._resume_state = self.resume_source(device)
         # a resumed run keeps the strategy it measured before: the same summation order, bit for bit
         kept = (self._resume_state or {}).get("hierarchical")
         self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept)
@@ -122,14 +121,16 @@ class Trainer:
             ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
             log.info("checkpoint %s", path)
 
-    def resume_source(self) -> Optional[Path]:
+    def resume_source(self, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
+        """(path, state) to resume from: the newest checkpoint that verifies (auto, force), the one named, or
+        none."""
         mode = self.job.train.resume
         if mode == "never":
-            return None
-        if mode == "auto":
-            found = ckpt.list_checkpoints(self.ckpt_dir)
-            return found[-1] if found else None
-        return Path(mode)
+            return None, None
+        if mode in ("auto", "force"):
+            return ckpt.load_newest_valid(self.ckpt_dir, map_location=device)
+        ckpt.verify(Path(mode))
+        return Path(mode), ckpt.load(mode, map_location=device)
 
     def maybe_resume(self) -> None:
         path, state = self._resume_path, self._resume_state
