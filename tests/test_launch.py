@@ -1,6 +1,8 @@
 """End to end, as a user runs it: ``python -m launcher`` (elastic agent, real gloo ranks) and torchrun."""
 
 import json
+import re
+import socket
 
 import pytest
 import torch
@@ -138,3 +140,29 @@ def test_resume_into_a_different_job_is_refused(tmp_path):
     assert "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
     forced = run_launcher("train.max_steps=5", "cluster.procs_per_node=1", "train.resume=force", run_dir=tmp_path)
     assert forced.returncode == 0, forced.stderr
+
+
+def test_killed_rank_is_named_with_its_signal(tmp_path):
+    result = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=15,rank=1,signal=KILL"})
+    assert result.returncode == 1
+    assert re.search(r"launcher: rank 1 \(pid \d+\) on \S+ died with signal 9 \(SIGKILL\)", result.stderr)
+    assert final_state(tmp_path)["step"] == 10  # the last good checkpoint is intact
+
+
+def test_killed_rank_with_restarts_resumes(tmp_path, uninterrupted):
+    result = run_launcher(*SHORT, "cluster.max_restarts=1", run_dir=tmp_path,
+                          env={"LAUNCHER_FAULT": "step=15,rank=1,signal=KILL,attempt=0"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith("step-00000010.pt")
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_taken_master_port_is_refused_before_start(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_launcher(f"cluster.master_port={port}", run_dir=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert f"launcher: error: cluster.master_port={port} on 127.0.0.1 is not free" in result.stderr
+    assert "HINT: cluster.master_port=0 lets the launcher take a free port" in result.stderr

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 def check_port(addr: str, port: int) -> None:
     """A fixed port must be free now; say which and how to fix it instead of a clash at rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds (TIME_WAIT is fine)
         try:
             sock.bind((addr, port))
         except OSError as exc:
@@ -134,7 +135,7 @@ def report_failure(exc: ChildFailedError, run_dir: str) -> None:
     rank, failure = first_failure(exc)
     host = socket.gethostname()
     if failure.signal_name() != "<N/A>":
-        cause = f"died with signal {failure.signal_name().replace('SIG', '')} ({failure.signal_name()})"
+        cause = f"died with signal {-failure.exitcode} ({failure.signal_name()})"
     else:
         cause = f"exited with code {failure.exitcode}"
     lines = [f"launcher: rank {rank} (pid {failure.pid}) on {host} {cause}"]

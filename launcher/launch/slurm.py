@@ -94,6 +94,8 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
 def check_store_port(env: DistEnv, derived: bool) -> None:
     """Rank 0 hosts the rendezvous store on MASTER_PORT: if something else holds it, say so, not a timeout."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as the store binds: a previous attempt's socket in TIME_WAIT does not count, a listener does
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", env.master_port))
         except OSError as exc:
