@@ -44,6 +44,8 @@ def executor(job: JobConfig):
         name=c.job_name, nodes=c.nodes, tasks_per_node=c.procs_per_node, cpus_per_task=c.cpus_per_task,
         timeout_min=c.time_min, slurm_signal_delay_s=c.signal_delay_s,
         slurm_additional_parameters=dict(c.extra_sbatch), slurm_setup=list(c.setup),
+        # a rank that fails ends the job at once instead of leaving its peers waiting for collective timeouts
+        slurm_srun_args=["--kill-on-bad-exit=1"],
     )
     for key in ("partition", "account", "qos", "constraint", "exclude"):
         if getattr(c, key):
