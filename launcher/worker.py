@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from .devices import backend_for, rank_device
 from .dist import process_group
 from .env import DistEnv
 from .logs import setup_logging
-from .train.stop import StopRequest
+from .train.stop import Preempted, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -75,5 +76,12 @@ def run_script(script: str, args: list[str]) -> None:
 
 @record
 def worker_entry(run_dir: str) -> None:
-    """Entry point the elastic agent spawns (one per rank): the job comes from the frozen config."""
-    run_worker(load_frozen(run_dir), DistEnv.resolve())
+    """Entry point the elastic agent spawns (one per rank): the job comes from the frozen config.
+    SIGTERM / SIGINT (Ctrl-C, or the agent passing on its own): all ranks stop at one step, write one
+    checkpoint and exit cleanly; the launcher then exits 143 / 130."""
+    env = DistEnv.resolve()
+    stop = StopRequest().install(signal.SIGTERM, signal.SIGINT)
+    try:
+        run_worker(load_frozen(run_dir), env, stop=stop)
+    except Preempted as exc:
+        log.warning("%s: checkpoint written; run again with the same run dir to continue", exc)

@@ -166,3 +166,16 @@ def test_taken_master_port_is_refused_before_start(tmp_path):
     assert result.returncode == 2
     assert f"launcher: error: cluster.master_port={port} on 127.0.0.1 is not free" in result.stderr
     assert "HINT: cluster.master_port=0 lets the launcher take a free port" in result.stderr
+
+
+@pytest.mark.parametrize("sig, code", [("TERM", 143), ("INT", 130)])
+def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupted, sig, code):
+    # rank 0 signals the launcher itself at step 15, as `kill` or Ctrl-C would
+    stopped = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": f"step=15,signal={sig},target=parent"})
+    assert stopped.returncode == code, stopped.stderr
+    assert f"launcher: stopped by SIG{sig}; the ranks wrote a checkpoint" in stopped.stderr
+    assert final_state(tmp_path)["step"] == 15
+    resumed = run_launcher(*SHORT, run_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith("step-00000015.pt")
+    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))

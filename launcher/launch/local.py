@@ -17,7 +17,7 @@ import traceback
 import uuid
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -80,6 +80,10 @@ def run_agent(job: JobConfig, config: LaunchConfig) -> int:
     except ChildFailedError as exc:
         report_failure(exc, job.run_dir)
         return 1
+    except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
+        print(f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "
+              f"hydra.run.dir={job.run_dir} to continue", file=sys.stderr)
+        return 128 + int(exc.sigval)
     return 0
 
 

@@ -34,9 +34,9 @@ from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
-# Fault injection for failure tests: "step=K[,rank=R][,signal=USR2][,attempt=A]" makes rank R (default 0) raise
-# at step K, or send itself the signal, only in restart attempt A when given (TORCHELASTIC_RESTART_COUNT under
-# the elastic agent, SLURM_RESTART_COUNT for a requeued Slurm job).
+# Fault injection for failure tests: "step=K[,rank=R][,signal=USR2][,target=parent][,attempt=A]" makes rank R
+# (default 0) raise at step K, or send the signal to itself (or to its parent, the launcher), only in restart
+# attempt A when given (TORCHELASTIC_RESTART_COUNT under the elastic agent, SLURM_RESTART_COUNT when requeued).
 FAULT_ENV = "LAUNCHER_FAULT"
 
 
@@ -209,9 +209,10 @@ class Trainer:
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self._fault is not None and self._fault[:2] == (self.pos.step + 1, self.env.rank):
-            if self._fault[2] is None:
+            step, rank, signum, target = self._fault
+            if signum is None:
                 raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
-            os.kill(os.getpid(), self._fault[2])
+            os.kill(os.getppid() if target == "parent" else os.getpid(), signum)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         self.sync.sync_buffers()
@@ -289,7 +290,7 @@ class Trainer:
         return summary
 
 
-def _parse_fault(spec: str) -> Optional[tuple[int, int, Optional[int]]]:
+def _parse_fault(spec: str) -> Optional[tuple[int, int, Optional[int], str]]:
     if not spec:
         return None
     fields = dict(part.split("=", 1) for part in spec.split(","))
@@ -297,4 +298,4 @@ def _parse_fault(spec: str) -> Optional[tuple[int, int, Optional[int]]]:
     if "attempt" in fields and fields["attempt"] != attempt:
         return None
     signum = getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None
-    return int(fields["step"]), int(fields.get("rank", 0)), signum
+    return int(fields["step"]), int(fields.get("rank", 0)), signum, fields.get("target", "self")
