@@ -16,7 +16,14 @@ Resume: runs resume from the newest checkpoint in their run dir (``train.resume=
 
     python -m launcher hydra.run.dir=runs/exp1      # run again with the same dir to continue
 
-Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started).
+Simulated nodes and Slurm::
+
+    python -m launcher +cluster=sim cluster.procs_per_node=2 [cluster.netns=true cluster.link_gbit=1]
+    python -m launcher +cluster=slurm cluster.nodes=2 cluster.procs_per_node=4 cluster.partition=gpu
+    python -m launcher -m +cluster=slurm optim.lr=0.1,0.05          # a sweep: one job per point
+
+Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started);
+130 / 143 stopped by Ctrl-C / SIGTERM after writing a checkpoint.
 """
 
 from __future__ import annotations
