@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -20,12 +19,7 @@ import torch.distributed as dist  # noqa: E402
 
 from launcher.dist import process_group  # noqa: E402
 from launcher.env import DistEnv  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from launcher.launch.local import free_port  # noqa: E402
 
 
 def _entry(fn: Callable, rank: int, world: int, per_node: int, port: int, out: Any, args: tuple) -> None:
@@ -48,7 +42,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, per_node: int | None = None)
     """Run ``fn(env, *args)`` on ``world`` gloo ranks over loopback; return rank 0's result."""
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    port = free_port()
+    port = free_port("127.0.0.1")
     procs = [ctx.Process(target=_entry, args=(fn, r, world, per_node or world, port, out, args)) for r in range(world)]
     for p in procs:
         p.start()

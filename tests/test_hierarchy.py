@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as tdist
 
 from helpers import spawn_ranks
 from launcher.comm import Layout, Topology, flat_allreduce, hierarchical_allreduce

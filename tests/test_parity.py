@@ -9,7 +9,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from helpers import plan, spawn_ranks
 from launcher.config import freeze, load_frozen
-from launcher.env import DistEnv
 from launcher.train.trainer import Trainer
 from models import LeNet, resnet18
 from test_hierarchy import virtual_env

@@ -9,7 +9,6 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers import spawn_ranks
 from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.reducer import MB, BucketedReducer, plan_buckets
-from launcher.env import DistEnv
 from test_hierarchy import virtual_env
 
 
@@ -114,7 +113,7 @@ def _unused(rank, world, out_dir, find_unused):
     env = virtual_env(rank, world, 1)
     with Topology.build(env) as topo:
         model = Branchy()
-        reducer = BucketedReducer(model, topo, find_unused_parameters=find_unused)
+        _reducer = BucketedReducer(model, topo, find_unused_parameters=find_unused)  # its hooks do the work
         loss = model(torch.randn(3, 4)).sum()
         if find_unused:
             loss.backward()

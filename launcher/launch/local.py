@@ -31,17 +31,26 @@ from .plan import LaunchPlan
 log = logging.getLogger(__name__)
 
 
-def check_port(addr: str, port: int) -> None:
-    """A fixed port must be free now; say which and how to fix it instead of a clash at rendezvous."""
+def port_in_use(addr: str, port: int) -> str | None:
+    """Why ``port`` cannot be bound on ``addr`` now, or None. Binds as the store does (SO_REUSEADDR): a previous
+    run's socket in TIME_WAIT is no clash, a listener is."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds (TIME_WAIT is fine)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((addr, port))
         except OSError as exc:
-            raise ConfigError(
-                f"cluster.master_port={port} on {addr} is not free ({exc.strerror}); HINT: cluster.master_port=0 "
-                "lets the launcher take a free port"
-            ) from None
+            return exc.strerror or str(exc)
+    return None
+
+
+def check_port(addr: str, port: int) -> None:
+    """A fixed port must be free now; say which and how to fix it instead of a clash at rendezvous."""
+    reason = port_in_use(addr, port)
+    if reason:
+        raise ConfigError(
+            f"cluster.master_port={port} on {addr} is not free ({reason}); HINT: cluster.master_port=0 "
+            "lets the launcher take a free port"
+        )
 
 
 def free_port(addr: str) -> int:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 from ..config import ConfigError, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..logs import rank_log_path
+from .local import port_in_use
 from .plan import LaunchPlan
 
 log = logging.getLogger(__name__)
@@ -95,17 +95,13 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
 
 def check_store_port(env: DistEnv, derived: bool) -> None:
     """Rank 0 hosts the rendezvous store on MASTER_PORT: if something else holds it, say so, not a timeout."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # as the store binds: a previous attempt's socket in TIME_WAIT does not count, a listener does
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", env.master_port))
-        except OSError as exc:
-            origin = f"derived from job id {env.job_id} (20000 + id % 20000)" if derived else "cluster.master_port"
-            raise RuntimeError(
-                f"MASTER_PORT {env.master_port} ({origin}) is taken on {env.hostname}: {exc.strerror}; HINT: "
-                "resubmit with cluster.master_port=<a free port>"
-            ) from None
+    reason = port_in_use("", env.master_port)
+    if reason:
+        origin = f"derived from job id {env.job_id} (20000 + id % 20000)" if derived else "cluster.master_port"
+        raise RuntimeError(
+            f"MASTER_PORT {env.master_port} ({origin}) is taken on {env.hostname}: {reason}; HINT: "
+            "resubmit with cluster.master_port=<a free port>"
+        )
 
 
 def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:

@@ -15,7 +15,7 @@ from ..comm import Topology, hierarchical_hook
 from ..comm.reducer import MB, BucketedReducer
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
-from ..dist import broadcast_
+from ..dist import broadcast_buffers
 from ..env import DistEnv
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,7 @@ class GradientSync:
     def sync_buffers(self) -> None:
         """Rank 0's buffers (batch-norm statistics) everywhere; DDP does it in every forward already."""
         if self.reducer is not None:
-            for buffer in self.model.buffers():
-                broadcast_(buffer, src=0)
+            broadcast_buffers(self.model)
 
     def close(self) -> None:
         self.topology.close()

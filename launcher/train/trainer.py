@@ -245,8 +245,7 @@ class Trainer:
     def _evaluate(self, epoch: int) -> float:
         """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
         self.sync.module.eval()
-        for buffer in self.model.buffers():
-            dist.broadcast_(buffer, src=0)
+        dist.broadcast_buffers(self.model)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
         for x, y in self.test_loader:
             x, y = x.to(self.device), y.to(self.device)
