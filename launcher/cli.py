@@ -22,6 +22,12 @@ Simulated nodes and Slurm::
     python -m launcher +cluster=slurm cluster.nodes=2 cluster.procs_per_node=4 cluster.partition=gpu
     python -m launcher -m +cluster=slurm optim.lr=0.1,0.05          # a sweep: one job per point
 
+Watch and check::
+
+    python -m launcher plot RUN_DIR                      # RUN_DIR/plots/curves.png (also written at the end)
+    python -m launcher doctor [cluster overrides]        # reachability, interfaces, GPUs, per-link allreduce times
+    python -m launcher comm.trace=true                   # RUN_DIR/trace.json: Chrome/Perfetto timeline of a few steps
+
 Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started);
 130 / 143 stopped by Ctrl-C / SIGTERM after writing a checkpoint.
 """
@@ -45,8 +51,9 @@ from .launch import plan_job
 from .launch.local import launch_local
 from .launch.sim import launch_sim
 from .launch.slurm import launch_slurm, run_slurm_rank, sbatch_preview, submit_slurm
-from .sweep import Sweep
 from .launch.torchrun import run_under_torchrun
+from .plot import plot_run
+from .sweep import Sweep
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -95,21 +102,56 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
 
 
 def print_summary(run_dir: str) -> None:
+    """The end-of-run table (what summary.json holds) and the curves, rendered next to it."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         return
     s = json.loads(path.read_text())
+    rows = [("run dir", run_dir)]
+    try:
+        rows.append(("curves", str(plot_run(run_dir))))
+    except Exception as exc:  # a plot is a convenience: never fail a finished run over it
+        rows.append(("curves", f"not rendered ({exc})"))
+    print(f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
+          f"{s['wall_s']:.1f} s\n" + summary_table(s, rows), file=sys.stderr)
+
+
+def summary_table(s: dict, extra: list[tuple[str, str]]) -> str:
     acc = s.get("test_accuracy")
-    print(
-        f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
-        f"{s['wall_s']:.1f} s ({s['samples_per_s']:.0f} samples/s); final loss {s['final_loss']:.4f}"
-        + (f", test accuracy {acc:.4f}" if acc is not None else "")
-        + f"\n[launcher] run dir: {run_dir}",
-        file=sys.stderr,
-    )
+    sync = f"{s['reducer']}, {'hierarchical' if s['hierarchical'] else 'flat'}"
+    rows = [
+        ("layout", f"{s['nodes']} node(s) x {s['procs_per_node']} rank(s), {s['backend']} on {s.get('device', '?')}"),
+        ("model / data", f"{s.get('model', '?')} / {s.get('data', '?')}, global batch {s.get('global_batch', '?')}"),
+        ("gradient sync", sync + (f" ({s['hierarchical_reason']})" if s.get("hierarchical_reason") else "")),
+        ("final loss", f"{s['final_loss']:.4f}"),
+        ("test accuracy", f"{acc:.4f}" if acc is not None else "n/a (no test split)"),
+        ("throughput", f"{s['samples_per_s']:.0f} samples/s" if s.get("samples_per_s") else "n/a"),
+        ("resumed from", s.get("resumed_from") or "-"),
+        *extra,
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def plot_command(args: list[str]) -> int:
+    """``python -m launcher plot RUN_DIR``: render RUN_DIR/plots/curves.png from its metrics."""
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m launcher plot RUN_DIR", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        print(plot_run(args[0]))
+    except ValueError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_OK
 
 
 def main() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "plot":
+        raise SystemExit(plot_command(sys.argv[2:]))
+    if command == "doctor":  # the same job, launched the same way, checking the cluster instead of training
+        sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
     register_resolvers()
     register_configs()
     entered = []

@@ -6,11 +6,16 @@ single-process answer, so there are no ``if distributed:`` branches anywhere els
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,47 +25,149 @@ from .env import DistEnv
 log = logging.getLogger(__name__)
 
 
+class JoinError(RuntimeError):
+    """A rank could not reach the rendezvous, or not every rank arrived in time."""
+
+
+@dataclass
+class _Group:
+    store: dist.Store  # this attempt's view of the rendezvous store (stall reports go through it)
+    env: DistEnv
+    timeout_s: float
+
+
+_GROUP: Optional[_Group] = None
+
+
 @contextlib.contextmanager
 def process_group(
     env: DistEnv,
     backend: str,
     timeout_s: float = 300.0,
     store: dist.Store | None = None,
+    join_timeout_s: Optional[float] = None,
 ) -> Iterator[None]:
     """Initialise the default group for ``env`` and always destroy it, whatever happens inside.
 
     Rendezvous through ``store`` when given (tests use a FileStore), else a TCPStore client at
     ``env.master_addr:env.master_port``; a single process uses an in-memory store (no port at all).
+    Every rank first checks in on the store: after ``join_timeout_s`` (default ``timeout_s``) the ranks that are
+    there name the ranks that are not, and the address they waited at; ``timeout_s`` then bounds collectives.
     """
-    timeout = timedelta(seconds=timeout_s)
+    global _GROUP
+    join_s = join_timeout_s or timeout_s
     if store is None and env.world_size == 1:
         store = dist.HashStore()
     if store is None:
-        store = dist.TCPStore(
-            env.master_addr,
-            env.master_port,
-            world_size=env.world_size,
-            is_master=env.rank == 0 and not env.agent_store,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+        store = _connect(env, join_s)
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
     store = dist.PrefixStore(f"launcher/attempt-{env.restart_count}", store)
+    _check_in(store, env, join_s)
     dist.init_process_group(
         backend=backend,
         store=store,
         rank=env.rank,
         world_size=env.world_size,
-        timeout=timeout,
+        timeout=timedelta(seconds=timeout_s),
     )
+    _GROUP = _Group(store, env, timeout_s)
     log.debug("process group up: %s backend=%s", env.describe(), backend)
     try:
         yield
     finally:
+        _GROUP = None
         dist.destroy_process_group()
         # Groups still referenced from garbage cycles (DDP, reducer hooks) would otherwise be destroyed at
         # interpreter exit, while their backend threads are joinable: std::terminate (SIGABRT) after a clean run.
         gc.collect()
+
+
+def end_process_at_exit(code: int) -> None:
+    """Make this process end with ``code`` right after the atexit handlers, skipping interpreter teardown.
+
+    Why: process groups kept alive by C++ references (torch DDP's reducer holds the world group after
+    ``destroy_process_group``) keep their gloo threads running; if one of them is still releasing a finished
+    collective's tensors when the interpreter finalises, it needs the GIL, gets its thread cancelled and the
+    process dies with std::terminate (SIGABRT) after a successful run (seen 1 in ~20 test runs; pytorch PR
+    179291 describes it). Logs and output are flushed first; nothing else is left to do at that point."""
+
+    def _end() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+    atexit.register(_end)  # runs first (atexit is last-in, first-out), before teardown begins
+
+
+def _where(env: DistEnv) -> str:
+    return f"{env.master_addr}:{env.master_port}"
+
+
+def _connect(env: DistEnv, join_s: float) -> dist.Store:
+    """A client of the rendezvous store (rank 0 hosts it unless the elastic agent already does)."""
+    try:
+        return dist.TCPStore(
+            env.master_addr, env.master_port, world_size=env.world_size,
+            is_master=env.rank == 0 and not env.agent_store, timeout=timedelta(seconds=join_s),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from RuntimeError
+        raise JoinError(
+            f"rank {env.rank} on {env.hostname or socket.gethostname()} could not reach the rendezvous store at "
+            f"{_where(env)} within {join_s:.0f} s ({str(exc).splitlines()[0]}); HINT: check that MASTER_ADDR "
+            "resolves and the port is reachable from this host (firewall, wrong interface), or raise "
+            "cluster.join_timeout_s"
+        ) from None
+
+
+def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
+    """Every rank writes ``joined/<rank>`` = host and waits for all the others, naming the missing ones."""
+    host = env.hostname or socket.gethostname()
+    store.set(f"joined/{env.rank}", host)
+    keys = [f"joined/{r}" for r in range(env.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=join_s))
+    except (RuntimeError, OSError):
+        missing = [r for r in range(env.world_size) if not store.check([keys[r]])]
+        if not missing:
+            return
+        raise JoinError(
+            f"ranks {missing} did not join within {join_s:.0f} s (cluster.join_timeout_s) at {_where(env)}; "
+            f"rank {env.rank} on {host} waited for them; HINT: see those ranks' logs (a crash or hang before "
+            "init), check that their hosts can reach the address, or raise cluster.join_timeout_s"
+        ) from None
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """True for a collective that gave up waiting (gloo: "Timed out ...", nccl watchdog: "timeout")."""
+    return "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower()
+
+
+def explain_stall(where: str, grace_s: float = 10.0) -> str:
+    """After a collective timed out: every rank that was waiting reports it on the store; the ranks that do not
+    report within ``grace_s`` never reached the collective: they are the stuck ones. Returns the diagnosis."""
+    group = _GROUP
+    if group is None:
+        return "no process group"
+    env, store = group.env, group.store
+    host = env.hostname or socket.gethostname()
+    store.set(f"timed-out/{env.rank}", f"{host}|{where}")
+    keys = [f"timed-out/{r}" for r in range(env.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=grace_s))
+    except (RuntimeError, OSError):
+        pass
+    stuck = [r for r in range(env.world_size) if not store.check([keys[r]])]
+    if not stuck:
+        return "every rank was waiting: a network or backend problem, not a stuck rank"
+    hosts = {r: store.get(f"joined/{r}").decode() for r in stuck}
+    named = ", ".join(f"rank {r} on {hosts[r]}" for r in stuck)
+    return (f"stuck: {named} never reached it (the ranks waiting for it reported within {grace_s:.0f} s); "
+            f"the stuck rank's stack is dumped into its log when the launcher stops it")
 
 
 def is_initialized() -> bool:

@@ -15,8 +15,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import JobConfig, load_frozen
 from .devices import backend_for, rank_device
-from .dist import process_group
+from .dist import end_process_at_exit, process_group
 from .env import DistEnv
+from .faults import faults_for
 from .logs import setup_logging
 from .train.stop import Preempted, StopRequest
 
@@ -48,7 +49,9 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) ->
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
-    with process_group(env, backend, timeout_s=job.comm.timeout_s):
+    if (fault := faults_for(env.rank).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
+        fault.fire()
+    with process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s):
         return Trainer(job, env, device, backend, stop=stop).fit()
 
 
@@ -85,3 +88,15 @@ def worker_entry(run_dir: str) -> None:
         run_worker(load_frozen(run_dir), env, stop=stop)
     except Preempted as exc:
         log.warning("%s: checkpoint written; run again with the same run dir to continue", exc)
+        stop.uninstall()
+        end_process_at_exit(0)
+        if exc.signum:  # end as the signal asked (the agent is shutting down and will not collect a result)
+            logging.shutdown()
+            os.kill(os.getpid(), exc.signum)
+    except BaseException:
+        end_process_at_exit(1)  # after @record wrote the error file and multiprocessing reported the error
+        raise
+    else:
+        end_process_at_exit(0)
+    finally:
+        stop.uninstall()

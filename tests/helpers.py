@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from launcher.dist import process_group
+from launcher.dist import end_process_at_exit, process_group
 from launcher.env import DistEnv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +41,7 @@ def _rank_main(fn: Callable, rank: int, world: int, store_path: str, out_dir: st
     except BaseException:
         Path(out_dir, f"error-{rank}.txt").write_text(traceback.format_exc())
         raise
+    end_process_at_exit(0)  # as the launcher's workers do (see its docstring)
 
 
 def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: float = RANK_TIMEOUT_S) -> None:

@@ -106,6 +106,17 @@ def test_script_mode_runs_a_torchrun_script_unchanged(tmp_path):
     assert "script rank 1 done" in (tmp_path / "logs" / "rank-1.log").read_text()
 
 
+def test_store_and_gloo_listen_on_loopback_only(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_launcher("script=tests/scripts/listeners_script.py", f"script_args=[{out}]", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listeners = (out / "listeners.txt").read_text().split("\n")
+    addrs = [line.split()[3] for line in listeners if line.strip()]
+    assert len(addrs) >= 3, listeners  # the agent's rendezvous store and each rank's gloo pairs
+    assert all(a.startswith("127.0.0.1:") for a in addrs), listeners
+
+
 def test_local_sweep_reports_every_point(tmp_path):
     result = run_launcher("-m", "cluster.procs_per_node=1", "train.max_steps=5", "optim.lr=0.1,0.05",
                           "cluster.nodes=0,1", f"hydra.sweep.dir={tmp_path}", run_dir=tmp_path / "unused")

@@ -21,7 +21,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -94,6 +96,12 @@ class BucketedReducer:
             bucket_cap_mb * MB,
         )
         self.buckets: list[_Bucket] = []
+        # The parameters' hooks reach the reducer through a weak reference: a hook held in C++ autograd state
+        # is invisible to Python's garbage collector, and a strong one would keep the reducer, its topology and
+        # so the process groups (with their gloo threads) alive until interpreter exit, where those threads
+        # crash the process (std::terminate) while it shuts down.
+        me = weakref.ref(self)
+        self._hooks: list = []
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
         for index, members in enumerate(plan):
             ps = [params[i] for i in members]
@@ -107,12 +115,13 @@ class BucketedReducer:
                 views.append(view)
                 offset += p.numel()
                 self._where[id(p)] = (index, len(views) - 1)
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_grad, me)))
             self.buckets.append(_Bucket(ps, views, buffer))
         self._sync = True
         self._armed = False
         self._next = 0
         self.last_wait_s = 0.0
+        self.launched = 0  # bucket allreduces started so far
 
     # ------------------------------------------------------------------ public
     def layout(self) -> list[tuple[int, float]]:
@@ -122,6 +131,12 @@ class BucketedReducer:
     def describe(self) -> str:
         sizes = ", ".join(f"{mb:.2f}" for _, mb in self.layout())
         return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}"
+
+    def close(self) -> None:
+        """Remove the gradient hooks (the parameters train on without this reducer, e.g. under another one)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for bucket in self.buckets:
@@ -178,6 +193,7 @@ class BucketedReducer:
             bucket = self.buckets[self._next]
             bucket.future = start_allreduce(bucket.buffer, self.topology, self.hierarchical)
             self._next += 1
+            self.launched += 1
 
     def _finalize(self) -> None:
         self._armed = False
@@ -201,4 +217,11 @@ class BucketedReducer:
         start = time.perf_counter()
         for bucket in self.buckets:
             bucket.future.wait()
+            bucket.future = None  # no reference to the backend's work outlives the step
         self.last_wait_s = time.perf_counter() - start
+
+
+def _on_grad(reducer_ref: "weakref.ref[BucketedReducer]", param: nn.Parameter) -> None:
+    reducer = reducer_ref()
+    if reducer is not None:
+        reducer._on_grad(param)

@@ -1,7 +1,7 @@
 """Local launch: the elastic agent torchrun uses spawns ``procs_per_node`` workers on this host.
 
-- Rendezvous: c10d store on the loopback address; port 0 lets the store take a free port and hold it (no race
-  between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
+- Rendezvous: c10d store listening on the loopback address only (``bind_store``); port 0 takes a free port and
+  holds it (no race between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
 - ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
 - A failure prints the first failing rank, its host and pid, and its traceback; exit code 1.
 - One rank: the worker runs in this process (nothing to spawn).
@@ -17,8 +17,10 @@ import traceback
 import uuid
 from pathlib import Path
 
+from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import ConfigError, JobConfig
@@ -71,7 +73,7 @@ def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_hos
         run_id=run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": int(c.join_timeout_s), "is_host": is_host},
+        rdzv_configs={"join_timeout": max(1, round(c.join_timeout_s)), "is_host": is_host},
         max_restarts=c.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -80,14 +82,37 @@ def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_hos
     )
 
 
-def run_agent(job: JobConfig, config: LaunchConfig) -> int:
+def bind_store(endpoint: str) -> tuple[TCPStore, str]:
+    """Host the rendezvous store on the endpoint's address only (a TCPStore alone listens on every interface).
+
+    The listening socket is bound here and handed to a multi-tenant TCPStore; elastic's own store for the same
+    port then shares that server. Returns the store (keep it alive) and the endpoint with the real port."""
+    addr, port = endpoint.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, int(port)))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    store = TCPStore(addr, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                     wait_for_workers=False)
+    return store, f"{addr}:{port}"
+
+
+def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0) -> int:
     """Run one node's agent to the end; on failure print the root-cause rank and return 1."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    if config.rdzv_configs.get("is_host"):
+        _store, config.rdzv_endpoint = bind_store(config.rdzv_endpoint)  # lives until the agent returns
     try:
         elastic_launch(config, worker_entry)(job.run_dir)
     except ChildFailedError as exc:
         report_failure(exc, job.run_dir)
+        return 1
+    except RendezvousTimeoutError:
+        print(f"launcher: node {node}: the rendezvous at {config.rdzv_endpoint} did not gather {config.min_nodes} "
+              f"nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s); HINT: see the other "
+              "nodes' agents (did they start? can they reach this address?)", file=sys.stderr)
         return 1
     except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
         print(f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "

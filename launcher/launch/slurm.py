@@ -77,6 +77,7 @@ class SlurmTask:
 def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
     """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun): SIGUSR2 stops all ranks at one
     step with a checkpoint, then rank 0 requeues the job."""
+    from ..dist import end_process_at_exit
     from ..train.stop import Preempted, StopRequest
     from ..worker import run_worker
 
@@ -86,11 +87,17 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
         check_store_port(env, derived=not job.cluster.master_port)
     stop = StopRequest().install(signal.SIGUSR2)
     try:
-        return run_worker(job, env, stop=stop)
+        result = run_worker(job, env, stop=stop)
     except Preempted as exc:
         if env.is_main:
             requeue(job, env, exc)
-        raise SystemExit(0)  # no result file: the job is not over, it comes back after the requeue
+        end_process_at_exit(0)
+        raise SystemExit(0) from None  # no result file: the job is not over, it comes back after the requeue
+    except BaseException:
+        end_process_at_exit(1)  # after submitit wrote the error (see launcher.dist.end_process_at_exit)
+        raise
+    end_process_at_exit(0)
+    return result
 
 
 def check_store_port(env: DistEnv, derived: bool) -> None:

@@ -1,14 +1,28 @@
 """Stopping on a signal without losing work: the signal handler only records the request; at the next step
 boundary every rank learns whether ANY rank was signalled (one tiny MAX allreduce), so all ranks stop at the
-same step, write one checkpoint together and leave. Used for Slurm preemption and timeouts (SIGUSR2)."""
+same step, write one checkpoint together and leave. Used for Ctrl-C / SIGTERM on local runs and for Slurm
+preemption and timeouts (SIGUSR2).
+
+A rank that cannot reach a step boundary (stuck in a collective or in user code) must not outlive the request:
+``GRACE_S`` after the signal it writes every thread's stack to its log (that names where it was stuck) and
+exits. Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
 
 from __future__ import annotations
 
+import faulthandler
+import logging
+import os
 import signal
+import sys
+import threading
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 20.0  # the elastic agent kills workers 30 s after passing a signal on: dump the stack before that
 
 
 class Preempted(Exception):
@@ -21,20 +35,62 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = GRACE_S) -> None:
         self.signum: Optional[int] = None
+        self.armed = False  # True while the training loop checks ``agreed()`` at every step
+        self.grace_s = grace_s
+        self._timer: Optional[threading.Timer] = None
+        self._agreed = False  # the ranks agreed to stop: writing the checkpoint, no grace timer any more
+        self._signums: tuple[int, ...] = ()
 
     def install(self, *signums: int) -> "StopRequest":
+        self._signums = signums
         for signum in signums:
             signal.signal(signum, self._record)
         return self
 
+    def uninstall(self) -> None:
+        """Default actions again: a later signal (the agent's, after our checkpoint) ends the process at once."""
+        self.disarm()
+        for signum in self._signums:
+            signal.signal(signum, signal.SIG_DFL)
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def _record(self, signum: int, frame: object) -> None:
+        if not self.armed and signum in (signal.SIGTERM, signal.SIGINT):
+            self.uninstall()  # nothing to checkpoint yet (or any more): stop now, as without a handler
+            os.kill(os.getpid(), signum)
+            return
         self.signum = signum
+        if self.armed and self._timer is None and not self._agreed:
+            self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self, signum: int) -> None:
+        print(f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "
+              f"{signal.Signals(signum).name} (stuck in a collective or in the model?); stacks:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     def agreed(self, device: torch.device) -> bool:
-        """Collective: True on every rank if any rank was signalled."""
+        """Collective: True on every rank if any rank was signalled (the grace timer stops: we are leaving)."""
         flag = torch.tensor([1.0 if self.signum else 0.0], device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        stopping = bool(flag.item())
+        if stopping:
+            self._agreed = True
+            if self._timer is not None:
+                self._timer.cancel()
+        return stopping

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from .. import dist
 from ..config import JobConfig
 from ..devices import rng_state, seed_all, set_rng_state
 from ..env import DistEnv
+from ..faults import faults_for
 from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter, write_json_atomic
@@ -33,11 +32,6 @@ from .stop import Preempted, StopRequest
 from .sync import GradientSync
 
 log = logging.getLogger(__name__)
-
-# Fault injection for failure tests: "step=K[,rank=R][,signal=USR2][,target=parent][,attempt=A]" makes rank R
-# (default 0) raise at step K, or send the signal to itself (or to its parent, the launcher), only in restart
-# attempt A when given (TORCHELASTIC_RESTART_COUNT under the elastic agent, SLURM_RESTART_COUNT when requeued).
-FAULT_ENV = "LAUNCHER_FAULT"
 
 
 @dataclass
@@ -96,7 +90,7 @@ class Trainer:
         self.pos = Position()
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
-        self._fault = _parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._faults = faults_for(env.rank)  # LAUNCHER_FAULT, for the failure tests
         self._exposed_s = 0.0  # communication waited for since the last log
 
     # ---------------------------------------------------------------- checkpoints
@@ -151,7 +145,17 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         try:
             return self._fit()
+        except RuntimeError as exc:
+            if not dist.is_timeout(exc):
+                raise
+            where = f"step {self.pos.step + 1}"
+            raise RuntimeError(
+                f"rank {self.env.rank} on {self.env.hostname}: a collective at {where} timed out after "
+                f"{self.job.comm.timeout_s:.0f} s (comm.timeout_s); {dist.explain_stall(where)}"
+            ) from exc
         finally:
+            if self.stop is not None:
+                self.stop.disarm()
             self.sync.close()
             self.metrics.close()
 
@@ -167,6 +171,8 @@ class Trainer:
             unit="step", dynamic_ncols=True, leave=False,
         )
         quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
+        if self.stop is not None:
+            self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
         with quiet_bar:
             while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
                 epoch = self.pos.epoch
@@ -200,6 +206,8 @@ class Trainer:
                     if (epoch + 1) % t.eval_every_epochs == 0:
                         accuracy, last_eval_epoch = self._evaluate(epoch), epoch
         bar.close()
+        if self.stop is not None:
+            self.stop.disarm()
         wall = time.perf_counter() - start
         if last_eval_epoch != self.pos.epoch - 1 or accuracy is None:
             accuracy = self._evaluate(self.pos.epoch)
@@ -208,11 +216,8 @@ class Trainer:
         return self._summary(final_loss, accuracy, trained_steps, wall)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._fault is not None and self._fault[:2] == (self.pos.step + 1, self.env.rank):
-            step, rank, signum, target = self._fault
-            if signum is None:
-                raise RuntimeError(f"injected fault at step {self.pos.step + 1} on rank {self.env.rank} ({FAULT_ENV})")
-            os.kill(os.getppid() if target == "parent" else os.getpid(), signum)
+        if (fault := self._faults.get(self.pos.step + 1)) is not None:
+            fault.fire()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         self.sync.sync_buffers()
@@ -287,14 +292,3 @@ class Trainer:
         if env.is_main:
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
-
-
-def _parse_fault(spec: str) -> Optional[tuple[int, int, Optional[int], str]]:
-    if not spec:
-        return None
-    fields = dict(part.split("=", 1) for part in spec.split(","))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
-    if "attempt" in fields and fields["attempt"] != attempt:
-        return None
-    signum = getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None
-    return int(fields["step"]), int(fields.get("rank", 0)), signum, fields.get("target", "self")

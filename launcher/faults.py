@@ -1,0 +1,54 @@
+"""Fault injection for the failure tests (and for trying the failure paths yourself): ``LAUNCHER_FAULT``.
+
+``LAUNCHER_FAULT="step=K[,rank=R][,signal=SIG|,stall][,target=parent][,attempt=A][;...more faults]"``
+
+- rank R (default 0) raises at optimiser step K; ``signal=USR2|KILL|TERM|INT`` sends that signal to itself
+  instead (``target=parent``: to its parent, the launcher or elastic agent); ``stall`` blocks forever, as a rank
+  stuck in user code or a driver would;
+- ``step=0`` acts before the rank joins the process group (a rank that never joins);
+- ``attempt=A``: only in restart attempt A (TORCHELASTIC_RESTART_COUNT, or SLURM_RESTART_COUNT when requeued);
+- several faults are separated by ``;`` (e.g. one preemption per attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+FAULT_ENV = "LAUNCHER_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    step: int
+    rank: int = 0
+    signum: Optional[int] = None
+    stall: bool = False
+    target: str = "self"
+
+    def fire(self) -> None:
+        if self.stall:
+            threading.Event().wait()  # forever: only the launcher ends this rank
+        if self.signum is None:
+            raise RuntimeError(f"injected fault at step {self.step} on rank {self.rank} ({FAULT_ENV})")
+        os.kill(os.getppid() if self.target == "parent" else os.getpid(), self.signum)
+
+
+def faults_for(rank: int, spec: Optional[str] = None) -> dict[int, Fault]:
+    """This rank's faults in this attempt, by step."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+    mine = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        fields = dict(f.split("=", 1) if "=" in f else (f, "1") for f in part.split(","))
+        if fields.get("attempt", attempt) != attempt or int(fields.get("rank", 0)) != rank:
+            continue
+        fault = Fault(
+            step=int(fields["step"]), rank=rank, stall="stall" in fields, target=fields.get("target", "self"),
+            signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
+        )
+        mine[fault.step] = fault
+    return mine

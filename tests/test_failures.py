@@ -1,0 +1,71 @@
+"""Failures that must end with a named cause, released processes and ports, and no lost checkpoint:
+ranks that never join, an unreachable master, a rank stuck mid-training, a full or read-only disk."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+from helpers import REPO, plan, run_launcher
+from launcher.config import freeze
+from launcher.launch.local import free_port
+
+SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
+
+
+def test_rank_that_never_joins_is_named_with_the_address(tmp_path):
+    start = time.monotonic()
+    result = run_launcher(*SHORT, "cluster.join_timeout_s=4", run_dir=tmp_path,
+                          env={"LAUNCHER_FAULT": "step=0,rank=1,stall"})
+    assert result.returncode == 1
+    assert re.search(r"ranks \[1\] did not join within 4 s \(cluster.join_timeout_s\) at 127\.0\.0\.1:\d+; "
+                     r"rank 0 on \S+ waited for them", result.stderr), result.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_unreachable_master_is_named(tmp_path):
+    port = free_port("127.0.0.1")  # nothing listens there
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "t", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    result = subprocess.run([sys.executable, "-m", "launcher", f"hydra.run.dir={tmp_path}", "cluster.join_timeout_s=3"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    log = (tmp_path / "logs" / "rank-1.log").read_text()  # ranks > 0 write stderr to their log
+    assert f"rank 1 on {os.uname().nodename} could not reach the rendezvous store at 127.0.0.1:{port} within 3 s" \
+        in log, log[-3000:]
+
+
+def test_node_agent_alone_times_out_naming_the_rendezvous(tmp_path):
+    """A virtual node whose peers never start: its elastic agent gives up after cluster.join_timeout_s."""
+    job, _ = plan("+cluster=sim", "cluster.join_timeout_s=3", run_dir=tmp_path)
+    freeze(job, str(tmp_path))
+    port = free_port("127.0.0.1")
+    result = subprocess.run([sys.executable, "-m", "launcher.launch.node", str(tmp_path), "2", "0",
+                             f"127.0.0.1:{port}", "runid", "127.0.0.1"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert (f"launcher: node 0: the rendezvous at 127.0.0.1:{port} did not gather 2 nodes within 3 s "
+            "(cluster.join_timeout_s)") in result.stderr, result.stderr[-3000:]
+
+
+def test_stuck_rank_is_detected_and_named(tmp_path):
+    start = time.monotonic()
+    result = run_launcher(*SHORT, "comm.timeout_s=5", run_dir=tmp_path,
+                          env={"LAUNCHER_FAULT": "step=12,rank=1,stall"})
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1
+    assert re.search(r"rank 0 on \S+: a collective at step 12 timed out after 5 s \(comm.timeout_s\); "
+                     r"stuck: rank 1 on \S+ never reached it", result.stderr), result.stderr[-3000:]
+    # the stuck rank was stopped and said where it was stuck
+    rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
+    assert "did not reach a step boundary" in rank1 and "in fire" in rank1
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt")) == ["step-00000010.pt"]
+    assert elapsed < 90
+
+
+def test_run_dir_is_not_world_writable(tmp_path):
+    result = run_launcher("train.max_steps=5", "train.log_every_steps=5", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    loose = [str(p) for p in [tmp_path, *tmp_path.rglob("*")] if p.stat().st_mode & 0o002]
+    assert not loose

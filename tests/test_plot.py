@@ -1,0 +1,108 @@
+"""``launcher.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped) and the PNG."""
+
+import json
+import logging
+import re
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from launcher.plot import load_metrics, plot_run, run_title
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _train(step, loss, comm=None):
+    rec = {"kind": "train", "step": step, "epoch": step // 20, "loss": loss, "lr": 0.1,
+           "samples_per_s": 4000.0 + step, "step_s": 0.016}
+    if comm is not None:
+        rec["comm_exposed_s"] = comm
+    return rec
+
+
+def _eval(step, epoch, loss, acc):
+    return {"kind": "eval", "step": step, "epoch": epoch, "test_loss": loss, "test_accuracy": acc}
+
+
+def _write(run_dir, records, tail=""):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    (run_dir / "metrics.jsonl").write_text(text, encoding="utf-8")
+    return run_dir
+
+
+def _resumed_run(run_dir, comm=True):
+    """Steps 10..40 and an eval at 20, then a restart from step 20 re-logs 30 and 40, then a kill."""
+    c = 0.004 if comm else None
+    first = [_train(10, 2.0, c), _train(20, 1.5, c), _eval(20, 0, 0.9, 0.70), _train(30, 1.2, c),
+             _train(40, 1.0, c), _eval(40, 1, 0.8, 0.75)]
+    resumed = [_train(30, 1.1, c), _train(40, 0.9, c), _eval(40, 1, 0.6, 0.85)]
+    return _write(run_dir, first + resumed, tail='{"kind": "train", "step": 50, "lo')
+
+
+def _assert_png(path):
+    assert path.is_file()
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert 20_000 < len(data) < 5_000_000  # a 2x2 figure at ~110 dpi, not an empty canvas
+
+
+def test_load_metrics_last_record_wins_and_sorted(tmp_path, caplog):
+    run = _resumed_run(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="launcher.plot"):
+        train, evals = load_metrics(run)
+    assert [r["step"] for r in train] == [10, 20, 30, 40]
+    assert [r["loss"] for r in train] == [2.0, 1.5, 1.1, 0.9]  # the resumed run's values
+    assert [(r["step"], r["test_accuracy"], r["test_loss"]) for r in evals] == [(20, 0.70, 0.9), (40, 0.85, 0.6)]
+    assert any("metrics.jsonl:10" in m for m in caplog.messages)  # the truncated line, by line number
+
+
+def test_load_metrics_sorts_out_of_order_steps(tmp_path):
+    run = _write(tmp_path / "run", [_train(30, 0.3), _train(10, 0.1), _eval(22, 1, 0.5, 0.9), _train(20, 0.2),
+                                    _eval(11, 0, 0.7, 0.8)])
+    train, evals = load_metrics(run)
+    assert [(r["step"], r["loss"]) for r in train] == [(10, 0.1), (20, 0.2), (30, 0.3)]
+    assert [r["epoch"] for r in evals] == [0, 1]
+
+
+@pytest.mark.parametrize("comm", [True, False])
+def test_plot_run_writes_png(tmp_path, comm):
+    run = _resumed_run(tmp_path / "run", comm=comm)
+    out = plot_run(str(run))  # str accepted as well as Path
+    assert out == run / "plots" / "curves.png"
+    _assert_png(out)
+
+
+def test_plot_without_evals_and_with_summary(tmp_path):
+    run = _write(tmp_path / "run", [_train(10, 2.0), _train(20, 1.0)])
+    (run / "summary.json").write_text(json.dumps({"world_size": 4, "nodes": 2, "procs_per_node": 2,
+                                                  "reducer": "bucketed", "hierarchical": True,
+                                                  "model": "models.lenet.LeNet", "data": "digits"}))
+    train, evals = load_metrics(run)
+    assert len(train) == 2 and evals == []
+    _assert_png(plot_run(run))
+
+
+def test_run_title_is_defensive():
+    full = {"nodes": 2, "procs_per_node": 2, "reducer": "bucketed", "hierarchical": True,
+            "model": "models.lenet.LeNet", "data": "digits"}
+    assert run_title(full) == "LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical"
+    assert run_title({"world_size": 1, "reducer": "ddp", "hierarchical": False}) == "1 rank · ddp"
+    assert run_title({}) == ""
+
+
+def test_missing_run_dir_names_path(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ValueError, match=re.escape(f"no metrics in {missing / 'metrics.jsonl'}")):
+        plot_run(missing)
+    assert not (missing / "plots").exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n", '{"kind": "tr'])
+def test_empty_or_unreadable_metrics_raise(tmp_path, content):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(content)
+    with pytest.raises(ValueError, match="metrics.jsonl"):
+        load_metrics(run)
