@@ -107,13 +107,35 @@ def _where(env: DistEnv) -> str:
     return f"{env.master_addr}:{env.master_port}"
 
 
-def _connect(env: DistEnv, join_s: float) -> dist.Store:
-    """A client of the rendezvous store (rank 0 hosts it unless the elastic agent already does)."""
+def listening_store(addr: str, port: int, timeout: timedelta = timedelta(seconds=300)) -> dist.TCPStore:
+    """Host a TCPStore that listens on ``addr`` only (a TCPStore left alone listens on every interface).
+    ``port`` 0 takes a free port and holds it; read it back from ``store.port``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        sock.bind((addr, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(addr, sock.getsockname()[1], is_master=True, multi_tenant=True, timeout=timeout,
+                         master_listen_fd=sock.detach(), wait_for_workers=False)
+
+
+def _connect(env: DistEnv, join_s: float) -> dist.Store:
+    """A client of the rendezvous store; rank 0 hosts it (on MASTER_ADDR's interface only) unless the elastic
+    agent already does."""
+    timeout = timedelta(seconds=join_s)
+    try:
+        if env.rank == 0 and not env.agent_store:
+            try:
+                return listening_store(env.master_addr, env.master_port, timeout)
+            except OSError as exc:  # MASTER_ADDR is not an address of this host (NAT, alias): all interfaces
+                log.warning("cannot listen on %s (%s): the rendezvous store listens on all interfaces",
+                            _where(env), exc)
         return dist.TCPStore(
             env.master_addr, env.master_port, world_size=env.world_size,
-            is_master=env.rank == 0 and not env.agent_store, timeout=timedelta(seconds=join_s),
-            wait_for_workers=False,
+            is_master=env.rank == 0 and not env.agent_store, timeout=timeout, wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from RuntimeError
         raise JoinError(

@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import JobConfig, load_frozen
 from .devices import backend_for, rank_device
-from .dist import end_process_at_exit, process_group
+from .dist import end_process_at_exit, listening_store, process_group
 from .env import DistEnv
 from .faults import faults_for
 from .logs import setup_logging
@@ -41,7 +41,15 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) ->
     setup_logging(job.run_dir, env)
     if job.script is not None:
         os.environ.update(torchrun_environ(env))  # what the script reads, whichever launcher started us
-        run_script(job.script, job.script_args)
+        store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
+        if env.world_size > 1:
+            if env.rank == 0 and not env.agent_store:
+                store = listening_store(env.master_addr, env.master_port)
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # so the script's init connects as a client
+        try:
+            run_script(job.script, job.script_args)
+        finally:
+            del store
         return None
     from .train.trainer import Trainer  # heavy imports only where training happens
 

@@ -17,13 +17,13 @@ import traceback
 import uuid
 from pathlib import Path
 
-from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import ConfigError, JobConfig
+from ..dist import listening_store
 from ..env import DistEnv
 from ..gpus import by_free_memory
 from ..logs import rank_log_path
@@ -82,28 +82,18 @@ def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_hos
     )
 
 
-def bind_store(endpoint: str) -> tuple[TCPStore, str]:
-    """Host the rendezvous store on the endpoint's address only (a TCPStore alone listens on every interface).
-
-    The listening socket is bound here and handed to a multi-tenant TCPStore; elastic's own store for the same
-    port then shares that server. Returns the store (keep it alive) and the endpoint with the real port."""
-    addr, port = endpoint.rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((addr, int(port)))
-    sock.listen(512)
-    port = sock.getsockname()[1]
-    store = TCPStore(addr, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
-                     wait_for_workers=False)
-    return store, f"{addr}:{port}"
-
-
 def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0) -> int:
     """Run one node's agent to the end; on failure print the root-cause rank and return 1."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
+    # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
+    # (launcher.dist.listening_store) instead of a second agent store that would listen on every interface.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if config.rdzv_configs.get("is_host"):
-        _store, config.rdzv_endpoint = bind_store(config.rdzv_endpoint)  # lives until the agent returns
+        addr, port = config.rdzv_endpoint.rsplit(":", 1)
+        _store = listening_store(addr, int(port))  # lives until the agent returns
+        config.rdzv_endpoint = f"{addr}:{_store.port}"
     try:
         elastic_launch(config, worker_entry)(job.run_dir)
     except ChildFailedError as exc:
