@@ -35,7 +35,9 @@ Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad conf
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -94,7 +96,9 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         code = EXIT_CONFIG
-    if code == EXIT_OK:
+    if code == EXIT_OK and job.doctor:
+        code = print_doctor(job.run_dir)
+    elif code == EXIT_OK:
         print_summary(job.run_dir)
     if sweep is not None:
         sweep.add(job.run_dir, code=code)
@@ -114,6 +118,20 @@ def print_summary(run_dir: str) -> None:
         rows.append(("curves", f"not rendered ({exc})"))
     print(f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
           f"{s['wall_s']:.1f} s\n" + summary_table(s, rows), file=sys.stderr)
+
+
+def print_doctor(run_dir: str) -> int:
+    """The doctor's report (doctor.json, written by rank 0); exit code 1 when it found problems."""
+    from .doctor import format_report
+
+    path = Path(run_dir) / "doctor.json"
+    if not path.is_file():
+        print(f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {run_dir}/logs",
+              file=sys.stderr)
+        return EXIT_FAILED
+    report = json.loads(path.read_text())
+    print(format_report(report) + f"\n[launcher] report: {path}", file=sys.stderr)
+    return EXIT_FAILED if report["problems"] else EXIT_OK
 
 
 def summary_table(s: dict, extra: list[tuple[str, str]]) -> str:
@@ -146,12 +164,39 @@ def plot_command(args: list[str]) -> int:
     return EXIT_OK
 
 
+def unwritable(directory: Path) -> Optional[str]:
+    """Why files cannot be written under ``directory`` (probed at its nearest existing ancestor), or None."""
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".launcher-probe-") as probe:
+            probe.write(b"\0" * 65536)  # a full disk refuses this; an empty file might still fit
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return f"{exc.strerror or exc} at {existing}"
+    return None
+
+
+def check_output_dir(args: list[str]) -> None:
+    """Refuse an unwritable or full run dir before Hydra creates it (Hydra would fail with a traceback)."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    for directory in given or ["runs"]:
+        reason = unwritable(Path(directory))
+        if reason:
+            print(f"launcher: error: cannot write the run dir {directory} ({reason}); HINT: choose a writable "
+                  "place with hydra.run.dir=PATH, or free space there", file=sys.stderr)
+            raise SystemExit(EXIT_CONFIG)
+
+
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "plot":
         raise SystemExit(plot_command(sys.argv[2:]))
     if command == "doctor":  # the same job, launched the same way, checking the cluster instead of training
         sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
+    check_output_dir(sys.argv[1:])
     register_resolvers()
     register_configs()
     entered = []

@@ -43,6 +43,16 @@ def rank_device(local_rank: int, use_gpu: bool) -> torch.device:
     return device
 
 
+def describe_device(device: torch.device) -> str:
+    """``cpu``, or ``cuda:i NAME (GPU-uuid)``: which physical GPU a rank got, as nvidia-smi names it."""
+    if device.type != "cuda":
+        return str(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    return f"cuda:{index} {props.name}" + (f" (GPU-{uuid})" if uuid else "")
+
+
 def backend_for(use_gpu: bool) -> str:
     """nccl between GPUs, gloo on CPUs."""
     return "nccl" if use_gpu else "gloo"

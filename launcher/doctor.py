@@ -29,6 +29,7 @@ import torch
 import torch.distributed as tdist
 
 from . import dist
+from .devices import describe_device
 from .env import DistEnv
 
 log = logging.getLogger(__name__)
@@ -77,20 +78,12 @@ def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
     facts["socket_ifname"] = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
     if facts["socket_ifname"] and not os.path.exists(f"/sys/class/net/{facts['socket_ifname']}"):
         facts.setdefault("problem", f"socket interface {facts['socket_ifname']!r} does not exist on {facts['host']}")
-    facts["gpus"] = gpu_names() if use_gpu else []
+    facts["gpus"] = [describe_device(torch.device(f"cuda:{i}")) for i in range(torch.cuda.device_count())] \
+        if use_gpu else []
     if use_gpu and len(facts["gpus"]) < env.local_world_size:
         facts.setdefault("problem", f"{facts['host']} shows {len(facts['gpus'])} GPU(s) to rank {env.rank}; its "
                                     f"node runs {env.local_world_size} rank(s), one GPU each")
     return facts
-
-
-def gpu_names() -> list[str]:
-    names = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        uuid = getattr(props, "uuid", None)
-        names.append(f"cuda:{i} {props.name}" + (f" (GPU-{uuid})" if uuid else ""))
-    return names
 
 
 def time_allreduce(group: tdist.ProcessGroup | None, device: torch.device, mb: float = PROBE_MB,
@@ -165,8 +158,10 @@ def verdict(intra: dict[int, float], links: dict[tuple[int, int], float], hosts:
     return problems
 
 
-def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool) -> dict[str, Any]:
-    """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json``."""
+def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool,
+               log_report: bool = True) -> dict[str, Any]:
+    """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
+    logs the report unless the launcher prints it)."""
     facts = dist.all_gather_object(rank_facts(env, use_gpu))
     intra, links = probe(env, device)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
@@ -182,8 +177,11 @@ def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool) 
         tmp = Path(run_dir) / ".doctor.json.tmp"
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, Path(run_dir) / "doctor.json")
-    for line in format_report(report).splitlines():
-        (log.warning if line.startswith("PROBLEM") else log.info)("%s", line)
+    for line in format_report(report).splitlines() if log_report else []:
+        if line.startswith("PROBLEM"):
+            log.warning("%s", line)
+        else:
+            log.info("%s", line)
     return report
 
 

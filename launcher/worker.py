@@ -37,7 +37,8 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
 
 
 def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) -> dict | None:
-    """Run one rank of ``job``. Returns the trainer's summary (None for a user script)."""
+    """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
+    for a user script)."""
     setup_logging(job.run_dir, env)
     if job.script is not None:
         os.environ.update(torchrun_environ(env))  # what the script reads, whichever launcher started us
@@ -60,6 +61,12 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) ->
     if (fault := faults_for(env.rank).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
     with process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s):
+        if job.doctor or job.preflight:
+            from .doctor import run_doctor
+
+            report = run_doctor(env, device, job.run_dir, use_gpu=device.type == "cuda", log_report=job.preflight)
+            if job.doctor:
+                return report
         return Trainer(job, env, device, backend, stop=stop).fit()
 
 

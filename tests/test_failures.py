@@ -7,9 +7,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+import torch
+
 from helpers import REPO, plan, run_launcher
 from launcher.config import freeze
 from launcher.launch.local import free_port
+from launcher.train.checkpoint import verify
 
 SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
 
@@ -69,3 +73,45 @@ def test_run_dir_is_not_world_writable(tmp_path):
     assert result.returncode == 0, result.stderr
     loose = [str(p) for p in [tmp_path, *tmp_path.rglob("*")] if p.stat().st_mode & 0o002]
     assert not loose
+
+
+def _mount_tmpfs(path, options):
+    path.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); needs root")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.6 MB file system: room for one LeNet checkpoint (~1 MB) and the run's logs, not for two."""
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "size=1600k")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_full_disk_at_save_names_the_cause_and_keeps_the_previous_checkpoint(small_disk):
+    run_dir = small_disk / "run"
+    result = run_launcher(*SHORT, "train.keep_checkpoints=1", run_dir=run_dir)
+    assert result.returncode == 1
+    kept = run_dir / "checkpoints" / "step-00000010.pt"
+    assert re.search(rf"rank 0 on \S+: cannot write checkpoint \S+step-00000020.pt at step 20 \(No space left on "
+                     rf"device\); the previous checkpoint {re.escape(str(kept))} is intact", result.stderr), \
+        result.stderr[-3000:]
+    verify(kept)  # sha256 matches: the failed save did not touch it
+    assert torch.load(kept, weights_only=False)["step"] == 10
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["step-00000010.pt", "step-00000010.pt.sha256"]
+
+
+def test_read_only_run_dir_is_refused_before_start(tmp_path):
+    ro = tmp_path / "ro"
+    _mount_tmpfs(ro, "ro,size=64k")
+    try:
+        result = run_launcher(*SHORT, run_dir=ro / "run")
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert result.returncode == 2
+    assert f"launcher: error: cannot write the run dir {ro / 'run'} (Read-only file system at {ro}); HINT: " \
+           "choose a writable place with hydra.run.dir=PATH" in result.stderr
+    assert "Traceback" not in result.stderr

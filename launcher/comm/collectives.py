@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from . import trace
 from .topology import Topology
 
 
@@ -78,14 +79,17 @@ class _Pipeline:
         self._inboxes = [queue.SimpleQueue() for _ in range(3)]
 
         def reduce(chunk: torch.Tensor) -> None:
-            dist.reduce(chunk, dst=leader, group=t.intra)
+            with trace.span("reduce", "reduce (node)", mb=_mb(chunk)):
+                dist.reduce(chunk, dst=leader, group=t.intra)
 
         def across(chunk: torch.Tensor) -> None:
             if leads:
-                dist.all_reduce(chunk, group=t.inter)
+                with trace.span("allreduce", "allreduce (leaders)", mb=_mb(chunk)):
+                    dist.all_reduce(chunk, group=t.inter)
 
         def share(chunk: torch.Tensor) -> None:
-            dist.broadcast(chunk, src=leader, group=t.intra_bcast)
+            with trace.span("broadcast", "broadcast (node)", mb=_mb(chunk)):
+                dist.broadcast(chunk, src=leader, group=t.intra_bcast)
 
         stages = [reduce, across, share]
         self._threads = [
@@ -128,6 +132,10 @@ class _Pipeline:
         self._inboxes[0].put(None)  # each stage passes the sentinel on when its queue is drained
         for thread in self._threads:
             thread.join()
+
+
+def _mb(tensor: torch.Tensor) -> float:
+    return round(tensor.numel() * tensor.element_size() / 2**20, 3)
 
 
 def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.futures import Future
 
+from . import trace
 from .collectives import start_allreduce
 from .topology import Topology
 
@@ -192,6 +193,11 @@ class BucketedReducer:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             bucket = self.buckets[self._next]
             bucket.future = start_allreduce(bucket.buffer, self.topology, self.hierarchical)
+            if (tracer := trace.active()) is not None:  # comm.trace: the bucket's allreduce on the timeline
+                name, start = f"bucket {self._next}", time.perf_counter_ns()
+                mb = round(bucket.buffer.numel() * bucket.buffer.element_size() / MB, 3)
+                bucket.future.then(lambda _, n=name, t=start, m=mb: tracer.record(n, "buckets", t,
+                                                                                  time.perf_counter_ns(), mb=m))
             self._next += 1
             self.launched += 1
 
@@ -215,9 +221,10 @@ class BucketedReducer:
                 bucket.pending = 0
             self._launch_ready()
         start = time.perf_counter()
-        for bucket in self.buckets:
-            bucket.future.wait()
-            bucket.future = None  # no reference to the backend's work outlives the step
+        with trace.span("wait for buckets", "step"):
+            for bucket in self.buckets:
+                bucket.future.wait()
+                bucket.future = None  # no reference to the backend's work outlives the step
         self.last_wait_s = time.perf_counter() - start
 
 

@@ -68,6 +68,7 @@ class SimClusterConfig(ClusterConfig):
     netns: bool = False  # one network namespace per node, joined by a bridge (needs root and iproute2)
     link_gbit: Optional[float] = None  # shape each node's link to this rate (tbf; needs netns=true)
     link_burst: str = "2mbit"  # tbf burst: below ~64 KB tbf splits every segment and the CPU, not the link, limits
+    node_link_gbit: list[float] = field(default_factory=list)  # per-node rates (overrides link_gbit), e.g. [1,1,0.05]
     subnet: str = "10.99.0"  # namespace addresses <subnet>.<node+1>/24; they exist only inside the namespaces
 
     def __post_init__(self) -> None:
@@ -75,6 +76,11 @@ class SimClusterConfig(ClusterConfig):
         if self.link_gbit is not None:
             _check(self.link_gbit > 0, f"cluster.link_gbit={self.link_gbit} must be > 0")
             _check(self.netns, f"cluster.link_gbit={self.link_gbit} shapes the namespace links; HINT: add cluster.netns=true")
+        if self.node_link_gbit:
+            rates = list(self.node_link_gbit)
+            _check(len(rates) == self.nodes and all(r > 0 for r in rates),
+                   f"cluster.node_link_gbit={rates} needs one rate > 0 per node (cluster.nodes={self.nodes})")
+            _check(self.netns, f"cluster.node_link_gbit={rates} shapes the namespace links; HINT: add cluster.netns=true")
         _check(
             not self.gpus_per_node,
             f"cluster.gpus_per_node={self.gpus_per_node}: simulated nodes run on the CPU; HINT: cluster.gpus_per_node=0",
@@ -185,7 +191,9 @@ class CommConfig:
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
     find_unused_parameters: bool = False  # bucketed: reduce parameters that got no gradient instead of failing
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
-    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long
+    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long, named
+    trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
+    trace_steps: int = 5
 
     def __post_init__(self) -> None:
         self.hierarchical = str(self.hierarchical).lower()
@@ -198,6 +206,7 @@ class CommConfig:
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
+        _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")
 
 
 DATASETS = ("digits", "synthetic", "idx")
@@ -236,6 +245,8 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: Any = MISSING  # {_target_: dotted.path.to.nn.Module or factory, **kwargs}
     dry_run: bool = False  # print the resolved config and launch plan, start nothing
+    doctor: bool = False  # check the cluster (reachability, interfaces, GPUs, link speeds) instead of training
+    preflight: bool = False  # run the doctor's checks at the start of training and log them
     script: Optional[str] = None  # run this torchrun-compatible script instead of the built-in trainer
     script_args: list[str] = field(default_factory=list)
     run_dir: str = "."  # filled from Hydra's run dir; every file of the run goes there
@@ -252,7 +263,7 @@ class JobConfig:
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
         world = self.cluster.nodes * (self.cluster.procs_per_node or 1)
-        if self.train.batch_size_per_rank is None:
+        if self.train.batch_size_per_rank is None and not self.doctor:  # the doctor trains nothing
             _check(
                 self.train.batch_size % world == 0,
                 f"train.batch_size={self.train.batch_size} is not divisible by the world size {world} "

@@ -33,6 +33,7 @@ class SimNetwork:
     nodes: int
     netns: bool = False
     link_gbit: float | None = None
+    node_link_gbit: tuple[float, ...] = ()  # per node, overrides link_gbit
     burst: str = "2mbit"
     subnet: str = "10.99.0"
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
@@ -79,9 +80,10 @@ class SimNetwork:
                 _run("ip", "-n", ns, "addr", "add", f"{self.addr(node)}/24", "dev", dev)
                 _run("ip", "-n", ns, "link", "set", dev, "up")
                 self._hosts_file(ns)
-                if self.link_gbit:
+                rate = self.node_link_gbit[node] if self.node_link_gbit else self.link_gbit
+                if rate:
                     _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                         "rate", f"{self.link_gbit}gbit", "burst", self.burst, "latency", "50ms")
+                         "rate", f"{rate}gbit", "burst", self.burst, "latency", "50ms")
         except BaseException:
             self.__exit__()
             raise

@@ -115,11 +115,13 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         mode = c.kind
         port = c.master_port or "free port held by the store"
         rendezvous = f"c10d on {c.master_addr}:{port}"
-    entry = (
-        f"script {job.script} {' '.join(job.script_args)}".rstrip()
-        if job.script
-        else f"trainer: model {job.model['_target_']} on data {job.data.name}"
-    )
+    if job.doctor:
+        entry = "doctor: reachability, interfaces, GPUs, allreduce per node and per node pair"
+    elif job.script:
+        entry = f"script {job.script} {' '.join(job.script_args)}".rstrip()
+    else:
+        entry = f"trainer: model {job.model['_target_']} on data {job.data.name}" + (
+            " (after the doctor's preflight checks)" if job.preflight else "")
     plan = LaunchPlan(
         mode=mode,
         nodes=c.nodes,

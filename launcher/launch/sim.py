@@ -28,7 +28,7 @@ SIM_PORT = 29400  # inside fresh namespaces nothing else listens
 def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     c = job.cluster
     run_id = uuid.uuid4().hex[:12]
-    with SimNetwork(c.nodes, c.netns, c.link_gbit, c.link_burst, c.subnet) as net:
+    with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         master = net.addr(0)
         port = c.master_port or (SIM_PORT if c.netns else free_port(master))
         agents = []

@@ -51,19 +51,48 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+class _Writes:
+    """File wrapper for torch.save that keeps the OSError of a failed write (ENOSPC, EDQUOT, EIO)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+
 def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
     """torch.save to a temp file beside ``path``, fsync, record its sha256, rename over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state, format_version=FORMAT_VERSION), f)
+            out = _Writes(f)
+            try:
+                torch.save(dict(state, format_version=FORMAT_VERSION), out)
+            except RuntimeError:  # torch's zip writer reports a failed write as "unexpected pos": say why
+                if out.error is not None:
+                    raise out.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         _digest_path(path).write_text(_sha256(Path(tmp)) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if not path.exists():
+            _digest_path(path).unlink(missing_ok=True)
         raise
     return path
 

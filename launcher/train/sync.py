@@ -48,7 +48,8 @@ class GradientSync:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
             layout = f"torch DDP, bucket cap {cfg.bucket_cap_mb} MB"
-        log.info("gradient sync: %s; %s; topology %s", layout, self.choice.describe(), self.topology.describe())
+        self.description = f"{layout}; {self.choice.describe()}; topology {self.topology.describe()}"
+        log.debug("gradient sync: %s", self.description)
 
     @property
     def hierarchical(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -20,8 +20,10 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import dist
+from ..comm import trace
+from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
-from ..devices import rng_state, seed_all, set_rng_state
+from ..devices import describe_device, rng_state, seed_all, set_rng_state
 from ..env import DistEnv
 from ..faults import faults_for
 from . import checkpoint as ckpt
@@ -92,6 +94,37 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
         self._faults = faults_for(env.rank)  # LAUNCHER_FAULT, for the failure tests
         self._exposed_s = 0.0  # communication waited for since the last log
+        self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
+        self._tracing = ExitStack()
+        self._banner()
+
+    def _banner(self) -> None:
+        """One screen at start (rank 0): layout, every rank's device, backend, gradient sync and why, run dir."""
+        env = self.env
+        devices = dist.all_gather_object(f"{env.hostname}: {describe_device(self.device)}")
+        if not env.is_main:
+            return
+        groups: list[list] = []  # consecutive ranks with the same host and device
+        for rank, where in enumerate(devices):
+            if groups and groups[-1][1] == where and where.endswith(": cpu"):
+                groups[-1][0].append(rank)
+            else:
+                groups.append([[rank], where])
+        shown = [f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {w}"
+                 for r, w in groups]
+        if len(shown) > 12:
+            shown = shown[:12] + [f"... and {len(shown) - 12} more (see each rank's log)"]
+        t = self.job.train
+        lines = [
+            f"layout         {env.num_nodes} node(s) x {env.local_world_size} rank(s) = {env.world_size}, "
+            f"backend {self.backend}",
+            *[f"{'devices' if i == 0 else '':<14} {line}" for i, line in enumerate(shown)],
+            f"gradient sync  {self.sync.description}",
+            f"batch          {self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
+            f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch})",
+            f"run dir        {self.run_dir}",
+        ]
+        log.info("job\n%s", "\n".join("  " + line for line in lines))
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
@@ -111,7 +144,17 @@ class Trainer:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         rngs = dist.all_gather_object(rng_state())
         if self.env.is_main:
-            path = ckpt.save_atomic(dict(self.state(), rng=rngs), ckpt.checkpoint_path(self.ckpt_dir, self.pos.step))
+            path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)
+            try:
+                ckpt.save_atomic(dict(self.state(), rng=rngs), path)
+            except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
+                earlier = [p for p in ckpt.list_checkpoints(self.ckpt_dir) if p != path]
+                kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
+                raise RuntimeError(
+                    f"rank 0 on {self.env.hostname}: cannot write checkpoint {path} at step {self.pos.step} "
+                    f"({exc.strerror or exc}); {kept}; HINT: free space in {self.ckpt_dir} (train.keep_checkpoints "
+                    "keeps fewer), then run again with the same run dir to resume"
+                ) from exc
             ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
             log.info("checkpoint %s", path)
 
@@ -180,6 +223,7 @@ class Trainer:
                 self.train_loader.sampler.set_epoch(epoch, skip=skip)
                 self.sync.module.train()
                 for x, y in self.train_loader:
+                    self._trace_window(trained_steps)
                     loss = self._step(x, y)
                     window[:2] += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
                                                                                      device=self.device)])
@@ -206,6 +250,7 @@ class Trainer:
                     if (epoch + 1) % t.eval_every_epochs == 0:
                         accuracy, last_eval_epoch = self._evaluate(epoch), epoch
         bar.close()
+        self._trace_window(trained_steps, end=True)
         if self.stop is not None:
             self.stop.disarm()
         wall = time.perf_counter() - start
@@ -221,13 +266,31 @@ class Trainer:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         self.sync.sync_buffers()
-        loss = F.cross_entropy(self.sync.module(x), y)
-        loss.backward()
+        with trace.span("forward", "step"):
+            loss = F.cross_entropy(self.sync.module(x), y)
+        with trace.span("backward", "step"):
+            loss.backward()
         if (exposed := self.sync.exposed_s()) is not None:
             self._exposed_s += exposed
-        self.optimizer.step()
-        self.scheduler.step()
+        with trace.span("optimizer", "step"):
+            self.optimizer.step()
+            self.scheduler.step()
         return loss
+
+    def _trace_window(self, trained_steps: int, end: bool = False) -> None:
+        """comm.trace: record steps 2 .. 1 + trace_steps of this run (the first warms up), then every rank hands
+        its events to rank 0, which writes trace.json. Collective at the window's end (same step everywhere)."""
+        if self._tracer is None:
+            return
+        if trained_steps == 1 and not end:
+            self._tracing.enter_context(self._tracer.activate())
+            return
+        if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
+            self._tracing.close()
+            events = dist.all_gather_object(self._tracer.trace_events())
+            if self.env.is_main:
+                log.info("comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events))
+            self._tracer = None
 
     def _log_window(self, window: torch.Tensor, t0: float) -> float:
         """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
