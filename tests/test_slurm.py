@@ -78,20 +78,34 @@ def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):
     assert all(s["allreduce"] == 10.0 and s["WORLD_SIZE"] == "4" for s in seen)
 
 
-def test_preemption_requeues_and_resumes_bit_identical(slurm, tmp_path):
+def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
     reference, preempted = tmp_path / "reference", tmp_path / "preempted"
     plain = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=reference, env=slurm, timeout=300)
     assert plain.returncode == 0, plain.stderr
-    # rank 1 receives SIGUSR2 (what Slurm sends before a time limit, or `scancel --signal=USR2`) at step 25
-    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=preempted, timeout=400,
-                          env={**slurm, "LAUNCHER_FAULT": "step=25,rank=1,signal=USR2,attempt=0"})
+    # SIGUSR2 (what Slurm sends before a time limit, or `scancel --signal=USR2`): to rank 1 at step 15 of the
+    # first attempt, to rank 2 at step 30 of the second
+    faults = "step=15,rank=1,signal=USR2,attempt=0;step=30,rank=2,signal=USR2,attempt=1"
+    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=preempted, timeout=500,
+                          env={**slurm, "LAUNCHER_FAULT": faults})
     assert result.returncode == 0, result.stderr
-    assert "stopped at step 25" in result.stderr and "requeued (1/3)" in result.stderr
+    for step, n in ((15, 1), (30, 2)):
+        assert f"stopped at step {step}" in result.stderr and f"requeued ({n}/3)" in result.stderr
     summary = json.loads((preempted / "summary.json").read_text())
-    assert summary["resumed_from"].endswith("step-00000025.pt") and summary["steps"] == 40
+    assert summary["resumed_from"].endswith("step-00000030.pt") and summary["steps"] == 40
     a, b = final_params(reference), final_params(preempted)
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs after requeue"
+
+
+def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):
+    result = run_launcher(*TWO_BY_TWO, run_dir=tmp_path, env=slurm, timeout=300,
+                          module=("-m", "launcher", "doctor"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert [(r["rank"], r["host"], r["node"]) for r in report["ranks"]] == \
+        [(0, "node1", 0), (1, "node1", 0), (2, "node2", 1), (3, "node2", 1)]
+    assert set(report["links_ms"]) == {"0-1"} and set(report["intra_node_ms"]) == {"0", "1"}
+    assert "link 0-1: allreduce of 1 MB between leaders" in result.stderr and "no problems found" in result.stderr
 
 
 def test_failing_rank_is_named_with_traceback(slurm, tmp_path):

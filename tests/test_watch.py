@@ -1,0 +1,89 @@
+"""What a user watches: the start banner, the end-of-run table and curves, ``plot``, ``comm.trace`` timelines and
+the ``doctor`` (locally, and under +cluster=sim with one deliberately slow namespace link)."""
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+from helpers import REPO, run_launcher
+from test_sim import namespaces, needs_netns
+
+SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
+DOCTOR = ("-m", "launcher", "doctor")
+
+
+def test_banner_summary_table_curves_and_preflight(tmp_path):
+    result = run_launcher(*SHORT, "preflight=true", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    # the preflight report, then the banner, then the table
+    assert "doctor: 2 rank(s) on 1 node(s)" in err and "no problems found" in err
+    assert "  devices        ranks 0-1 on " in err and ": cpu" in err
+    assert "  gradient sync  torch DDP, bucket cap 25.0 MB; flat allreduce" in err
+    assert "  batch          64 global = 32 per rank x 2; 12 steps" in err
+    assert err.index("doctor: 2 rank(s)") < err.index("  devices ") < err.index("done: 12 steps")
+    table = err[err.index("done: 12 steps"):]
+    for row in ("layout", "model / data", "gradient sync", "final loss", "test accuracy", "throughput", "curves"):
+        assert f"\n  {row} " in table, row
+    assert (tmp_path / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def plot(run_dir):
+    return subprocess.run([sys.executable, "-m", "launcher", "plot", str(run_dir)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_plot_command(tmp_path):
+    run = run_launcher(*SHORT, run_dir=tmp_path)
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "plots" / "curves.png").unlink()
+    result = plot(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(tmp_path / "plots" / "curves.png") and (tmp_path / "plots" / "curves.png").is_file()
+    missing = plot(tmp_path / "nope")
+    assert missing.returncode == 2
+    assert f"launcher: error: no metrics in {tmp_path / 'nope' / 'metrics.jsonl'}" in missing.stderr
+
+
+def test_trace_shows_buckets_overlapping_backward(tmp_path):
+    result = run_launcher(*SHORT, "comm.reducer=bucketed", "comm.bucket_cap_mb=0.05", "comm.first_bucket_mb=0.05",
+                          "comm.trace=true", "comm.trace_steps=3", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans = defaultdict(list)  # (rank, track, name) -> [(start, end)]
+    for e in events:
+        if e["ph"] == "X":
+            spans[e["pid"], tracks[e["pid"], e["tid"]], e["name"].split()[0]].append((e["ts"], e["ts"] + e["dur"]))
+    for rank in (0, 1):
+        backward = spans[rank, "step", "backward"]
+        assert len(backward) == 3 and len(spans[rank, "step", "forward"]) == 3
+        buckets = spans[rank, "buckets", "bucket"]
+        assert len(buckets) % 3 == 0 and len(buckets) >= 6  # several buckets per step
+        # communication overlaps computation: some bucket starts before its step's backward ends
+        assert any(b_start < end for start, end in backward for b_start, _ in buckets if start <= b_start)
+
+
+def test_doctor_locally(tmp_path):
+    result = run_launcher(run_dir=tmp_path, module=DOCTOR)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [0, 1] and report["problems"] == []
+    assert all(r["interface"] == "lo" and r["connect_ms"] is not None for r in report["ranks"])
+    assert set(report["intra_node_ms"]) == {"0"} and report["links_ms"] == {}
+    assert "node 0: allreduce of 1 MB among its ranks" in result.stderr and "no problems found" in result.stderr
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+@needs_netns
+def test_doctor_names_the_node_behind_a_slow_link(tmp_path):
+    before = namespaces()
+    result = run_launcher("+cluster=sim", "cluster.nodes=3", "cluster.procs_per_node=1", "cluster.netns=true",
+                          "cluster.node_link_gbit=[1,1,0.05]", run_dir=tmp_path, module=DOCTOR)
+    assert result.returncode == 1, result.stderr
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert len(report["problems"]) == 1 and report["problems"][0].startswith("node 2 (")
+    assert "is slow: its links take" in report["problems"][0]
+    assert "PROBLEM node 2 (" in result.stderr
+    assert namespaces() == before
