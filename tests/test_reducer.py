@@ -8,6 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from helpers import spawn_ranks
 from launcher.comm import Topology, hierarchical_hook
+from launcher.comm.policy import LinkFit, bucket_cap_mb, measure_link
 from launcher.comm.reducer import MB, BucketedReducer, plan_buckets
 from test_hierarchy import virtual_env
 
@@ -152,8 +153,54 @@ def test_gradients_live_in_bucket_buffers(tmp_path):
 
 def test_plan_buckets():
     f32 = "f32"
-    # reverse-order sizes in bytes: first bucket capped at 1 MB, then 4 MB; items never split
+    # reverse-order sizes in bytes: a bucket closes once it holds its cap (1 MB first, then 4 MB); no splits
     sizes = [0.5 * MB, 0.5 * MB, 0.5 * MB, 3 * MB, 2 * MB, 5 * MB, 1 * MB]
-    assert plan_buckets(sizes, [f32] * 7, 1 * MB, 4 * MB) == [[0, 1], [2, 3], [4], [5], [6]]
+    assert plan_buckets(sizes, [f32] * 7, 1 * MB, 4 * MB) == [[0, 1], [2, 3, 4], [5], [6]]
+    # bias then weight of each layer (a 6 x Linear(1024, 1024) MLP, reversed): one bucket per layer at 1 MB
+    layer = [4 * 1024, 4 * MB]
+    assert plan_buckets(layer * 6, [f32] * 12, 1 * MB, 1 * MB) == [[2 * i, 2 * i + 1] for i in range(6)]
     assert plan_buckets(sizes, [f32] * 7, 100 * MB, 100 * MB) == [[0, 1, 2, 3, 4, 5, 6]]
     assert plan_buckets([1, 1, 1], ["a", "b", "b"], 100, 100) == [[0], [1, 2]]
+
+
+def test_bucket_cap_policy():
+    # a fast link with little latency: the 1 MB floor; a slow-latency link: latency-bound; small models: capped
+    fast = LinkFit(alpha_s=50e-6, beta_bps=1e9)  # 50 us, 1 GB/s: 10 x alpha x beta = 0.45 MB
+    assert bucket_cap_mb(fast, 100 * MB) == 1.0
+    slow = LinkFit(alpha_s=2e-3, beta_bps=1e9)  # 2 ms: 2 ms x 1 GB/s x 9 = 17.2 MB
+    assert bucket_cap_mb(slow, 400 * MB) == pytest.approx(2e-3 * 1e9 * 9 / MB)
+    assert bucket_cap_mb(slow, 40 * MB) == 10.0  # at least 4 buckets for a 40 MB model
+    assert bucket_cap_mb(LinkFit(1.0, 1e9), 4000 * MB) == 25.0  # never above torch DDP's default
+    assert bucket_cap_mb(fast, 0.5 * MB) == 1.0  # a small model: one bucket
+
+
+def _policy_layouts(rank, world, out_dir):
+    """Every rank measures the link and sizes buckets itself: the figures are agreed (max-reduced), so the
+    layouts are identical; and training results do not depend on the layout beyond float tolerance."""
+    from launcher import dist as ldist
+
+    env = virtual_env(rank, world, 1)
+    x, y = batch(32)
+    with Topology.build(env) as topo:
+        link = measure_link(topo, False, torch.device("cpu"), reps=3)
+        caps = {"policy": bucket_cap_mb(link, 20 * MB), "one bucket": 100.0, "per parameter": 1e-6}
+        finals = {}
+        for name, cap in caps.items():
+            model = make_model()
+            reducer = BucketedReducer(model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
+            layouts = ldist.all_gather_object((cap, reducer.layout()))
+            assert all(layout == layouts[0] for layout in layouts), layouts
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for step in range(5):
+                reducer.zero_grad()
+                F.cross_entropy(model(shard(x, rank, world)), shard(y, rank, world)).backward()
+                opt.step()
+            reducer.close()
+            finals[name] = [p.detach().clone() for p in model.parameters()]
+        for name in ("one bucket", "per parameter"):
+            for a, b in zip(finals["policy"], finals[name]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_policy_gives_identical_layouts_and_layout_independent_results(tmp_path):
+    spawn_ranks(_policy_layouts, 2, tmp_path)

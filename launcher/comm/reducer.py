@@ -42,20 +42,24 @@ MB = 1024 * 1024
 def plan_buckets(
     sizes_bytes: Sequence[int], keys: Sequence[object], first_cap_bytes: float, cap_bytes: float
 ) -> list[list[int]]:
-    """Group consecutive items (already in reverse registration order) into buckets: the first holds up to
-    ``first_cap_bytes``, the rest up to ``cap_bytes``; an item never splits, a new ``key`` (dtype, device)
-    starts a new bucket. Returns lists of item indices."""
+    """Group consecutive items (already in reverse registration order) into buckets: a bucket closes once it
+    holds at least its cap (``first_cap_bytes`` for the first, ``cap_bytes`` after), as torch DDP's do, so a
+    layer's bias and weight travel together; an item never splits, a new ``key`` (dtype, device) starts a new
+    bucket. Returns lists of item indices."""
     buckets: list[list[int]] = []
-    filled, cap = 0.0, first_cap_bytes
+    filled, cap, open_ = 0.0, first_cap_bytes, False
     for i, (size, key) in enumerate(zip(sizes_bytes, keys)):
-        if buckets and (filled + size <= cap or filled == 0) and keys[buckets[-1][0]] == key:
-            buckets[-1].append(i)
-            filled += size
-            continue
-        if buckets:
-            cap = cap_bytes
-        buckets.append([i])
-        filled = size
+        if open_ and keys[buckets[-1][0]] != key:
+            open_ = False
+        if not open_:
+            if buckets:
+                cap = cap_bytes
+            buckets.append([])
+            filled, open_ = 0.0, True
+        buckets[-1].append(i)
+        filled += size
+        if filled >= cap:
+            open_ = False
     return buckets
 
 

@@ -187,7 +187,8 @@ class OptimConfig:
 class CommConfig:
     reducer: str = "ddp"  # ddp (torch DistributedDataParallel) | bucketed (our overlapped reducer)
     hierarchical: str = "auto"  # auto (measure both at start-up) | true | false: reduce inside a node first
-    bucket_cap_mb: float = 25.0  # gradient bucket size
+    bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = bucketed: sized from the measured link
+    #                                        (launcher/comm/policy.py), ddp: torch's 25 MB
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
     find_unused_parameters: bool = False  # bucketed: reduce parameters that got no gradient instead of failing
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
@@ -202,7 +203,9 @@ class CommConfig:
             self.hierarchical in ("auto", "true", "false"),
             f"comm.hierarchical={self.hierarchical!r}; HINT: auto, true or false",
         )
-        _check(self.bucket_cap_mb > 0, f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        if self.bucket_cap_mb is not None:
+            _check(self.bucket_cap_mb > 0, f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized "
+                                           "from the measured link)")
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")

@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..comm import Topology, hierarchical_hook
+from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import MB, BucketedReducer
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
@@ -21,33 +22,50 @@ from ..env import DistEnv
 log = logging.getLogger(__name__)
 
 
+DDP_CAP_MB = 25.0  # torch DDP's default bucket cap
+
+
+def bucket_cap_for(topology: Topology, hierarchical: bool, device: torch.device, model_bytes: int) -> tuple[float, str]:
+    """The bucketed reducer's cap at defaults: launcher/comm/policy.py (collective: every rank agrees)."""
+    if topology.world_size == 1:
+        return DDP_CAP_MB, "one rank: nothing to overlap"
+    link = measure_link(topology, hierarchical, device)
+    return bucket_cap_mb(link, model_bytes), f"sized from the link: {link.describe()}, model {model_bytes / MB:.1f} MB"
+
+
 class GradientSync:
     def __init__(self, model: nn.Module, env: DistEnv, device: torch.device, cfg: CommConfig,
-                 resumed_hierarchical: Optional[bool] = None) -> None:
+                 resumed_hierarchical: Optional[bool] = None, resumed_cap_mb: Optional[float] = None) -> None:
         self.model = model
         self.topology = Topology.build(env)
-        model_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        probe_numel = max(1, min(model_numel, int(cfg.bucket_cap_mb * MB) // 4))
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_CAP_MB) * MB)) // 4)
         if cfg.hierarchical == "auto" and resumed_hierarchical is not None:
             self.choice = StrategyChoice(bool(resumed_hierarchical), "kept from the checkpoint this run resumes")
         else:
             self.choice = choose(self.topology, cfg.hierarchical, probe_numel, device)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
+            cap, why = cfg.bucket_cap_mb, "comm.bucket_cap_mb"
+            if cap is None and resumed_cap_mb is not None:  # same layout, same summation order: exact resume
+                cap, why = resumed_cap_mb, "kept from the checkpoint this run resumes"
+            elif cap is None:
+                cap, why = bucket_cap_for(self.topology, self.choice.hierarchical, device, model_bytes)
+            self.bucket_cap_mb: Optional[float] = cap
             self.reducer = BucketedReducer(
-                model, self.topology, bucket_cap_mb=cfg.bucket_cap_mb, first_bucket_mb=cfg.first_bucket_mb,
+                model, self.topology, bucket_cap_mb=cap, first_bucket_mb=min(cfg.first_bucket_mb, cap),
                 hierarchical=self.choice.hierarchical, find_unused_parameters=cfg.find_unused_parameters,
             )
             self.module: nn.Module = model
-            layout = self.reducer.describe()
+            layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
         else:
-            ddp = DistributedDataParallel(
-                model, device_ids=[device] if device.type == "cuda" else None, bucket_cap_mb=cfg.bucket_cap_mb
-            )
+            cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_CAP_MB
+            ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                          bucket_cap_mb=cap)
             if self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
-            layout = f"torch DDP, bucket cap {cfg.bucket_cap_mb} MB"
+            layout = f"torch DDP, bucket cap {cap:g} MB"
         self.description = f"{layout}; {self.choice.describe()}; topology {self.topology.describe()}"
         log.debug("gradient sync: %s", self.description)
 

@@ -78,9 +78,10 @@ class Trainer:
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._resume_path, self._resume_state = self.resume_source(device)
-        # a resumed run keeps the strategy it measured before: the same summation order, bit for bit
-        kept = (self._resume_state or {}).get("hierarchical")
-        self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept)
+        # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
+        kept = self._resume_state or {}
+        self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept.get("hierarchical"),
+                                 resumed_cap_mb=kept.get("bucket_cap_mb"))
         train_set, test_set = build_datasets(job.data)
         self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
         self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
@@ -137,6 +138,7 @@ class Trainer:
             "batch_in_epoch": self.pos.batch_in_epoch,
             "world_size": self.env.world_size,
             "hierarchical": self.sync.hierarchical,
+            "bucket_cap_mb": self.sync.bucket_cap_mb,
             "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
         }
 

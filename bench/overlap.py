@@ -1,0 +1,180 @@
+"""Overlap benchmark: does our reducer hide communication at its DEFAULTS where the link is the bottleneck?
+
+    sudo python bench/overlap.py [--steps 12] [--json PATH]
+
+Two network namespaces, one gloo rank each, joined by a 1 Gbit link (tbf, burst 2mbit: with a burst under ~64 KB
+tbf splits every segment and the CPU becomes the bottleneck). A 6 x Linear(1024, 1024) MLP (25 MB of gradients).
+The batch is calibrated so that computation (forward + backward) takes about as long as one allreduce of all
+gradients ("1x"), then twice as long ("2x"). Variants, interleaved step by step so drift hits all alike (each step
+timed behind a barrier as the slower rank's; medians):
+
+  compute-only   forward + backward, no communication          -> compute_ms
+  comm-only      one allreduce of a 25 MB buffer                -> comm_ms
+  no-overlap     backward, then the gradients flattened and allreduced at once
+  ddp-default    torch DDP at its defaults (25 MB buckets)
+  ddp-2mb        torch DDP with bucket_cap_mb=2 (hand-tuned: one bucket per layer)
+  ours-default   BucketedReducer at the launcher's defaults (cap from launcher/comm/policy.py)
+
+exposed_ratio = (step_ms - compute_ms) / comm_ms: 1.0 hides nothing, 0.0 hides everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from common import interleaved_medians, machine, table
+from launcher.comm import Topology
+from launcher.comm.policy import bucket_cap_mb, measure_link
+from launcher.comm.reducer import MB, BucketedReducer
+from launcher.dist import process_group
+from launcher.env import DistEnv
+from launcher.launch.netns import SimNetwork
+
+PORT = 29613
+WIDTH, DEPTH = 1024, 6
+VARIANTS = ("compute-only", "comm-only", "no-overlap", "ddp-default", "ddp-2mb", "ours-default")
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(DEPTH):
+        layers.append(nn.Linear(WIDTH, WIDTH))
+        if i < DEPTH - 1:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def step_fn(model: nn.Module, x: torch.Tensor, after_backward=None):
+    def run() -> None:
+        for p in model.parameters():
+            p.grad = None
+        model(x).pow(2).mean().backward()
+        if after_backward is not None:
+            after_backward()
+    return run
+
+
+def worker(args: argparse.Namespace) -> None:
+    env = DistEnv.resolve()
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    with process_group(env, "gloo", timeout_s=600), Topology.build(env) as topo:
+        plain = mlp()
+        params = list(plain.parameters())
+        model_bytes = sum(p.numel() * p.element_size() for p in params)
+        flat = torch.zeros(model_bytes // 4)
+        comm_only = lambda: dist.all_reduce(flat)  # noqa: E731
+
+        # calibrate: seconds per sample of forward + backward, and one allreduce of all gradients
+        def median_of(fn, reps=5) -> float:
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return t.item()
+
+        probe_batch = 64
+        per_sample = median_of(step_fn(plain, torch.randn(probe_batch, WIDTH))) / probe_batch
+        comm_s = median_of(comm_only)
+        link = measure_link(topo, False, device)  # what the trainer measures at start-up
+        cap = bucket_cap_mb(link, model_bytes)
+
+        def no_overlap() -> None:
+            grads = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(grads)
+
+        results = []
+        for factor in (1, 2):
+            batch = max(1, round(factor * comm_s / per_sample))
+            for _ in range(2):  # compute does not scale exactly with the batch: measure where we land, rescale
+                landed = median_of(step_fn(plain, torch.randn(batch, WIDTH)), reps=3)
+                batch = max(1, round(batch * factor * comm_s / landed))
+            x = torch.randn(batch, WIDTH, generator=torch.Generator().manual_seed(1))
+            ddp_default = DistributedDataParallel(mlp())
+            ddp_2mb = DistributedDataParallel(mlp(), bucket_cap_mb=2)
+            ours_model = mlp()
+            ours = BucketedReducer(ours_model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
+
+            variants = {
+                "compute-only": step_fn(plain, x),
+                "comm-only": comm_only,
+                "no-overlap": step_fn(plain, x, no_overlap),
+                "ddp-default": step_fn(ddp_default, x),
+                "ddp-2mb": step_fn(ddp_2mb, x),
+                "ours-default": step_fn(ours_model, x),
+            }
+            medians = interleaved_medians(variants, args.steps)
+            compute_ms, comm_ms = medians["compute-only"] * 1e3, medians["comm-only"] * 1e3
+            for name in VARIANTS:
+                step_ms = medians[name] * 1e3
+                results.append({"variant": name, "batch": batch, "factor": factor, "step_ms": step_ms,
+                                "compute_ms": compute_ms, "comm_ms": comm_ms,
+                                "exposed_ratio": (step_ms - compute_ms) / comm_ms})
+            ours.close()
+        if env.rank == 0:
+            print(json.dumps({"rows": results, "policy": {"cap_mb": cap, "link": link.describe(),
+                                                          "layout": ours.describe()}}))
+
+
+def run(args: argparse.Namespace) -> dict:
+    with SimNetwork(2, netns=True, link_gbit=1.0, burst="2mbit") as net:
+        procs = []
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "GROUP_RANK": str(rank), "MASTER_ADDR": net.addr(0), "MASTER_PORT": str(PORT),
+                   "GLOO_SOCKET_IFNAME": net.ifname(rank)}
+            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+            cmd = [*net.prefix(rank), sys.executable, __file__, "--worker", "--steps", str(args.steps)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else None, text=True))
+        out, _ = procs[0].communicate(timeout=600)
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes):
+            raise SystemExit(f"a rank failed: exit codes {codes}")
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    if os.geteuid() != 0:
+        raise SystemExit("bench/overlap.py creates network namespaces: run it as root (sudo)")
+    result = run(args)
+    rows = result["rows"]
+    print(f"# overlap benchmark: 2 namespaces x 1 gloo rank, 1 Gbit tbf burst 2mbit, {DEPTH} x Linear({WIDTH}, "
+          f"{WIDTH}) ({WIDTH * WIDTH * DEPTH * 4 / MB:.0f} MB of gradients), {args.steps} interleaved steps (medians); "
+          f"{machine()}")
+    print(f"# our defaults: cap {result['policy']['cap_mb']:.2f} MB ({result['policy']['link']}): "
+          f"{result['policy']['layout']}")
+    print(table(["compute", "batch", "variant", "step ms", "compute ms", "comm ms", "exposed / comm"],
+                [[f"{r['factor']}x comm", r["batch"], r["variant"], r["step_ms"], r["compute_ms"], r["comm_ms"],
+                  r["exposed_ratio"]] for r in rows]))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [{k: r[k] for k in ("variant", "batch", "step_ms", "compute_ms",
+                                                                       "comm_ms", "exposed_ratio")} for r in rows]},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Bucket sizing at defaults (``comm.bucket_cap_mb=null``): from the measured link and the model's size.
+
+Why: a bucket's allreduce can only start when its last gradient is ready. torch DDP's 25 MB default leaves a
+25 MB model in one bucket that starts when backward ends, so nothing overlaps (../shared/recipes/netns.md:
+exposed communication / communication = 1.00 on a 1 Gbit link). Small buckets start early but each collective
+pays a fixed latency. The policy picks the smallest bucket whose latency stays a small share of its transfer:
+
+- measure, at start-up, an allreduce of two sizes on the path the reducer will use (flat or node-first) and fit
+  ``t(b) = alpha + b / beta``: alpha is the per-collective latency, beta the bytes per second;
+- a bucket of ``b`` bytes spends ``alpha / t(b)`` of its time on latency; keeping that under ``LATENCY_SHARE``
+  needs ``b >= alpha * beta * (1 - s) / s``;
+- at least ``MIN_CAP_MB`` (below that, per-bucket CPU work dominates: on a loopback "link" communication is CPU
+  work that competes with backward, and one bucket after backward is fastest: bench/README.md), at most
+  ``MAX_CAP_MB`` (torch DDP's default) and at most a ``1 / MIN_BUCKETS`` share of the model, so a large model
+  always gets several buckets to overlap.
+
+Buckets close when they reach the cap (as torch DDP's do): one layer's weight and bias share a bucket. All ranks
+use the max-reduced figures, so they compute the same cap and the same layout. ``comm.bucket_cap_mb`` set
+explicitly wins; the chosen layout is logged at start-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .collectives import start_allreduce
+from .topology import Topology
+
+MB = 1024 * 1024
+LATENCY_SHARE = 0.1
+MIN_CAP_MB = 1.0
+MAX_CAP_MB = 25.0
+MIN_BUCKETS = 4
+PROBE_MB = (0.25, 4.0)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    alpha_s: float  # per-allreduce latency
+    beta_bps: float  # bytes per second
+
+    def describe(self) -> str:
+        return f"measured latency {self.alpha_s * 1e3:.2f} ms, {self.beta_bps / MB:.0f} MB/s"
+
+
+def measure_link(topology: Topology, hierarchical: bool, device: torch.device, reps: int = 5) -> LinkFit:
+    """Collective: fit latency and bandwidth from allreduce times of two sizes (max over ranks of medians)."""
+    small, large = (torch.ones(int(mb * MB) // 4, device=device) for mb in PROBE_MB)
+    medians = []
+    for tensor in (small, large):
+        times = []
+        for rep in range(reps + 1):  # the first round warms up connections
+            dist.barrier()
+            start = time.perf_counter()
+            start_allreduce(tensor, topology, hierarchical).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep:
+                times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    agreed = torch.tensor(medians, dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    t_small, t_large = agreed.tolist()
+    bytes_small, bytes_large = (mb * MB for mb in PROBE_MB)
+    beta = (bytes_large - bytes_small) / max(t_large - t_small, 1e-9)
+    alpha = max(t_small - bytes_small / beta, 0.0)
+    return LinkFit(alpha, beta)
+
+
+def bucket_cap_mb(link: LinkFit, model_bytes: int) -> float:
+    """The cap for this link and model (see the module docstring)."""
+    latency_bound = link.alpha_s * link.beta_bps * (1 - LATENCY_SHARE) / LATENCY_SHARE / MB
+    ceiling = max(MIN_CAP_MB, min(MAX_CAP_MB, model_bytes / MB / MIN_BUCKETS))
+    return min(max(latency_bound, MIN_CAP_MB), ceiling)
