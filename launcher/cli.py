@@ -54,7 +54,7 @@ from .launch.local import launch_local
 from .launch.sim import launch_sim
 from .launch.slurm import launch_slurm, run_slurm_rank, sbatch_preview, submit_slurm
 from .launch.torchrun import run_under_torchrun
-from .plot import plot_run
+from .plot import plot_all
 from .sweep import Sweep
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -113,7 +113,7 @@ def print_summary(run_dir: str) -> None:
     s = json.loads(path.read_text())
     rows = [("run dir", run_dir)]
     try:
-        rows.append(("curves", str(plot_run(run_dir))))
+        rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(plot_all(run_dir))]
     except Exception as exc:  # a plot is a convenience: never fail a finished run over it
         rows.append(("curves", f"not rendered ({exc})"))
     print(f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
@@ -152,12 +152,13 @@ def summary_table(s: dict, extra: list[tuple[str, str]]) -> str:
 
 
 def plot_command(args: list[str]) -> int:
-    """``python -m launcher plot RUN_DIR``: render RUN_DIR/plots/curves.png from its metrics."""
+    """``python -m launcher plot RUN_DIR``: render RUN_DIR/plots/curves.png from its metrics (and trace.png from
+    trace.json when the run has one)."""
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m launcher plot RUN_DIR", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        print(plot_run(args[0]))
+        print("\n".join(str(path) for path in plot_all(args[0])))
     except ValueError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

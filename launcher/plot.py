@@ -1,6 +1,8 @@
 """Curves from a run directory: ``plot_run(run_dir)`` reads ``metrics.jsonl`` (and ``summary.json`` if the
 run finished) and writes ``run_dir/plots/curves.png``: training/test loss, test accuracy, throughput, and
-time per step split into compute and exposed gradient communication. Works on a running run too."""
+time per step split into compute and exposed gradient communication. Works on a running run too.
+``plot_trace(run_dir)`` draws ``trace.json`` (``comm.trace=true``) as ``run_dir/plots/trace.png``: one lane per
+rank and track; ``plot_all(run_dir)`` writes both."""
 
 from __future__ import annotations
 
@@ -132,3 +134,92 @@ def plot_run(run_dir: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+_TRACE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green",
+                  "wait for buckets": "tab:red", "reduce": "tab:purple", "allreduce": "tab:brown",
+                  "broadcast": "tab:pink"}
+_OTHER_COLOURS = ("tab:gray", "tab:olive", "tab:cyan")
+Lane = list[tuple[str, float, float]]  # (event name, start ms, duration ms)
+
+
+def _trace_lanes(path: Path) -> tuple[list[str], list[Lane]]:
+    """Lane labels ``rank R · track`` (ranks in order, tracks by sort index) and each lane's events, in ms
+    from the first event."""
+    events = json.loads(path.read_text(encoding="utf-8")).get("traceEvents", [])
+    track: dict[tuple[int, int], str] = {}
+    order: dict[tuple[int, Any], float] = {}  # (pid, None) is the rank's own sort index
+    for e in (e for e in events if e.get("ph") == "M"):
+        key, value = (e.get("pid", 0), e.get("tid")), e.get("args", {})
+        if e.get("name") == "thread_name":
+            track[key] = str(value.get("name"))
+        elif e.get("name") in ("thread_sort_index", "process_sort_index"):
+            order[key] = float(value.get("sort_index", 0))
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise ValueError(f"no events in {path}: was the run stopped before its trace window ended?")
+    t0 = min(float(e["ts"]) for e in spans)
+    lanes: dict[tuple[int, int], Lane] = {}
+    for e in spans:
+        lanes.setdefault((e.get("pid", 0), e.get("tid", 0)), []).append(
+            (str(e["name"]), (float(e["ts"]) - t0) / 1e3, float(e.get("dur", 0.0)) / 1e3))
+    keys = sorted(lanes, key=lambda k: (order.get((k[0], None), k[0]), k[0], order.get(k, k[1]), k[1]))
+    return [f"rank {p} · {track.get((p, t), f'track {t}')}" for p, t in keys], [lanes[k] for k in keys]
+
+
+def plot_trace(run_dir: str | Path) -> Path:
+    """Render ``run_dir/trace.json`` as a timeline into ``run_dir/plots/trace.png`` and return that path.
+    Events nested in another (``wait for buckets`` in ``backward``) are drawn thinner and hatched on top;
+    partly overlapping events (buckets in flight together) semi-transparent."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    run_dir = Path(run_dir)
+    path = run_dir / "trace.json"
+    if not path.is_file():
+        raise ValueError(f"no trace in {path}: run with comm.trace=true to record one")
+    labels, lanes = _trace_lanes(path)
+    names = {n for lane in lanes for n, _, _ in lane}
+    buckets = sorted((n for n in names if n.startswith("bucket ")), key=lambda n: (len(n), n))  # bucket 2 < 10
+    colours: dict[str, Any] = {n: c for n, c in _TRACE_COLOURS.items() if n in names}
+    colours.update({b: colormaps["viridis"](i / max(len(buckets) - 1, 1)) for i, b in enumerate(buckets)})
+    for i, n in enumerate(sorted(names - colours.keys())):
+        colours[n] = _OTHER_COLOURS[i % len(_OTHER_COLOURS)]
+
+    fig = Figure(figsize=(12, 1.6 + 0.45 * len(lanes)), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for y, lane in enumerate(lanes):
+        groups: dict[tuple[str, bool, bool], list[tuple[float, float]]] = {}
+        for name, start, dur in lane:
+            end = start + dur
+            nested = any(s <= start and end <= s + d and d > dur for _, s, d in lane)
+            partial = any(s < end and start < s + d and not (s <= start and end <= s + d)
+                          and not (start <= s and s + d <= end) for _, s, d in lane)
+            groups.setdefault((name, nested, partial), []).append((start, dur))
+        for (name, nested, partial), bars in sorted(groups.items(), key=lambda g: g[0][1]):  # nested on top
+            h = 0.4 if nested else 0.8
+            ax.broken_barh(bars, (y - h / 2, h), facecolors=colours[name], alpha=0.55 if partial else 0.9,
+                           edgecolor="black", linewidth=0.3, hatch="////" if nested else None)
+    ax.set_yticks(range(len(lanes)), labels)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)  # first rank's first track on top
+    ax.set_xlim(0, max(s + d for lane in lanes for _, s, d in lane) * 1.01 or 1.0)
+    ax.set(xlabel="time from the first event (ms)", title="communication timeline (comm.trace)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=n,
+                             hatch="////" if n == "wait for buckets" else None) for n, c in colours.items()],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    title = run_title(_read_summary(run_dir))
+    if title:
+        fig.suptitle(title)
+    out = run_dir / "plots" / "trace.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", bbox_inches="tight")
+    return out
+
+
+def plot_all(run_dir: str | Path) -> list[Path]:
+    """``plots/curves.png`` and, if the run recorded ``trace.json``, ``plots/trace.png``: the paths written."""
+    return [plot_run(run_dir)] + ([plot_trace(run_dir)] if (Path(run_dir) / "trace.json").is_file() else [])

@@ -96,7 +96,8 @@ def run_script(script: str, args: list[str]) -> None:
 def worker_entry(run_dir: str) -> None:
     """Entry point the elastic agent spawns (one per rank): the job comes from the frozen config.
     SIGTERM / SIGINT (Ctrl-C, or the agent passing on its own): all ranks stop at one step, write one
-    checkpoint and exit cleanly; the launcher then exits 143 / 130."""
+    checkpoint, then end by that signal (the agent is shutting down); the launcher then exits 143 / 130.
+    The process ends without interpreter teardown (``end_process_at_exit``), as every rank process does."""
     env = DistEnv.resolve()
     stop = StopRequest().install(signal.SIGTERM, signal.SIGINT)
     try:

@@ -20,7 +20,7 @@ def test_banner_summary_table_curves_and_preflight(tmp_path):
     # the preflight report, then the banner, then the table
     assert "doctor: 2 rank(s) on 1 node(s)" in err and "no problems found" in err
     assert "  devices        ranks 0-1 on " in err and ": cpu" in err
-    assert "  gradient sync  torch DDP, bucket cap 25.0 MB; flat allreduce" in err
+    assert "  gradient sync  torch DDP, bucket cap 25 MB; flat allreduce" in err
     assert "  batch          64 global = 32 per rank x 2; 12 steps" in err
     assert err.index("doctor: 2 rank(s)") < err.index("  devices ") < err.index("done: 12 steps")
     table = err[err.index("done: 12 steps"):]
@@ -50,6 +50,7 @@ def test_trace_shows_buckets_overlapping_backward(tmp_path):
     result = run_launcher(*SHORT, "comm.reducer=bucketed", "comm.bucket_cap_mb=0.05", "comm.first_bucket_mb=0.05",
                           "comm.trace=true", "comm.trace_steps=3", run_dir=tmp_path)
     assert result.returncode == 0, result.stderr
+    assert (tmp_path / "plots" / "trace.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # rendered at the end
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     spans = defaultdict(list)  # (rank, track, name) -> [(start, end)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..config import JobConfig, freeze
+from ..dist import end_process_at_exit
 from ..env import DistEnv
 from ..worker import run_worker
 
@@ -17,5 +18,10 @@ from ..worker import run_worker
 def run_under_torchrun(job: JobConfig, env: DistEnv) -> int:
     if env.is_main:
         freeze(job, job.run_dir)
-    record(run_worker)(job, env)
+    try:
+        record(run_worker)(job, env)
+    except BaseException:
+        end_process_at_exit(1)  # see launcher.dist.end_process_at_exit
+        raise
+    end_process_at_exit(0)
     return 0
