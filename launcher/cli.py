@@ -48,6 +48,7 @@ from omegaconf import DictConfig
 
 from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
 from .devices import gpu_count
+from .dist import end_process_at_exit
 from .env import DistEnv
 from .launch import plan_job
 from .launch.local import launch_local
@@ -78,13 +79,18 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         if plan.mode == "slurm":
             print("\n# sbatch script (submitit)\n" + sbatch_preview(job))
         return EXIT_OK
-    if plan.mode == "torchrun":
-        return run_under_torchrun(job, env)
-    if plan.mode == "slurm-task":  # srun inside a user's sbatch script: this process is one rank
-        if env.is_main:
-            freeze(job, job.run_dir)
-        run_slurm_rank(job, env)
-        return EXIT_OK
+    if plan.mode in ("torchrun", "slurm-task"):  # this process is one rank (of torchrun, or srun in an sbatch)
+        if plan.mode == "torchrun":
+            run_under_torchrun(job, env)
+        else:
+            if env.is_main:
+                freeze(job, job.run_dir)
+            run_slurm_rank(job, env)
+        if not (job.doctor and env.is_main):
+            return EXIT_OK
+        code = print_doctor(job.run_dir)
+        end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
+        return code
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:

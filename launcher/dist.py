@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
+import ipaddress
 import logging
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -63,6 +66,7 @@ def process_group(
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
     store = dist.PrefixStore(f"launcher/attempt-{env.restart_count}", store)
     _check_in(store, env, join_s)
+    store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     dist.init_process_group(
         backend=backend,
         store=store,
@@ -82,38 +86,55 @@ def process_group(
         gc.collect()
 
 
+_EXIT_CODE: Optional[int] = None
+
+
 def end_process_at_exit(code: int) -> None:
-    """Make this process end with ``code`` right after the atexit handlers, skipping interpreter teardown.
+    """Make this process end with ``code`` right after the atexit handlers, skipping interpreter teardown
+    (a later call changes the code).
 
     Why: process groups kept alive by C++ references (torch DDP's reducer holds the world group after
     ``destroy_process_group``) keep their gloo threads running; if one of them is still releasing a finished
     collective's tensors when the interpreter finalises, it needs the GIL, gets its thread cancelled and the
     process dies with std::terminate (SIGABRT) after a successful run (seen 1 in ~20 test runs; pytorch PR
     179291 describes it). Logs and output are flushed first; nothing else is left to do at that point."""
+    global _EXIT_CODE
+    if _EXIT_CODE is None:
+        atexit.register(_end)  # runs first (atexit is last-in, first-out), before teardown begins
+    _EXIT_CODE = code
 
-    def _end() -> None:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
 
-    atexit.register(_end)  # runs first (atexit is last-in, first-out), before teardown begins
+def _end() -> None:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(_EXIT_CODE or 0)
 
 
 def _where(env: DistEnv) -> str:
     return f"{env.master_addr}:{env.master_port}"
 
 
+def bind_address(addr: str) -> str:
+    """Where a store for ``addr`` listens: that address, unless ``addr`` is a host NAME resolving to loopback
+    here (Debian maps a machine's own name to 127.0.1.1): peers on other machines reach that name at a real
+    interface, so listen on all of them (TCPStore's own default). Loopback given as such stays loopback."""
+    ip = socket.gethostbyname(addr)
+    literal = addr == "localhost" or addr.replace(".", "").isdigit()
+    return "" if ipaddress.ip_address(ip).is_loopback and not literal else ip
+
+
 def listening_store(addr: str, port: int, timeout: timedelta = timedelta(seconds=300)) -> dist.TCPStore:
-    """Host a TCPStore that listens on ``addr`` only (a TCPStore left alone listens on every interface).
-    ``port`` 0 takes a free port and holds it; read it back from ``store.port``."""
+    """Host a TCPStore that listens on ``addr``'s interface only (a TCPStore left alone listens on every
+    interface; see ``bind_address``). ``port`` 0 takes a free port and holds it; read it back from
+    ``store.port``. A taken port raises OSError (EADDRINUSE)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((addr, port))
+        sock.bind((bind_address(addr), port))
         sock.listen(1024)
     except OSError:
         sock.close()
@@ -130,7 +151,16 @@ def _connect(env: DistEnv, join_s: float) -> dist.Store:
         if env.rank == 0 and not env.agent_store:
             try:
                 return listening_store(env.master_addr, env.master_port, timeout)
-            except OSError as exc:  # MASTER_ADDR is not an address of this host (NAT, alias): all interfaces
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise JoinError(
+                        f"rank 0 on {env.hostname or socket.gethostname()} cannot host the rendezvous store: port "
+                        f"{env.master_port} on {env.master_addr} is taken ({exc.strerror}); HINT: another job or a "
+                        "stale process holds it; free it, or pick another with cluster.master_port"
+                    ) from None
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                # MASTER_ADDR is not an address of this host (NAT, alias): listen on all interfaces
                 log.warning("cannot listen on %s (%s): the rendezvous store listens on all interfaces",
                             _where(env), exc)
         return dist.TCPStore(
@@ -164,14 +194,25 @@ def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
         ) from None
 
 
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught", re.I)
+
+
 def is_timeout(exc: BaseException) -> bool:
-    """True for a collective that gave up waiting (gloo: "Timed out ...", nccl watchdog: "timeout")."""
-    return "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower()
+    """True for a collective that gave up waiting (gloo: "Timed out waiting 5000ms for recv ...", nccl's
+    watchdog: "... collective operation timeout"), not for any error that mentions a timeout."""
+    return isinstance(exc, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(exc)))
 
 
 def explain_stall(where: str, grace_s: float = 10.0) -> str:
     """After a collective timed out: every rank that was waiting reports it on the store; the ranks that do not
     report within ``grace_s`` never reached the collective: they are the stuck ones. Returns the diagnosis."""
+    try:
+        return _explain_stall(where, grace_s)
+    except (RuntimeError, OSError) as exc:  # the store's host (rank 0) may be gone too
+        return f"the rendezvous store could not be asked which rank is stuck ({str(exc).splitlines()[0]})"
+
+
+def _explain_stall(where: str, grace_s: float) -> str:
     group = _GROUP
     if group is None:
         return "no process group"
@@ -188,8 +229,8 @@ def explain_stall(where: str, grace_s: float = 10.0) -> str:
         return "every rank was waiting: a network or backend problem, not a stuck rank"
     hosts = {r: store.get(f"joined/{r}").decode() for r in stuck}
     named = ", ".join(f"rank {r} on {hosts[r]}" for r in stuck)
-    return (f"stuck: {named} never reached it (the ranks waiting for it reported within {grace_s:.0f} s); "
-            f"the stuck rank's stack is dumped into its log when the launcher stops it")
+    return (f"stuck: {named} never reached it (the ranks waiting for it reported within {grace_s:.0f} s); see "
+            "its log (under the launcher's own agents its stack is dumped there when it is stopped)")
 
 
 def is_initialized() -> bool:

@@ -67,13 +67,14 @@ def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
     except OSError as exc:
         facts["master_ip"] = None
         facts["problem"] = f"MASTER_ADDR {env.master_addr!r} does not resolve on {facts['host']} ({exc})"
-    start = time.perf_counter()
-    try:
-        with socket.create_connection((env.master_addr, env.master_port), timeout=10):
-            facts["connect_ms"] = (time.perf_counter() - start) * 1e3
-    except OSError as exc:
-        facts["connect_ms"] = None
-        facts.setdefault("problem", f"cannot connect to {facts['master']} from {facts['host']} ({exc})")
+    facts["connect_ms"] = None
+    if env.world_size > 1:  # one rank has no store to reach
+        start = time.perf_counter()
+        try:
+            with socket.create_connection((env.master_addr, env.master_port), timeout=10):
+                facts["connect_ms"] = (time.perf_counter() - start) * 1e3
+        except OSError as exc:
+            facts.setdefault("problem", f"cannot connect to {facts['master']} from {facts['host']} ({exc})")
     facts["local_ip"], facts["interface"] = route_interface(env.master_addr, env.master_port)
     facts["socket_ifname"] = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
     if facts["socket_ifname"] and not os.path.exists(f"/sys/class/net/{facts['socket_ifname']}"):
@@ -125,6 +126,9 @@ def probe(env: DistEnv, device: torch.device) -> tuple[dict[int, float], dict[tu
                     mine[(a, b)] = seconds
             dist.barrier()  # one pair at a time
         gathered = dist.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
+        for (a, b), group in zip(pairs, groups):
+            if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
+                tdist.destroy_process_group(group)
     intra_by_node = {node: s for node, s, _ in gathered if s is not None}
     links = {pair: s for _, _, m in gathered for pair, s in m.items()}
     return intra_by_node, links
@@ -188,7 +192,8 @@ def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool,
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"doctor: {report['world_size']} rank(s) on {report['nodes']} node(s)"]
     for f in report["ranks"]:
-        connect = f"{f['connect_ms']:.1f} ms" if f.get("connect_ms") is not None else "FAILED"
+        connect = f"{f['connect_ms']:.1f} ms" if f.get("connect_ms") is not None else (
+            "FAILED" if report["world_size"] > 1 else "-")
         gpus = ", ".join(f["gpus"]) if f["gpus"] else "no GPU (CPU)"
         lines.append(f"  rank {f['rank']:>3} {f['host']} node {f['node']} local {f['local_rank']}: "
                      f"master {f['master']} -> {f['master_ip']} connect {connect}; via {f['interface']} "

@@ -63,9 +63,9 @@ def measure_link(topology: Topology, hierarchical: bool, device: torch.device, r
             if rep:
                 times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
-    agreed = torch.tensor(medians, dtype=torch.float64)
+    agreed = torch.tensor(medians, dtype=torch.float64, device=device)  # nccl reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    t_small, t_large = agreed.tolist()
+    t_small, t_large = agreed.cpu().tolist()
     bytes_small, bytes_large = (mb * MB for mb in PROBE_MB)
     beta = (bytes_large - bytes_small) / max(t_large - t_small, 1e-9)
     alpha = max(t_small - bytes_small / beta, 0.0)

@@ -48,9 +48,11 @@ def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5)
                 torch.cuda.synchronize(device)
             if rep:
                 times[name].append(time.perf_counter() - start)
-    medians = torch.tensor([statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64)
+    medians = torch.tensor([statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64,
+                           device=device)  # nccl reduces device tensors only
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-    return medians[0].item() * 1e3, medians[1].item() * 1e3
+    flat_s, hier_s = medians.cpu().tolist()
+    return flat_s * 1e3, hier_s * 1e3
 
 
 def choose(topology: Topology, mode: str, numel: int, device: torch.device, reps: int = 5) -> StrategyChoice:

@@ -89,8 +89,12 @@ def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
     try:
         result = run_worker(job, env, stop=stop)
     except Preempted as exc:
-        if env.is_main:
-            requeue(job, env, exc)
+        try:
+            if env.is_main:
+                requeue(job, env, exc)
+        except BaseException:
+            end_process_at_exit(1)
+            raise
         end_process_at_exit(0)
         raise SystemExit(0) from None  # no result file: the job is not over, it comes back after the requeue
     except BaseException:

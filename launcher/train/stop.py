@@ -3,9 +3,12 @@ boundary every rank learns whether ANY rank was signalled (one tiny MAX allreduc
 same step, write one checkpoint together and leave. Used for Ctrl-C / SIGTERM on local runs and for Slurm
 preemption and timeouts (SIGUSR2).
 
-A rank that cannot reach a step boundary (stuck in a collective or in user code) must not outlive the request:
-``GRACE_S`` after the signal it writes every thread's stack to its log (that names where it was stuck) and
-exits. Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
+A rank that cannot reach a step boundary (stuck in a collective or in user code) must not outlive a SIGTERM /
+SIGINT: ``GRACE_S`` after it, the rank writes every thread's stack to its log (that names where it was stuck)
+and exits. The grace timer is started by a watcher thread woken through ``signal.set_wakeup_fd``: Python signal
+handlers only run when the main thread returns to Python, which a rank blocked inside a C++ collective never
+does. SIGUSR2 (Slurm's warning, ``cluster.signal_delay_s`` ahead) gets no timer: Slurm's own kill follows.
+Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Optional
@@ -22,7 +26,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 20.0  # the elastic agent kills workers 30 s after passing a signal on: dump the stack before that
+GRACE_S = 25.0  # the elastic agent kills workers 30 s after passing a signal on: dump the stack before that
 
 
 class Preempted(Exception):
@@ -42,27 +46,47 @@ class StopRequest:
         self._timer: Optional[threading.Timer] = None
         self._agreed = False  # the ranks agreed to stop: writing the checkpoint, no grace timer any more
         self._signums: tuple[int, ...] = ()
+        self._wakeup: Optional[tuple[socket.socket, socket.socket]] = None
+        self._lock = threading.Lock()
 
     def install(self, *signums: int) -> "StopRequest":
         self._signums = signums
         for signum in signums:
             signal.signal(signum, self._record)
+        if {signal.SIGTERM, signal.SIGINT} & set(signums):
+            reader, writer = socket.socketpair()
+            writer.setblocking(False)
+            signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            self._wakeup = (reader, writer)
+            threading.Thread(target=self._watch, args=(reader,), name="stop-watch", daemon=True).start()
         return self
+
+    def _watch(self, reader: socket.socket) -> None:
+        """Sees each signal's number as it arrives, even while the main thread is blocked in C++."""
+        while data := reader.recv(64):
+            for signum in data:
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    self._start_grace(signum)
 
     def uninstall(self) -> None:
         """Default actions again: a later signal (the agent's, after our checkpoint) ends the process at once."""
         self.disarm()
         for signum in self._signums:
             signal.signal(signum, signal.SIG_DFL)
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            self._wakeup[1].close()  # the watcher's recv returns b"" and it ends
+            self._wakeup = None
 
     def arm(self) -> None:
         self.armed = True
 
     def disarm(self) -> None:
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        with self._lock:
+            self.armed = False
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
     def _record(self, signum: int, frame: object) -> None:
         if not self.armed and signum in (signal.SIGTERM, signal.SIGINT):
@@ -70,10 +94,13 @@ class StopRequest:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        if self.armed and self._timer is None and not self._agreed:
-            self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
-            self._timer.daemon = True
-            self._timer.start()
+
+    def _start_grace(self, signum: int) -> None:
+        with self._lock:
+            if self.armed and self._timer is None and not self._agreed:
+                self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
+                self._timer.daemon = True
+                self._timer.start()
 
     def _expire(self, signum: int) -> None:
         print(f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "
@@ -90,7 +117,8 @@ class StopRequest:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         stopping = bool(flag.item())
         if stopping:
-            self._agreed = True
-            if self._timer is not None:
-                self._timer.cancel()
+            with self._lock:
+                self._agreed = True
+                if self._timer is not None:
+                    self._timer.cancel()
         return stopping

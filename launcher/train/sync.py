@@ -89,4 +89,6 @@ class GradientSync:
             broadcast_buffers(self.model)
 
     def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.close()
         self.topology.close()

@@ -77,7 +77,7 @@ class Trainer:
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self._resume_path, self._resume_state = self.resume_source(device)
+        self._resume_path, self._resume_state = self.agreed_resume_source(device)
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         kept = self._resume_state or {}
         self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept.get("hierarchical"),
@@ -94,6 +94,7 @@ class Trainer:
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
         self._faults = faults_for(env.rank)  # LAUNCHER_FAULT, for the failure tests
+        self._phase = "start-up"  # what the ranks are doing, for a timed-out collective's report
         self._exposed_s = 0.0  # communication waited for since the last log
         self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
         self._tracing = ExitStack()
@@ -144,6 +145,7 @@ class Trainer:
 
     def save(self) -> None:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
+        self._phase = f"the checkpoint at step {self.pos.step}"
         rngs = dist.all_gather_object(rng_state())
         if self.env.is_main:
             path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)
@@ -171,6 +173,18 @@ class Trainer:
         ckpt.verify(Path(mode))
         return Path(mode), ckpt.load(mode, map_location=device)
 
+    def agreed_resume_source(self, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
+        """Rank 0's choice on every rank: ranks that saw the checkpoint directory differently (a shared file
+        system lagging) would otherwise resume from different steps or measure different bucket layouts."""
+        path, state = self.resume_source(device)
+        mine = str(path) if path is not None else None
+        chosen = dist.broadcast_object(mine)
+        if chosen != mine:
+            log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
+            path = Path(chosen) if chosen is not None else None
+            state = ckpt.load(path, map_location=device) if path is not None else None
+        return path, state
+
     def maybe_resume(self) -> None:
         path, state = self._resume_path, self._resume_state
         if path is None or state is None:
@@ -193,7 +207,7 @@ class Trainer:
         except RuntimeError as exc:
             if not dist.is_timeout(exc):
                 raise
-            where = f"step {self.pos.step + 1}"
+            where = self._phase
             raise RuntimeError(
                 f"rank {self.env.rank} on {self.env.hostname}: a collective at {where} timed out after "
                 f"{self.job.comm.timeout_s:.0f} s (comm.timeout_s); {dist.explain_stall(where)}"
@@ -263,6 +277,7 @@ class Trainer:
         return self._summary(final_loss, accuracy, trained_steps, wall)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self._phase = f"step {self.pos.step + 1}"
         if (fault := self._faults.get(self.pos.step + 1)) is not None:
             fault.fire()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -314,6 +329,7 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self, epoch: int) -> float:
         """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
+        self._phase = f"the evaluation after epoch {epoch}"
         self.sync.module.eval()
         dist.broadcast_buffers(self.model)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
