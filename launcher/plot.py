@@ -91,8 +91,9 @@ def plot_run(run_dir: str | Path) -> Path:
     FigureCanvasAgg(fig)
     (ax_loss, ax_acc), (ax_tput, ax_time) = fig.subplots(2, 2)
 
+    line = "-" if len(train) > 3 else "o-"  # a run with a few logged steps still shows its points
     if train:
-        ax_loss.plot(*_xy(train, "loss"), label="train loss")
+        ax_loss.plot(*_xy(train, "loss"), line, label="train loss")
     if evals:
         ax_loss.plot(*_xy(evals, "test_loss"), "o", label="test loss")
     ax_loss.set(title="Loss", xlabel="step", ylabel="loss (cross-entropy)")
@@ -106,7 +107,7 @@ def plot_run(run_dir: str | Path) -> Path:
         ax_acc.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax_acc.transAxes)
 
     if train:
-        ax_tput.plot(*_xy(train, "samples_per_s"), label="throughput")
+        ax_tput.plot(*_xy(train, "samples_per_s"), line, label="throughput")
         ax_tput.legend()
     ax_tput.set(title="Throughput", xlabel="step", ylabel="samples/s (global)")
 
@@ -115,9 +116,13 @@ def plot_run(run_dir: str | Path) -> Path:
     if comm:
         steps, exposed = _xy(comm, "comm_exposed_s", scale=1e3)
         compute = [max(1e3 * float(r["step_s"]) - e, 0.0) for r, e in zip(comm, exposed)]
-        ax_time.stackplot(steps, compute, exposed, labels=["compute", "exposed communication"], alpha=0.8)
+        if len(steps) > 3:
+            ax_time.stackplot(steps, compute, exposed, labels=["compute", "exposed communication"], alpha=0.8)
+        else:  # an area needs several points: bars
+            ax_time.bar(steps, compute, label="compute", alpha=0.8)
+            ax_time.bar(steps, exposed, bottom=compute, label="exposed communication", alpha=0.8)
     elif train:
-        ax_time.plot(*_xy(train, "step_s", scale=1e3), label="step time (compute + communication)")
+        ax_time.plot(*_xy(train, "step_s", scale=1e3), line, label="step time (compute + communication)")
         ax_time.text(0.5, 0.5, _NO_COMM, ha="center", va="center", transform=ax_time.transAxes)
     if train:
         ax_time.set_ylim(bottom=0)

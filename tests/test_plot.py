@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from launcher.plot import load_metrics, plot_run, run_title
+from launcher.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -106,3 +106,37 @@ def test_empty_or_unreadable_metrics_raise(tmp_path, content):
     (run / "metrics.jsonl").write_text(content)
     with pytest.raises(ValueError, match="metrics.jsonl"):
         load_metrics(run)
+
+
+def _trace(run_dir):
+    """Two ranks: forward, backward with a nested wait, overlapping buckets (what launcher.comm.trace writes)."""
+    events = []
+    for rank in (0, 1):
+        events += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+                   {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "step"}},
+                   {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "buckets"}}]
+        x = lambda name, tid, ts, dur: {"name": name, "ph": "X", "pid": rank, "tid": tid, "ts": ts, "dur": dur}  # noqa: E731
+        events += [x("forward", 0, 0, 100), x("backward", 0, 100, 200), x("wait for buckets", 0, 250, 50),
+                   x("bucket 0", 1, 150, 80), x("bucket 1", 1, 200, 90), x("optimizer", 0, 300, 5)]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return run_dir
+
+
+def test_plot_trace_and_plot_all(tmp_path):
+    run_dir = _resumed_run(tmp_path / "run")
+    assert plot_all(run_dir) == [run_dir / "plots" / "curves.png"]  # no trace.json: curves only
+    _trace(run_dir)
+    paths = plot_all(run_dir)
+    assert paths == [run_dir / "plots" / "curves.png", run_dir / "plots" / "trace.png"]
+    for path in paths:
+        _assert_png(path)
+
+
+def test_plot_trace_without_trace_names_the_fix(tmp_path):
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "trace.json")) + ".*comm.trace=true"):
+        plot_trace(tmp_path)
+
+
+def test_a_single_logged_step_still_plots(tmp_path):
+    _assert_png(plot_run(_write(tmp_path / "run", [_train(5, 2.0, 0.003)])))
