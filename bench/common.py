@@ -54,6 +54,28 @@ def run_ranks(fn: Callable, world: int, *args: Any, per_node: int | None = None)
     return result
 
 
+def run_in_namespaces(net: Any, placement: Sequence[tuple[int, int]], per_node: int, port: int,
+                      cmd: Sequence[str]) -> dict:
+    """Start ``cmd`` once per rank inside its node's namespace (``placement[rank] = (node, local rank)``) with
+    torchrun's variables; return the JSON object rank 0 prints last. Fails naming the exit codes."""
+    import json
+    import subprocess
+
+    procs = []
+    for rank, (node, local) in enumerate(placement):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(placement)), "LOCAL_RANK": str(local),
+               "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node), "MASTER_ADDR": net.addr(0),
+               "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": net.ifname(node)}
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        procs.append(subprocess.Popen([*net.prefix(node), sys.executable, *cmd], env=env,
+                                      stdout=subprocess.PIPE if rank == 0 else None, text=True))
+    out, _ = procs[0].communicate(timeout=600)
+    codes = [p.wait(timeout=600) for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def timed(fn: Callable[[], Any]) -> float:
     """Seconds for ``fn``, started together on all ranks (barrier), slowest rank's time (max)."""
     dist.barrier()

@@ -15,15 +15,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from common import machine, table
+from common import machine, run_in_namespaces, table
 from launcher.comm import Topology, flat_allreduce, hierarchical_allreduce
 from launcher.comm.strategy import choose
 from launcher.dist import process_group
@@ -75,22 +73,10 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_case(args: argparse.Namespace, link_gbit: float | None, interleaved: bool) -> dict:
     with SimNetwork(NODES, netns=True, link_gbit=link_gbit) as net:
-        procs = []
         world = NODES * PER_NODE
-        for rank in range(world):
-            node, local = (rank % NODES, rank // NODES) if interleaved else (rank // PER_NODE, rank % PER_NODE)
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-                   "LOCAL_WORLD_SIZE": str(PER_NODE), "GROUP_RANK": str(node), "MASTER_ADDR": net.addr(0),
-                   "MASTER_PORT": str(PORT), "GLOO_SOCKET_IFNAME": net.ifname(node)}
-            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            cmd = [*net.prefix(node), sys.executable, __file__, "--worker", "--tag", net.tag,
-                   "--mb", str(args.mb), "--reps", str(args.reps)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else None, text=True))
-        out, _ = procs[0].communicate(timeout=600)
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes):
-            raise SystemExit(f"a rank failed: exit codes {codes}")
-        return json.loads(out.strip().splitlines()[-1])
+        placement = [(r % NODES, r // NODES) if interleaved else (r // PER_NODE, r % PER_NODE) for r in range(world)]
+        return run_in_namespaces(net, placement, PER_NODE, PORT, [__file__, "--worker", "--tag", net.tag,
+                                                                  "--mb", str(args.mb), "--reps", str(args.reps)])
 
 
 def main() -> None:

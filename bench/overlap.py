@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common import interleaved_medians, machine, table
+from common import interleaved_medians, machine, run_in_namespaces, table
 from launcher.comm import Topology
 from launcher.comm.policy import bucket_cap_mb, measure_link
 from launcher.comm.reducer import MB, BucketedReducer
@@ -135,19 +133,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     with SimNetwork(2, netns=True, link_gbit=1.0, burst="2mbit") as net:
-        procs = []
-        for rank in range(2):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                   "GROUP_RANK": str(rank), "MASTER_ADDR": net.addr(0), "MASTER_PORT": str(PORT),
-                   "GLOO_SOCKET_IFNAME": net.ifname(rank)}
-            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            cmd = [*net.prefix(rank), sys.executable, __file__, "--worker", "--steps", str(args.steps)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else None, text=True))
-        out, _ = procs[0].communicate(timeout=600)
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes):
-            raise SystemExit(f"a rank failed: exit codes {codes}")
-        return json.loads(out.strip().splitlines()[-1])
+        return run_in_namespaces(net, [(0, 0), (1, 0)], 1, PORT, [__file__, "--worker", "--steps", str(args.steps)])
 
 
 def main() -> None:
