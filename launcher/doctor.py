@@ -29,6 +29,7 @@ import torch
 import torch.distributed as tdist
 
 from . import dist
+from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
 
@@ -91,16 +92,7 @@ def time_allreduce(group: tdist.ProcessGroup | None, device: torch.device, mb: f
                    reps: int = REPS) -> float:
     """Median seconds of an allreduce of ``mb`` over ``group`` (every member calls this)."""
     tensor = torch.ones(max(1, int(mb * 2**20) // 4), device=device)
-    times = []
-    for i in range(reps + 1):
-        tdist.barrier(group=group)
-        start = time.perf_counter()
-        tdist.all_reduce(tensor, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:  # the first one sets up connections
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(lambda: tdist.all_reduce(tensor, group=group), device, reps, group=group)
 
 
 def node_pairs(nodes: int) -> list[tuple[int, int]]:

@@ -21,14 +21,13 @@ explicitly wins; the chosen layout is logged at start-up.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .collectives import start_allreduce
+from .strategy import median_seconds
 from .topology import Topology
 
 MB = 1024 * 1024
@@ -50,19 +49,10 @@ class LinkFit:
 
 def measure_link(topology: Topology, hierarchical: bool, device: torch.device, reps: int = 5) -> LinkFit:
     """Collective: fit latency and bandwidth from allreduce times of two sizes (max over ranks of medians)."""
-    small, large = (torch.ones(int(mb * MB) // 4, device=device) for mb in PROBE_MB)
     medians = []
-    for tensor in (small, large):
-        times = []
-        for rep in range(reps + 1):  # the first round warms up connections
-            dist.barrier()
-            start = time.perf_counter()
-            start_allreduce(tensor, topology, hierarchical).wait()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if rep:
-                times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
+    for mb in PROBE_MB:
+        tensor = torch.ones(int(mb * MB) // 4, device=device)
+        medians.append(median_seconds(lambda: start_allreduce(tensor, topology, hierarchical).wait(), device, reps))
     agreed = torch.tensor(medians, dtype=torch.float64, device=device)  # nccl reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     t_small, t_large = agreed.cpu().tolist()

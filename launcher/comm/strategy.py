@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,22 @@ class StrategyChoice:
 
     def describe(self) -> str:
         return f"{'hierarchical' if self.hierarchical else 'flat'} allreduce: {self.reason}"
+
+
+def median_seconds(run: Callable[[], object], device: torch.device, reps: int = 5,
+                   group: dist.ProcessGroup | None = None) -> float:
+    """This rank's median time of ``run()`` (a blocking collective), each repetition started behind a barrier
+    of ``group``; one uncounted warm-up first (it sets up connections). Every member of ``group`` calls it."""
+    times = []
+    for rep in range(reps + 1):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5) -> tuple[float, float]:
