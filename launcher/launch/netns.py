@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ class SimNetwork:
                 _run("ip", "-n", bridge, "link", "set", peer, "up")
                 _run("ip", "-n", ns, "addr", "add", f"{self.addr(node)}/24", "dev", dev)
                 _run("ip", "-n", ns, "link", "set", dev, "up")
-                self._hosts_file(ns)
+                self._hosts_file(ns, node)
                 rate = self.node_link_gbit[node] if self.node_link_gbit else self.link_gbit
                 if rate:
                     _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
@@ -89,15 +90,17 @@ class SimNetwork:
             raise
         return self
 
-    def _hosts_file(self, ns: str) -> None:
+    def _hosts_file(self, ns: str, node: int) -> None:
         """``ip netns exec`` shows /etc/netns/NS/hosts as /etc/hosts: name the node addresses, so reverse
-        look-ups of peers succeed instead of warning."""
+        look-ups of peers succeed instead of c10d warning "hostname ... cannot be retrieved" (a namespace has no
+        DNS), and this machine's own name as the node's address."""
         directory = f"/etc/netns/{ns}"
         os.makedirs(directory, exist_ok=True)
         self._etc.append(directory)
-        names = "".join(f"{self.addr(n)} {self.ns(n)}\n" for n in range(self.nodes))
+        # IPv4 and the IPv4-mapped IPv6 form a dual-stack TCPStore server sees its peers as
+        names = "".join(f"{a}{self.addr(n)} {self.ns(n)}\n" for n in range(self.nodes) for a in ("", "::ffff:"))
         with open(f"{directory}/hosts", "w") as f:
-            f.write(f"127.0.0.1 localhost\n{names}")
+            f.write(f"127.0.0.1 localhost\n::1 localhost\n{names}{self.addr(node)} {socket.gethostname()}\n")
 
     def __exit__(self, *exc: object) -> None:
         while self._created:  # deleting a namespace removes its end of each veth pair too
