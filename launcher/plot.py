@@ -174,8 +174,8 @@ def _trace_lanes(path: Path) -> tuple[list[str], list[Lane]]:
 
 def plot_trace(run_dir: str | Path) -> Path:
     """Render ``run_dir/trace.json`` as a timeline into ``run_dir/plots/trace.png`` and return that path.
-    Events nested in another (``wait for buckets`` in ``backward``) are drawn thinner and hatched on top;
-    partly overlapping events (buckets in flight together) semi-transparent."""
+    Events nested in one of another kind (``wait for buckets`` in ``backward``) are drawn thinner and hatched
+    on top; overlapping events of one kind (buckets in flight together) semi-transparent."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -198,11 +198,12 @@ def plot_trace(run_dir: str | Path) -> Path:
     ax = fig.subplots()
     for y, lane in enumerate(lanes):
         groups: dict[tuple[str, bool, bool], list[tuple[float, float]]] = {}
-        for name, start, dur in lane:
-            end = start + dur
-            nested = any(s <= start and end <= s + d and d > dur for _, s, d in lane)
-            partial = any(s < end and start < s + d and not (s <= start and end <= s + d)
-                          and not (start <= s and s + d <= end) for _, s, d in lane)
+        for i, (name, start, dur) in enumerate(lane):  # kind: "bucket 3" -> "bucket"
+            kind, end = name.rstrip("0123456789 "), start + dur
+            nested = any(s <= start and end <= s + d and d > dur and n.rstrip("0123456789 ") != kind
+                         for n, s, d in lane)
+            partial = any(j != i and s < end and start < s + d and n.rstrip("0123456789 ") == kind
+                          for j, (n, s, d) in enumerate(lane))
             groups.setdefault((name, nested, partial), []).append((start, dur))
         for (name, nested, partial), bars in sorted(groups.items(), key=lambda g: g[0][1]):  # nested on top
             h = 0.4 if nested else 0.8
@@ -211,14 +212,13 @@ def plot_trace(run_dir: str | Path) -> Path:
     ax.set_yticks(range(len(lanes)), labels)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first rank's first track on top
     ax.set_xlim(0, max(s + d for lane in lanes for _, s, d in lane) * 1.01 or 1.0)
-    ax.set(xlabel="time from the first event (ms)", title="communication timeline (comm.trace)")
+    run = run_title(_read_summary(run_dir))
+    ax.set(xlabel="time from the first event (ms)",
+           title="communication timeline (comm.trace)" + (f"\n{run}" if run else ""))
     ax.grid(axis="x", alpha=0.3)
     ax.legend(handles=[Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=n,
                              hatch="////" if n == "wait for buckets" else None) for n, c in colours.items()],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    title = run_title(_read_summary(run_dir))
-    if title:
-        fig.suptitle(title)
     out = run_dir / "plots" / "trace.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", bbox_inches="tight")

@@ -1,4 +1,5 @@
-"""``launcher.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped) and the PNG."""
+"""``launcher.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped), the PNGs of the
+curves and of the comm.trace timeline."""
 
 import json
 import logging
@@ -108,6 +109,11 @@ def test_empty_or_unreadable_metrics_raise(tmp_path, content):
         load_metrics(run)
 
 
+def _span(rank, name, tid, ts, dur, **args):
+    """A complete ("X") event as launcher.comm.trace.Tracer.record writes it."""
+    return {"name": name, "ph": "X", "pid": rank, "tid": tid, "ts": ts, "dur": dur, **({"args": args} if args else {})}
+
+
 def _trace(run_dir):
     """Two ranks: forward, backward with a nested wait, overlapping buckets (what launcher.comm.trace writes)."""
     events = []
@@ -115,9 +121,9 @@ def _trace(run_dir):
         events += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
                    {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "step"}},
                    {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "buckets"}}]
-        x = lambda name, tid, ts, dur: {"name": name, "ph": "X", "pid": rank, "tid": tid, "ts": ts, "dur": dur}  # noqa: E731
-        events += [x("forward", 0, 0, 100), x("backward", 0, 100, 200), x("wait for buckets", 0, 250, 50),
-                   x("bucket 0", 1, 150, 80), x("bucket 1", 1, 200, 90), x("optimizer", 0, 300, 5)]
+        events += [_span(rank, *e) for e in [("forward", 0, 0, 100), ("backward", 0, 100, 200),
+                                             ("wait for buckets", 0, 250, 50), ("bucket 0", 1, 150, 80),
+                                             ("bucket 1", 1, 200, 90), ("optimizer", 0, 300, 5)]]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return run_dir
@@ -140,3 +146,41 @@ def test_plot_trace_without_trace_names_the_fix(tmp_path):
 
 def test_a_single_logged_step_still_plots(tmp_path):
     _assert_png(plot_run(_write(tmp_path / "run", [_train(5, 2.0, 0.003)])))
+
+
+def _write_trace(run_dir):
+    """2 ranks × tracks step and buckets; buckets overlap each other, "wait for buckets" nests in backward;
+    written as launcher.comm.trace does (metadata first, ranks' events merged, not sorted by time)."""
+    events = []
+    for rank in (1, 0):  # out of order: the plot sorts ranks
+        events += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} (host)"}},
+                   {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
+        for tid, track in enumerate(("step", "buckets")):
+            events += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}},
+                       {"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
+                        "args": {"sort_index": tid}}]
+        for step in range(3):
+            t = 30_000.0 * step + 500.0 * rank
+            events += [_span(rank, "forward", 0, t, 4_000.0), _span(rank, "backward", 0, t + 4_100.0, 20_000.0),
+                       _span(rank, "bucket 0", 1, t + 6_000.0, 8_000.0, mb=0.5),
+                       _span(rank, "bucket 1", 1, t + 9_000.0, 9_000.0, mb=0.4),
+                       _span(rank, "bucket 2", 1, t + 17_000.0, 6_000.0, mb=0.1),
+                       _span(rank, "wait for buckets", 0, t + 16_000.0, 8_000.0),
+                       _span(rank, "optimizer", 0, t + 24_200.0, 700.0)]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return run_dir
+
+
+def test_plot_trace_sorted_ranks_tracks_with_args(tmp_path):
+    run = _write_trace(tmp_path / "run")
+    out = plot_trace(str(run))
+    assert out == run / "plots" / "trace.png"
+    _assert_png(out)
+
+
+def test_plot_trace_without_events_raises(tmp_path):
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": [], "displayTimeUnit": "ms"}))
+    with pytest.raises(ValueError, match="no events"):
+        plot_trace(tmp_path)
+
