@@ -172,6 +172,11 @@ def _trace_lanes(path: Path) -> tuple[list[str], list[Lane]]:
     return [f"rank {p} · {track.get((p, t), f'track {t}')}" for p, t in keys], [lanes[k] for k in keys]
 
 
+def _kind(event: str) -> str:
+    """An event's kind: "bucket 3" -> "bucket"."""
+    return event.rstrip("0123456789 ")
+
+
 def plot_trace(run_dir: str | Path) -> Path:
     """Render ``run_dir/trace.json`` as a timeline into ``run_dir/plots/trace.png`` and return that path.
     Events nested in one of another kind (``wait for buckets`` in ``backward``) are drawn thinner and hatched
@@ -199,10 +204,9 @@ def plot_trace(run_dir: str | Path) -> Path:
     for y, lane in enumerate(lanes):
         groups: dict[tuple[str, bool, bool], list[tuple[float, float]]] = {}
         for i, (name, start, dur) in enumerate(lane):  # kind: "bucket 3" -> "bucket"
-            kind, end = name.rstrip("0123456789 "), start + dur
-            nested = any(s <= start and end <= s + d and d > dur and n.rstrip("0123456789 ") != kind
-                         for n, s, d in lane)
-            partial = any(j != i and s < end and start < s + d and n.rstrip("0123456789 ") == kind
+            kind, end = _kind(name), start + dur
+            nested = any(s <= start and end <= s + d and d > dur and _kind(n) != kind for n, s, d in lane)
+            partial = any(j != i and s < end and start < s + d and _kind(n) == kind
                           for j, (n, s, d) in enumerate(lane))
             groups.setdefault((name, nested, partial), []).append((start, dur))
         for (name, nested, partial), bars in sorted(groups.items(), key=lambda g: g[0][1]):  # nested on top
