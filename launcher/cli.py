@@ -83,9 +83,7 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         if plan.mode == "torchrun":
             run_under_torchrun(job, env)
         else:
-            if env.is_main:
-                freeze(job, job.run_dir)
-            run_slurm_rank(job, env)
+            run_slurm_rank(job, env, composed_here=True)
         if not (job.doctor and env.is_main):
             return EXIT_OK
         code = print_doctor(job.run_dir)

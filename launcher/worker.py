@@ -6,20 +6,19 @@ from __future__ import annotations
 import logging
 import os
 import runpy
-import signal
 import sys
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from .config import JobConfig, load_frozen
+from .config import JobConfig
 from .devices import backend_for, rank_device
-from .dist import end_process_at_exit, listening_store, process_group
+from .dist import listening_store, process_group
 from .env import DistEnv
+from .failures import FailureLog
 from .faults import faults_for
 from .logs import setup_logging
-from .train.stop import Preempted, StopRequest
+from .train.stop import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +35,12 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) -> dict | None:
+def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None,
+               failures: FailureLog | None = None) -> dict | None:
     """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
-    for a user script)."""
+    for a user script). ``failures`` records an error the moment it is caught, before the process group (ours,
+    or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""
+    failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
     if job.script is not None:
         os.environ.update(torchrun_environ(env))  # what the script reads, whichever launcher started us
@@ -48,7 +50,8 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) ->
                 store = listening_store(env.master_addr, env.master_port)
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # so the script's init connects as a client
         try:
-            run_script(job.script, job.script_args)
+            with failures.catching():
+                run_script(job.script, job.script_args)
         finally:
             del store
         return None
@@ -60,7 +63,8 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None) ->
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
     if (fault := faults_for(env.rank).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
-    with process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s):
+    with process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s), \
+            failures.catching():
         if job.doctor or job.preflight:
             from .doctor import run_doctor
 
@@ -90,29 +94,3 @@ def run_script(script: str, args: list[str]) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise RuntimeError(f"script {script} exited with status {exc.code}") from None
-
-
-@record
-def worker_entry(run_dir: str) -> None:
-    """Entry point the elastic agent spawns (one per rank): the job comes from the frozen config.
-    SIGTERM / SIGINT (Ctrl-C, or the agent passing on its own): all ranks stop at one step, write one
-    checkpoint, then end by that signal (the agent is shutting down); the launcher then exits 143 / 130.
-    The process ends without interpreter teardown (``end_process_at_exit``), as every rank process does."""
-    env = DistEnv.resolve()
-    stop = StopRequest().install(signal.SIGTERM, signal.SIGINT)
-    try:
-        run_worker(load_frozen(run_dir), env, stop=stop)
-    except Preempted as exc:
-        log.warning("%s: checkpoint written; run again with the same run dir to continue", exc)
-        stop.uninstall()
-        end_process_at_exit(0)
-        if exc.signum:  # end as the signal asked (the agent is shutting down and will not collect a result)
-            logging.shutdown()
-            os.kill(os.getpid(), exc.signum)
-    except BaseException:
-        end_process_at_exit(1)  # after @record wrote the error file and multiprocessing reported the error
-        raise
-    else:
-        end_process_at_exit(0)
-    finally:
-        stop.uninstall()

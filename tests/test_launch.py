@@ -57,7 +57,7 @@ def test_default_job_trains_digits_to_95_percent(tmp_path):
 def test_failing_rank_is_named_and_resume_is_bit_identical(tmp_path, uninterrupted):
     failed = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=25,rank=1"})
     assert failed.returncode == 1
-    assert "launcher: rank 1 (pid" in failed.stderr and "exited with code 1" in failed.stderr
+    assert re.search(r"launcher: rank 1 \(pid \d+\) on \S+ failed:\nTraceback", failed.stderr), failed.stderr
     assert "Traceback" in failed.stderr and "RuntimeError: injected fault at step 25 on rank 1" in failed.stderr
     assert f"log of rank 1: {tmp_path}/logs/rank-1.log" in failed.stderr
     assert final_state(tmp_path)["step"] == 20  # the last good checkpoint is intact

@@ -3,7 +3,8 @@
 - Rendezvous: c10d store listening on the loopback address only (``bind_store``); port 0 takes a free port and
   holds it (no race between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
 - ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
-- A failure prints the first failing rank, its host and pid, and its traceback; exit code 1.
+- A failure prints the job's report (``launcher.failures``: the root cause first, with its host, pid and
+  traceback, then the ranks that failed too); exit code 1.
 - One rank: the worker runs in this process (nothing to spawn).
 """
 
@@ -26,8 +27,9 @@ from ..config import ConfigError, JobConfig
 from ..dist import listening_store
 from ..env import DistEnv
 from ..gpus import by_free_memory
-from ..logs import rank_log_path
-from ..worker import run_worker, worker_entry
+from ..failures import attempt_dir, exit_failure, record_exits
+from ..failures import report as report_failures
+from ..worker import run_worker
 from .plan import LaunchPlan
 
 log = logging.getLogger(__name__)
@@ -82,8 +84,10 @@ def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_hos
     )
 
 
-def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0) -> int:
-    """Run one node's agent to the end; on failure print the root-cause rank and return 1."""
+def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool = True) -> int:
+    """Run one node's agent to the end. On failure, record how each of its ranks ended, print the job's report
+    (``report``: the agent is the only one; with several agents the launcher reports once for all) and
+    return 1."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
@@ -95,9 +99,15 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0) -> int:
         _store = listening_store(addr, int(port))  # lives until the agent returns
         config.rdzv_endpoint = f"{addr}:{_store.port}"
     try:
-        elastic_launch(config, worker_entry)(job.run_dir)
+        # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
+        # the exit code of every worker, not only the first in its poll order.
+        elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank", job.run_dir)
     except ChildFailedError as exc:
-        report_failure(exc, job.run_dir)
+        # restarts are exhausted: the workers' records are in the last attempt's directory
+        record_exits(attempt_dir(job.run_dir, config.run_id, config.max_restarts),
+                     [exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node) for rank, f in exc.failures.items()])
+        if report:
+            report_failures(job.run_dir, config.run_id)
         return 1
     except RendezvousTimeoutError:
         print(f"launcher: node {node}: the rendezvous at {config.rdzv_endpoint} did not gather {config.min_nodes} "
@@ -129,51 +139,3 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], True, c.master_addr)
     return run_agent(job, config)
-
-
-def first_failure(exc: ChildFailedError):
-    """The root cause: the rank whose error file was written first. Peers of a failed rank fail a moment later
-    in their collectives; elastic's own ordering uses whole seconds, which cannot tell them apart."""
-
-    def written_at(item) -> tuple[bool, int, int]:
-        rank, failure = item
-        try:
-            return False, os.stat(failure.error_file).st_mtime_ns, rank
-        except OSError:  # no error file (killed by a signal, or terminated by the agent): ranked after those with one
-            return True, failure.timestamp, rank
-
-    return min(exc.failures.items(), key=written_at)
-
-
-def trim_callstack(callstack: str) -> str:
-    """Drop the frames of elastic's ``@record`` wrappers: they say nothing about the failure."""
-    kept, skipping = [], False
-    for line in callstack.splitlines():
-        if line.startswith('  File "'):
-            skipping = "elastic/multiprocessing/errors" in line
-        elif not line.startswith("  "):
-            skipping = False
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept)
-
-
-def report_failure(exc: ChildFailedError, run_dir: str) -> None:
-    """Name the first failing rank, where it ran, and why; point at its log."""
-    rank, failure = first_failure(exc)
-    host = socket.gethostname()
-    if failure.signal_name() != "<N/A>":
-        cause = f"died with signal {-failure.exitcode} ({failure.signal_name()})"
-    else:
-        cause = f"exited with code {failure.exitcode}"
-    lines = [f"launcher: rank {rank} (pid {failure.pid}) on {host} {cause}"]
-    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
-    if isinstance(data, dict):
-        lines.append(trim_callstack(data.get("extraInfo", {}).get("py_callstack") or data.get("message", "")))
-    elif failure.message:
-        lines.append(str(failure.message))
-    others = sorted(r for r in exc.failures if r != rank)
-    if others:
-        lines.append(f"launcher: ranks {others} failed too (see their logs)")
-    lines.append(f"launcher: log of rank {rank}: {rank_log_path(run_dir, rank)}")
-    print("\n".join(line.rstrip() for line in lines if line), file=sys.stderr)

@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     run_dir, nnodes, node, endpoint, run_id, addr = argv
     job = load_frozen(run_dir)
     config = agent_config(job, int(nnodes), endpoint, run_id, is_host=node == "0", local_addr=addr, node=int(node))
-    return run_agent(job, config, node=int(node))
+    return run_agent(job, config, node=int(node), report=False)  # the sim launcher reports once for all nodes
 
 
 if __name__ == "__main__":

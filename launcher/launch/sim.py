@@ -4,7 +4,8 @@ Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WOR
 one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
 (``ip netns exec``), gloo talks over the node's veth, and ``cluster.link_gbit`` shapes the links.
 When an agent fails, the others get ``GRACE_S`` to stop on their own (their collectives fail fast once a peer
-is gone), then are terminated.
+is gone), then are terminated; then one report for the whole job names the root cause across all nodes
+(``launcher.failures``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import threading
 import uuid
 
 from ..config import JobConfig
+from ..failures import report as report_failures
 from .local import free_port
 from .netns import SimNetwork
 from .plan import LaunchPlan
 
-GRACE_S = 30.0
+GRACE_S = 5.0  # the job's report must follow a failure within 10 s
 SIM_PORT = 29400  # inside fresh namespaces nothing else listens
 
 
@@ -37,15 +39,20 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
             cmd = [*net.prefix(node), sys.executable, "-m", "launcher.launch.node", job.run_dir, str(c.nodes),
                    str(node), f"{master}:{port}", run_id, net.addr(node)]
             agents.append(subprocess.Popen(cmd, env=env))
-        return wait_agents(agents)
+        code, failed_node = wait_agents(agents)
+        if code not in (0, 130, 143) and not report_failures(job.run_dir, run_id):
+            print(f"launcher: node {failed_node}'s agent exited with code {code} (no rank recorded a failure; "
+                  f"see {job.run_dir}/logs)", file=sys.stderr)
+    return code
 
 
-def wait_agents(agents: list[subprocess.Popen]) -> int:
-    """Exit code 0 when every agent succeeded; else the first failure's, after the rest stopped or were stopped."""
+def wait_agents(agents: list[subprocess.Popen]) -> tuple[int, int]:
+    """(0, -1) when every agent succeeded; else the first failure's exit code and node, after the rest stopped
+    or were stopped."""
     done: queue.SimpleQueue = queue.SimpleQueue()
     for node, agent in enumerate(agents):
         threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
-    failure, remaining = 0, len(agents)
+    failure, failed_node, remaining = 0, -1, len(agents)
     while remaining:
         try:
             node, code = done.get(timeout=GRACE_S if failure else None)
@@ -59,6 +66,5 @@ def wait_agents(agents: list[subprocess.Popen]) -> int:
             break
         remaining -= 1
         if code != 0 and not failure:
-            print(f"launcher: node {node}'s agent exited with code {code}", file=sys.stderr)
-            failure = code if code > 0 else 1
-    return failure
+            failure, failed_node = (code if code > 0 else 1), node
+    return failure, failed_node

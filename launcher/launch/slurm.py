@@ -24,6 +24,8 @@ from typing import Any
 
 from ..config import ConfigError, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
+from ..failures import Failure
+from ..failures import report as report_failures
 from ..logs import rank_log_path
 from .local import port_in_use
 from .plan import LaunchPlan
@@ -74,34 +76,26 @@ class SlurmTask:
         return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
 
 
-def run_slurm_rank(job: JobConfig, env: DistEnv) -> Any:
-    """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun): SIGUSR2 stops all ranks at one
-    step with a checkpoint, then rank 0 requeues the job."""
-    from ..dist import end_process_at_exit
-    from ..train.stop import Preempted, StopRequest
-    from ..worker import run_worker
+def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) -> Any:
+    """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun, where every task composed the
+    config): SIGUSR2 stops all ranks at one step with a checkpoint, then rank 0 requeues the job."""
+    from ..rank import rank_main
 
     if job.cluster.master_port:
         env = dataclasses.replace(env, master_port=job.cluster.master_port)
     if env.is_main:
         check_store_port(env, derived=not job.cluster.master_port)
-    stop = StopRequest().install(signal.SIGUSR2)
-    try:
-        result = run_worker(job, env, stop=stop)
-    except Preempted as exc:
-        try:
-            if env.is_main:
-                requeue(job, env, exc)
-        except BaseException:
-            end_process_at_exit(1)
-            raise
-        end_process_at_exit(0)
-        raise SystemExit(0) from None  # no result file: the job is not over, it comes back after the requeue
-    except BaseException:
-        end_process_at_exit(1)  # after submitit wrote the error (see launcher.dist.end_process_at_exit)
-        raise
-    end_process_at_exit(0)
-    return result
+    # Only SIGUSR2: Slurm warns with it cluster.signal_delay_s ahead of a preemption or the time limit; its
+    # SIGTERM that follows is the end, not a request.
+    return rank_main(job, env, composed_here=composed_here, stop_signals=(signal.SIGUSR2,),
+                     after_stop=requeue_after_stop, task=f"task {env.rank} of Slurm job {env.job_id}")
+
+
+def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+    """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back)."""
+    if env.is_main:
+        requeue(job, env, exc)
+    raise SystemExit(0)
 
 
 def check_store_port(env: DistEnv, derived: bool) -> None:
@@ -166,23 +160,20 @@ def stream_until_done(submitted, log: Path) -> None:
 
 
 def report(submitted, world_size: int, run_dir: str) -> int:
-    """0 when every task returned; else name the rank whose task raised, with its traceback."""
+    """0 when every task returned; else the job's failure report (``launcher.failures``): the ranks' own records,
+    and submitit's word for the tasks that ended without one (killed, or never started)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
-    failures, incomplete = [], []
+    known = []
     for rank in range(world_size):
-        task = submitted.task(rank)
         try:
-            task.result()
-        except FailedJobError as exc:
-            # the root cause wrote its error first; its peers fail a moment later in their collectives
-            written = task.paths.result_pickle.stat().st_mtime_ns if task.paths.result_pickle.exists() else 0
-            failures.append((written, rank, str(exc)))
-        except UncompletedJobError as exc:
-            incomplete.append((0, rank, str(exc)))
-    if not failures and not incomplete:
+            submitted.task(rank).result()
+        except (FailedJobError, UncompletedJobError) as exc:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            kind = "died" if isinstance(exc, FailedJobError) else "stopped"
+            known.append(Failure(rank=rank, kind=kind, summary=first.strip(),
+                                 task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}"))
+    if not known:
         return 0
-    _, rank, message = min(failures) if failures else incomplete[0]
-    print(f"launcher: rank {rank} (task {rank} of Slurm job {submitted.job_id}, state {submitted.state}) failed:\n"
-          f"{message.strip()}\nlauncher: log of rank {rank}: {rank_log_path(run_dir, rank)}", file=sys.stderr)
+    report_failures(run_dir, str(submitted.job_id), known)
     return 1

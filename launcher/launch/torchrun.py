@@ -1,27 +1,17 @@
 """Under torchrun this process already is a worker: run it here, no second spawn.
 
 ``torchrun --standalone --nproc_per_node=2 -m launcher [overrides]`` composes the config on every rank (same
-command line, same result); rank 0 freezes it into the run dir. Errors go through ``@record`` so torchrun's
-agent reports the failing rank's traceback.
+command line, same result); rank 0 writes it into the run dir. Errors go through ``@record`` so torchrun's
+agent reports the failing rank's traceback; the launcher's own failure records are written as in every mode.
 """
 
 from __future__ import annotations
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from ..config import JobConfig, freeze
-from ..dist import end_process_at_exit
+from ..config import JobConfig
 from ..env import DistEnv
-from ..worker import run_worker
+from ..rank import rank_main
 
 
 def run_under_torchrun(job: JobConfig, env: DistEnv) -> int:
-    if env.is_main:
-        freeze(job, job.run_dir)
-    try:
-        record(run_worker)(job, env)
-    except BaseException:
-        end_process_at_exit(1)  # see launcher.dist.end_process_at_exit
-        raise
-    end_process_at_exit(0)
+    rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: same stop signals as ours
     return 0

@@ -1,0 +1,233 @@
+"""The one report a failed job gives, in every mode: the root cause first, then the ranks that failed too.
+
+Why records, and not what the launcher sees: torch elastic reports one failed worker per node (with its spawn
+start method, the first in poll order: when two ranks exit within one 0.1 s monitor tick it names the lower
+local rank, usually a peer that failed a moment after the real cause), and each node's agent knows only its own
+workers. So:
+- every rank writes a failure record into the run dir (on a shared file system in every multi-node mode) the
+  moment its error is first caught, before it tears its process group down (which is what makes its peers
+  fail), with termination signals held off while it writes;
+- an agent adds a record for each of its ranks that ended without one (a signal, ``os._exit``);
+- one reporter reads them all and chooses.
+
+The choice does not rest on the clocks of different machines: records are ranked by kind, then by time within a
+kind (several ranks failing on their own at once: any of them is a true cause):
+
+  error    the rank's own exception: what we look for
+  died     killed by a signal other than the launcher's stop signals, or exited without a record (OOM killer,
+           segfault, ``os._exit``)
+  peer     a consequence of another rank failing: connection closed or reset by a peer, a collective or the
+           store timing out, an NCCL abort, peers that never joined
+  stopped  ended by the launcher (SIGTERM / SIGINT) after another rank failed
+
+Layout: ``RUN_DIR/failures/<launch id>/attempt-<n>/rank-<k>.json`` (launch id: the elastic run id or the Slurm
+job id; n: the restart or requeue count), so a restarted or resumed job never reads an earlier attempt's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .env import DistEnv
+from .files import write_json_atomic
+from .logs import rank_log_path
+
+KINDS = ("error", "died", "peer", "stopped")  # the order in which a cause is looked for
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
+
+# Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
+PEER_ERROR = re.compile(
+    r"closed by peer|reset by peer|Connection closed|Broken pipe|Connection refused|Timed out waiting|"
+    r"timed out after|collective operation timeout|Watchdog caught|NCCL communicator was aborted|"
+    r"remote process exited|failed to recv|recvValue|Socket Timeout|did not join within|"
+    r"DistNetworkError|DistStoreError",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one rank failed."""
+
+    rank: int
+    kind: str  # one of KINDS
+    summary: str  # one line: "RuntimeError: boom", "died with signal 9 (SIGKILL)"
+    host: str = "?"
+    node: int = 0
+    pid: int = 0
+    task: str = ""  # the scheduler's name for the process, e.g. "task 2 of Slurm job 17"
+    traceback: str = ""
+    time_ns: int = 0
+
+    def who(self, with_node: bool = False) -> str:
+        ids = ", ".join(filter(None, [self.task, f"node {self.node}" if with_node else "",
+                                      f"pid {self.pid}" if self.pid else ""]))
+        return f"rank {self.rank}" + (f" ({ids})" if ids else "") + f" on {self.host}"
+
+
+def attempt_dir(run_dir: str | Path, launch_id: str, attempt: int) -> Path:
+    return Path(run_dir) / "failures" / (launch_id or "local") / f"attempt-{attempt}"
+
+
+def record_path(run_dir: str | Path, launch_id: str, attempt: int, rank: int) -> Path:
+    return attempt_dir(run_dir, launch_id, attempt) / f"rank-{rank}.json"
+
+
+def classify(exc: BaseException) -> str:
+    """``peer`` when the error (or one it came from) says another rank failed first, ``stopped`` for an
+    interrupt, else ``error``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped"
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if PEER_ERROR.search(f"{type(current).__name__}: {current}"):
+            return "peer"
+        current = current.__cause__ or current.__context__
+    return "error"
+
+
+# Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry.
+WRAPPER_FRAMES = ("runpy", "elastic/multiprocessing/errors", "launcher/rank.py", "launcher/worker.py",
+                  "launcher/failures.py")
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback as Python prints it, without the frames of WRAPPER_FRAMES."""
+    kept, skipping = [], False
+    for line in "".join(traceback.format_exception(exc)).splitlines():
+        if line.startswith('  File "'):
+            skipping = any(part in line.split('"')[1] for part in WRAPPER_FRAMES)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _write(path: Path, failure: Failure) -> None:
+    """Write with SIGTERM/SIGINT held off: the launcher stopping this rank must not cut its record short."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, asdict(failure))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class FailureLog:
+    """This rank's failure record: the first failure caught is written, once. A single process (no peers to
+    confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint)."""
+
+    def __init__(self, run_dir: str | Path, env: DistEnv, task: str = "",
+                 ignore: tuple[type[BaseException], ...] = ()) -> None:
+        self.env, self.task, self.ignore = env, task, ignore
+        self.path = record_path(run_dir, env.job_id, env.restart_count, env.rank)
+        self.written = False
+
+    def record(self, exc: BaseException) -> None:
+        if self.written or self.env.world_size == 1 or isinstance(exc, self.ignore):
+            return
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return
+        self.written = True
+        summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
+        _write(self.path, Failure(
+            rank=self.env.rank, kind=classify(exc), summary=summary[-1] if summary else type(exc).__name__,
+            host=self.env.hostname or socket.gethostname(), node=self.env.node_rank, pid=os.getpid(), task=self.task,
+            traceback=format_traceback(exc), time_ns=time.time_ns(),
+        ))
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[None]:
+        """Record an exception leaving the block, then let it go on."""
+        try:
+            yield
+        except BaseException as exc:
+            self.record(exc)
+            raise
+
+
+def exit_failure(rank: int, pid: int, exitcode: int, host: str, node: int = 0, task: str = "") -> Failure:
+    """What a rank that ended without a record of its own died of, from its exit code (negative: a signal)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        kind = "stopped" if -exitcode in STOP_SIGNALS else "died"
+        summary = f"died with signal {-exitcode} ({name})"
+    else:
+        kind = "stopped" if exitcode in STOP_CODES else "died"
+        summary = f"exited with code {exitcode}"
+    return Failure(rank=rank, kind=kind, summary=summary, host=host, node=node, pid=pid, task=task,
+                   time_ns=time.time_ns())
+
+
+def record_exits(directory: Path, exits: Iterable[Failure]) -> None:
+    """An agent's view of its ranks that ended without writing a record (their records stay as they are)."""
+    for failure in exits:
+        path = directory / f"rank-{failure.rank}.json"
+        if not path.exists():
+            _write(path, failure)
+
+
+def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
+    """The records of the newest attempt of ``launch_id``."""
+    root = Path(run_dir) / "failures" / (launch_id or "local")
+    attempts = sorted(root.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not attempts:
+        return []
+    failures = []
+    for path in attempts[-1].glob("rank-*.json"):
+        try:
+            failures.append(Failure(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # unreadable: the other records still tell the story
+    return failures
+
+
+def ranked(failures: Iterable[Failure]) -> list[Failure]:
+    """Root cause first: by kind (KINDS), then by time within the kind, then by rank."""
+    return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
+
+
+def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
+    cause, *others = ranked(failures)
+    nodes = any(f.node for f in failures)  # several nodes: say which, hosts may share a name (simulated nodes)
+    what = cause.summary if cause.kind in ("died", "stopped") else "failed:"
+    lines = [f"launcher: {cause.who(nodes)} {what}"]
+    lines.append(cause.traceback or (cause.summary if what == "failed:" else ""))
+    lines.append(f"launcher: log of rank {cause.rank}: {rank_log_path(run_dir, cause.rank)}")
+    for other in others[:limit]:
+        how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)
+        detail = other.summary if len(other.summary) <= 160 else other.summary[:157] + "..."
+        where = f"node {other.node}, {other.host}" if nodes else other.host
+        lines.append(f"launcher: failed too: rank {other.rank} on {where}, {how} ({detail})")
+    if len(others) > limit:
+        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {Path(run_dir) / 'failures'})")
+    return "\n".join(line.rstrip() for line in lines if line)
+
+
+def report(run_dir: str | Path, launch_id: str, known: Iterable[Failure] = (), file=None) -> bool:
+    """Print the job's failure report from the records (plus ``known`` failures of ranks without one).
+    Returns False when there is nothing to report."""
+    failures = {f.rank: f for f in known}
+    failures.update({f.rank: f for f in load(run_dir, launch_id)})  # a rank's own record says more
+    if not failures:
+        return False
+    print(format_report(list(failures.values()), run_dir), file=file or sys.stderr, flush=True)
+    return True

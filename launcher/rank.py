@@ -1,0 +1,99 @@
+"""``rank_main``: how every in-process path runs one rank to its end, whatever started the process.
+
+- the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank RUN_DIR`` per rank;
+- under torchrun, or as an srun task of a user's sbatch script, ``python -m launcher`` is already one rank;
+- submitit's Slurm tasks call it through ``launcher.launch.slurm.SlurmTask``.
+
+What it does the same way for all: write the config into the run dir when it was composed here (rank 0 only),
+install the stop handling, record the first failure for the job's report (``launcher.failures``), and end the
+process through ``end_process_at_exit`` (no interpreter teardown: see ``launcher.exiting``). What differs is an
+argument, each with its reason at the call site: which signals stop the rank with a checkpoint, what happens
+after that stop, and how the scheduler names the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from .config import JobConfig, freeze, load_frozen
+from .dist import end_process_at_exit
+from .env import DistEnv
+from .failures import FailureLog
+from .logs import rank_log_path
+from .train.stop import Preempted, StopRequest
+from .worker import run_worker
+
+log = logging.getLogger(__name__)
+
+# Local and torchrun workers: Ctrl-C / SIGTERM (or the agent passing either on) stop at an agreed step.
+ELASTIC_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
+    """After a stop checkpoint under an elastic agent: end as the signal asked (the agent is shutting down and
+    will not collect a result); the launcher then exits 143 / 130."""
+    log.warning("%s: checkpoint written; run again with the same run dir to continue", stop)
+    if stop.signum:
+        logging.shutdown()
+        os.kill(os.getpid(), stop.signum)
+
+
+def rank_main(
+    job: JobConfig,
+    env: DistEnv,
+    *,
+    composed_here: bool = False,
+    stop_signals: tuple[int, ...] = ELASTIC_STOP_SIGNALS,
+    after_stop: Callable[[JobConfig, DistEnv, Preempted], None] = end_by_signal,
+    task: str = "",
+) -> Any:
+    """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
+    every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
+    if composed_here and env.is_main:
+        freeze(job, job.run_dir)
+    failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,))
+    stop = StopRequest().install(*stop_signals)
+    try:
+        result = record(run_worker)(job, env, stop=stop, failures=failures)
+    except Preempted as exc:
+        stop.uninstall()
+        try:
+            after_stop(job, env, exc)
+        except BaseException as after:  # SystemExit(0): stopped for good, no result (a requeued Slurm job)
+            failures.record(after)
+            end_process_at_exit(0 if isinstance(after, SystemExit) and after.code in (None, 0) else 1)
+            raise
+        end_process_at_exit(0)
+        return None
+    except BaseException as exc:
+        failures.record(exc)  # a no-op when recorded inside (before the process group went down)
+        end_process_at_exit(1)
+        raise
+    finally:
+        stop.uninstall()
+    end_process_at_exit(0)
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m launcher.rank RUN_DIR``: one worker of the launcher's own elastic agents. A failure's
+    traceback goes to the rank's log, not the console: the launcher prints the job's report, root cause first."""
+    (run_dir,) = sys.argv[1:] if argv is None else argv
+    env = DistEnv.resolve()
+    try:
+        rank_main(load_frozen(run_dir), env)
+    except BaseException:
+        with open(rank_log_path(run_dir, env.rank), "a", encoding="utf-8") as log_file:
+            traceback.print_exc(file=log_file)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
