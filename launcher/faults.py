@@ -1,11 +1,13 @@
 """Fault injection for the failure tests (and for trying the failure paths yourself): ``LAUNCHER_FAULT``.
 
-``LAUNCHER_FAULT="step=K[,rank=R][,signal=SIG|,stall][,target=parent][,attempt=A][;...more faults]"``
+``LAUNCHER_FAULT="step=K[,rank=R][,signal=SIG|,stall][,target=parent][,backward][,attempt=A][;...more faults]"``
 
 - rank R (default 0) raises at optimiser step K; ``signal=USR2|KILL|TERM|INT`` sends that signal to itself
   instead (``target=parent``: to its parent, the launcher or elastic agent); ``stall`` blocks forever, as a rank
   stuck in user code or a driver would;
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
+- ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
+  step's gradient allreduce;
 - ``attempt=A``: only in restart attempt A (TORCHELASTIC_RESTART_COUNT, or SLURM_RESTART_COUNT when requeued);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
@@ -28,6 +30,7 @@ class Fault:
     signum: Optional[int] = None
     stall: bool = False
     target: str = "self"
+    backward: bool = False
 
     def fire(self) -> None:
         if self.stall:
@@ -48,6 +51,7 @@ def faults_for(rank: int, spec: Optional[str] = None) -> dict[int, Fault]:
             continue
         fault = Fault(
             step=int(fields["step"]), rank=rank, stall="stall" in fields, target=fields.get("target", "self"),
+            backward="backward" in fields,
             signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
         )
         mine[fault.step] = fault

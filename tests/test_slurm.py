@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers import REPO, run_launcher
+from test_root_cause import MESSAGES, REPEAT, expect_root_cause, job_args, run_watched
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
 # Pinned: two separate runs under comm.hierarchical=auto could measure differently and sum in another order;
@@ -108,12 +109,17 @@ def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):
     assert "link 0-1: allreduce of 1 MB between leaders" in result.stderr and "no problems found" in result.stderr
 
 
-def test_failing_rank_is_named_with_traceback(slurm, tmp_path):
-    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=tmp_path, timeout=300,
-                          env={**slurm, "LAUNCHER_FAULT": "step=3,rank=2"})
-    assert result.returncode == 1
-    assert re.search(r"launcher: rank 2 \(task 2 of Slurm job \d+", result.stderr)
-    assert "RuntimeError: injected fault at step 3 on rank 2" in result.stderr
+@pytest.mark.parametrize("repeat", range(REPEAT))
+@pytest.mark.parametrize("kind,where,rank", [("script", "before", 1), ("trainer", "between", 2),
+                                             ("script", "inside", 2), ("trainer", "inside", 1)])
+def test_failing_rank_is_named_first_with_its_error(slurm, tmp_path, kind, where, rank, repeat):
+    """Root cause first on Slurm (2 nodes x 2 tasks): the report comes from the ranks' own records, srun's
+    --kill-on-bad-exit ends the others, and the report follows within 10 s of the failure."""
+    args, env = job_args(kind, where, rank)
+    code, stderr, at = run_watched([*TWO_BY_TWO, *args], tmp_path, {**slurm, **env}, timeout=300)
+    expect_root_cause(code, stderr, at, tmp_path, rank, MESSAGES[where][kind].format(r=rank))
+    assert re.search(rf"^launcher: rank {rank} \(task {rank} of Slurm job \d+, node {rank // 2}, pid \d+\) on "
+                     rf"node{rank // 2 + 1} failed:", stderr, re.M), stderr[-2000:]
 
 
 def test_bad_partition_reports_slurms_reason(slurm, tmp_path):

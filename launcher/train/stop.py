@@ -68,6 +68,19 @@ class StopRequest:
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     self._start_grace(signum)
 
+    def _start_grace(self, signum: int) -> None:
+        """Armed: stop at the next step boundary, or after ``grace_s`` with the stacks. Not armed (start-up, the
+        evaluation at the end): nothing to checkpoint, so end now, even while the main thread is blocked in C++
+        (joining the group, a collective) where the Python handler would not run."""
+        with self._lock:
+            if not self.armed:
+                sys.stderr.flush()
+                os._exit(128 + signum)
+            if self._timer is None and not self._agreed:
+                self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
+                self._timer.daemon = True
+                self._timer.start()
+
     def uninstall(self) -> None:
         """Default actions again: a later signal (the agent's, after our checkpoint) ends the process at once."""
         self.disarm()
@@ -94,13 +107,6 @@ class StopRequest:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-
-    def _start_grace(self, signum: int) -> None:
-        with self._lock:
-            if self.armed and self._timer is None and not self._agreed:
-                self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
-                self._timer.daemon = True
-                self._timer.start()
 
     def _expire(self, signum: int) -> None:
         print(f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "

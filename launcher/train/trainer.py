@@ -279,7 +279,11 @@ class Trainer:
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._phase = f"step {self.pos.step + 1}"
         if (fault := self._faults.get(self.pos.step + 1)) is not None:
-            fault.fire()
+            if not fault.backward:
+                fault.fire()
+            else:  # fires when the first layer's gradient is computed: the last buckets are already in flight
+                first = next(p for p in self.model.parameters() if p.requires_grad)
+                first.register_hook(lambda grad: fault.fire())
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         self.sync.sync_buffers()
