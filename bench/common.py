@@ -9,24 +9,32 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from launcher.dist import process_group  # noqa: E402
 from launcher.env import DistEnv  # noqa: E402
 from launcher.launch.local import free_port  # noqa: E402
+from launcher.rendezvous import process_group  # noqa: E402
 
 
 def _entry(fn: Callable, rank: int, world: int, per_node: int, port: int, out: Any, args: tuple) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    env = DistEnv(rank=rank, local_rank=rank % per_node, world_size=world, local_world_size=per_node,
-                  node_rank=rank // per_node, num_nodes=world // per_node, master_port=port)
+    env = DistEnv(
+        rank=rank,
+        local_rank=rank % per_node,
+        world_size=world,
+        local_world_size=per_node,
+        node_rank=rank // per_node,
+        num_nodes=world // per_node,
+        master_port=port,
+    )
     try:
         with process_group(env, "gloo", timeout_s=600):
             result = fn(env, *args)
@@ -54,8 +62,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, per_node: int | None = None)
     return result
 
 
-def run_in_namespaces(net: Any, placement: Sequence[tuple[int, int]], per_node: int, port: int,
-                      cmd: Sequence[str]) -> dict:
+def run_in_namespaces(
+    net: Any, placement: Sequence[tuple[int, int]], per_node: int, port: int, cmd: Sequence[str]
+) -> dict:
     """Start ``cmd`` once per rank inside its node's namespace (``placement[rank] = (node, local rank)``) with
     torchrun's variables; return the JSON object rank 0 prints last. Fails naming the exit codes."""
     import json
@@ -63,12 +72,26 @@ def run_in_namespaces(net: Any, placement: Sequence[tuple[int, int]], per_node: 
 
     procs = []
     for rank, (node, local) in enumerate(placement):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(placement)), "LOCAL_RANK": str(local),
-               "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node), "MASTER_ADDR": net.addr(0),
-               "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": net.ifname(node)}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(placement)),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "GROUP_RANK": str(node),
+            "MASTER_ADDR": net.addr(0),
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": net.ifname(node),
+        }
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        procs.append(subprocess.Popen([*net.prefix(node), sys.executable, *cmd], env=env,
-                                      stdout=subprocess.PIPE if rank == 0 else None, text=True))
+        procs.append(
+            subprocess.Popen(
+                [*net.prefix(node), sys.executable, *cmd],
+                env=env,
+                stdout=subprocess.PIPE if rank == 0 else None,
+                text=True,
+            )
+        )
     out, _ = procs[0].communicate(timeout=600)
     codes = [p.wait(timeout=600) for p in procs]
     if any(codes):

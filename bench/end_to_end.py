@@ -31,11 +31,27 @@ VARIANTS = [
 
 
 def run(reducer: str, hierarchical: str, args: argparse.Namespace, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "launcher", "+cluster=sim", "cluster.netns=true", f"cluster.link_gbit={args.link_gbit}",
-           "cluster.procs_per_node=2", "model=mlp", "model.hidden=1024", "model.depth=6", "data=synthetic",
-           "train.batch_size=128", f"train.max_steps={args.steps}", "train.log_every_steps=5",
-           "train.checkpoint_every_steps=0", "train.eval_every_epochs=100", f"comm.reducer={reducer}",
-           f"comm.hierarchical={hierarchical}", f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "+cluster=sim",
+        "cluster.netns=true",
+        f"cluster.link_gbit={args.link_gbit}",
+        "cluster.procs_per_node=2",
+        "model=mlp",
+        "model.hidden=1024",
+        "model.depth=6",
+        "data=synthetic",
+        "train.batch_size=128",
+        f"train.max_steps={args.steps}",
+        "train.log_every_steps=5",
+        "train.checkpoint_every_steps=0",
+        "train.eval_every_epochs=100",
+        f"comm.reducer={reducer}",
+        f"comm.hierarchical={hierarchical}",
+        f"hydra.run.dir={run_dir}",
+    ]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
@@ -44,7 +60,9 @@ def run(reducer: str, hierarchical: str, args: argparse.Namespace, run_dir: Path
     summary = json.loads((run_dir / "summary.json").read_text())
     exposed = [r["comm_exposed_s"] for r in windows if "comm_exposed_s" in r]
     return {
-        "reducer": reducer, "hierarchical": hierarchical, "used_hierarchical": summary["hierarchical"],
+        "reducer": reducer,
+        "hierarchical": hierarchical,
+        "used_hierarchical": summary["hierarchical"],
         "samples_per_s": statistics.median(r["samples_per_s"] for r in windows),
         "step_ms": statistics.median(r["step_s"] for r in windows) * 1e3,
         "exposed_ms": statistics.median(exposed) * 1e3 if exposed else None,
@@ -65,10 +83,22 @@ def main() -> None:
             results.append(run(reducer, hierarchical, args, Path(tmp) / str(i)))
             print(f"# {reducer} hierarchical={hierarchical}: {results[-1]['samples_per_s']:.0f} samples/s", flush=True)
     anchor = results[0]["samples_per_s"]
-    rows = [[r["reducer"], r["hierarchical"], r["used_hierarchical"], r["samples_per_s"], r["samples_per_s"] / anchor,
-             r["step_ms"], "" if r["exposed_ms"] is None else r["exposed_ms"]] for r in results]
-    print(f"# end to end: +cluster=sim, 2 namespaces x 2 ranks, link {args.link_gbit} Gbit/s, MLP 1024x6 "
-          f"(~24 MB grads), global batch 128, {args.steps} steps; {machine()}")
+    rows = [
+        [
+            r["reducer"],
+            r["hierarchical"],
+            r["used_hierarchical"],
+            r["samples_per_s"],
+            r["samples_per_s"] / anchor,
+            r["step_ms"],
+            "" if r["exposed_ms"] is None else r["exposed_ms"],
+        ]
+        for r in results
+    ]
+    print(
+        f"# end to end: +cluster=sim, 2 namespaces x 2 ranks, link {args.link_gbit} Gbit/s, MLP 1024x6 "
+        f"(~24 MB grads), global batch 128, {args.steps} steps; {machine()}"
+    )
     print(table(["reducer", "hierarchical", "used", "samples/s", "/ ddp flat", "step ms", "exposed ms"], rows))
     if args.json:
         args.json.write_text(json.dumps({"rows": results}, indent=2))

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from common import machine, run_in_namespaces, table
+
 from launcher.comm import Topology, flat_allreduce, hierarchical_allreduce
 from launcher.comm.strategy import choose
-from launcher.dist import process_group
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork
+from launcher.rendezvous import process_group
 
 NODES, PER_NODE = 2, 2
 PORT = 29611
@@ -47,7 +47,7 @@ def worker(args: argparse.Namespace) -> None:
             ops["auto"] = ops["hierarchical" if choice.hierarchical else "flat"]
             times = {name: [] for name in ops}
             sent = {name: 0 for name in ops}
-            for name, op in ops.items():
+            for op in ops.values():
                 op()  # warm-up
             for _ in range(args.reps):
                 for name, op in ops.items():
@@ -64,19 +64,28 @@ def worker(args: argparse.Namespace) -> None:
                         after = [net.tx_bytes(n) for n in range(NODES)]
                         sent[name] += max(a - b for a, b in zip(after, before))
             if env.rank == 0:
-                print(json.dumps({
-                    "ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
-                    "bytes_per_node": {n: s / args.reps for n, s in sent.items()},
-                    "auto": choice.describe(),
-                }))
+                print(
+                    json.dumps(
+                        {
+                            "ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
+                            "bytes_per_node": {n: s / args.reps for n, s in sent.items()},
+                            "auto": choice.describe(),
+                        }
+                    )
+                )
 
 
 def run_case(args: argparse.Namespace, link_gbit: float | None, interleaved: bool) -> dict:
     with SimNetwork(NODES, netns=True, link_gbit=link_gbit) as net:
         world = NODES * PER_NODE
         placement = [(r % NODES, r // NODES) if interleaved else (r // PER_NODE, r % PER_NODE) for r in range(world)]
-        return run_in_namespaces(net, placement, PER_NODE, PORT, [__file__, "--worker", "--tag", net.tag,
-                                                                  "--mb", str(args.mb), "--reps", str(args.reps)])
+        return run_in_namespaces(
+            net,
+            placement,
+            PER_NODE,
+            PORT,
+            [__file__, "--worker", "--tag", net.tag, "--mb", str(args.mb), "--reps", str(args.reps)],
+        )
 
 
 def main() -> None:
@@ -100,19 +109,34 @@ def main() -> None:
             best = min(ms["flat"], ms["hierarchical"])
             bound_ms = 2 * (NODES - 1) / NODES * size / (link * 125e6) * 1e3 if link else None
             for name in ("flat", "hierarchical", "auto"):
-                rows.append([
-                    f"{link or 'unshaped'}{' Gbit' if link else ''}", "interleaved" if interleaved else "by node",
-                    name, ms[name], ms[name] / ms["flat"], ms[name] / best,
-                    "" if bound_ms is None else ms[name] / bound_ms, sent[name] / size,
-                    sent[name] / sent["flat"] if sent["flat"] else "",
-                ])
+                rows.append(
+                    [
+                        f"{link or 'unshaped'}{' Gbit' if link else ''}",
+                        "interleaved" if interleaved else "by node",
+                        name,
+                        ms[name],
+                        ms[name] / ms["flat"],
+                        ms[name] / best,
+                        "" if bound_ms is None else ms[name] / bound_ms,
+                        sent[name] / size,
+                        sent[name] / sent["flat"] if sent["flat"] else "",
+                    ]
+                )
             records.append({"link_gbit": link, "interleaved": interleaved, **r})
-            print(f"# link {link or 'unshaped'}, {'interleaved' if interleaved else 'by node'}: auto chose {r['auto']}",
-                  flush=True)
-    print(f"# hierarchy benchmark: {NODES} namespaces x {PER_NODE} gloo ranks, {args.mb} MB, {args.reps} interleaved "
-          f"reps (medians); {machine()}")
-    print(table(["link", "ranks", "variant", "ms", "/ flat", "/ best", "/ wire bound", "node bytes / S",
-                 "bytes / flat"], rows))
+            print(
+                f"# link {link or 'unshaped'}, {'interleaved' if interleaved else 'by node'}: auto chose {r['auto']}",
+                flush=True,
+            )
+    print(
+        f"# hierarchy benchmark: {NODES} namespaces x {PER_NODE} gloo ranks, {args.mb} MB, {args.reps} interleaved "
+        f"reps (medians); {machine()}"
+    )
+    print(
+        table(
+            ["link", "ranks", "variant", "ms", "/ flat", "/ best", "/ wire bound", "node bytes / S", "bytes / flat"],
+            rows,
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps({"rows": records}, indent=2))
 

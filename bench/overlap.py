@@ -29,16 +29,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import interleaved_medians, machine, run_in_namespaces, table
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common import interleaved_medians, machine, run_in_namespaces, table
 from launcher.comm import Topology
 from launcher.comm.policy import bucket_cap_mb, measure_link
 from launcher.comm.reducer import MB, BucketedReducer
-from launcher.dist import process_group
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork
+from launcher.rendezvous import process_group
 
 PORT = 29613
 WIDTH, DEPTH = 1024, 6
@@ -62,6 +62,7 @@ def step_fn(model: nn.Module, x: torch.Tensor, after_backward=None):
         model(x).pow(2).mean().backward()
         if after_backward is not None:
             after_backward()
+
     return run
 
 
@@ -122,13 +123,24 @@ def worker(args: argparse.Namespace) -> None:
             compute_ms, comm_ms = medians["compute-only"] * 1e3, medians["comm-only"] * 1e3
             for name in VARIANTS:
                 step_ms = medians[name] * 1e3
-                results.append({"variant": name, "batch": batch, "factor": factor, "step_ms": step_ms,
-                                "compute_ms": compute_ms, "comm_ms": comm_ms,
-                                "exposed_ratio": (step_ms - compute_ms) / comm_ms})
+                results.append(
+                    {
+                        "variant": name,
+                        "batch": batch,
+                        "factor": factor,
+                        "step_ms": step_ms,
+                        "compute_ms": compute_ms,
+                        "comm_ms": comm_ms,
+                        "exposed_ratio": (step_ms - compute_ms) / comm_ms,
+                    }
+                )
             ours.close()
         if env.rank == 0:
-            print(json.dumps({"rows": results, "policy": {"cap_mb": cap, "link": link.describe(),
-                                                          "layout": ours.describe()}}))
+            print(
+                json.dumps(
+                    {"rows": results, "policy": {"cap_mb": cap, "link": link.describe(), "layout": ours.describe()}}
+                )
+            )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -148,18 +160,44 @@ def main() -> None:
         raise SystemExit("bench/overlap.py creates network namespaces: run it as root (sudo)")
     result = run(args)
     rows = result["rows"]
-    print(f"# overlap benchmark: 2 namespaces x 1 gloo rank, 1 Gbit tbf burst 2mbit, {DEPTH} x Linear({WIDTH}, "
-          f"{WIDTH}) ({WIDTH * WIDTH * DEPTH * 4 / MB:.0f} MB of gradients), {args.steps} interleaved steps (medians); "
-          f"{machine()}")
-    print(f"# our defaults: cap {result['policy']['cap_mb']:.2f} MB ({result['policy']['link']}): "
-          f"{result['policy']['layout']}")
-    print(table(["compute", "batch", "variant", "step ms", "compute ms", "comm ms", "exposed / comm"],
-                [[f"{r['factor']}x comm", r["batch"], r["variant"], r["step_ms"], r["compute_ms"], r["comm_ms"],
-                  r["exposed_ratio"]] for r in rows]))
+    print(
+        f"# overlap benchmark: 2 namespaces x 1 gloo rank, 1 Gbit tbf burst 2mbit, {DEPTH} x Linear({WIDTH}, "
+        f"{WIDTH}) ({WIDTH * WIDTH * DEPTH * 4 / MB:.0f} MB of gradients), {args.steps} interleaved steps (medians); "
+        f"{machine()}"
+    )
+    print(
+        f"# our defaults: cap {result['policy']['cap_mb']:.2f} MB ({result['policy']['link']}): "
+        f"{result['policy']['layout']}"
+    )
+    print(
+        table(
+            ["compute", "batch", "variant", "step ms", "compute ms", "comm ms", "exposed / comm"],
+            [
+                [
+                    f"{r['factor']}x comm",
+                    r["batch"],
+                    r["variant"],
+                    r["step_ms"],
+                    r["compute_ms"],
+                    r["comm_ms"],
+                    r["exposed_ratio"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     if args.json:
-        args.json.write_text(json.dumps({"rows": [{k: r[k] for k in ("variant", "batch", "step_ms", "compute_ms",
-                                                                       "comm_ms", "exposed_ratio")} for r in rows]},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": [
+                        {k: r[k] for k in ("variant", "batch", "step_ms", "compute_ms", "comm_ms", "exposed_ratio")}
+                        for r in rows
+                    ]
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import interleaved_medians, machine, run_ranks, table
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from common import interleaved_medians, machine, run_ranks, table
 from launcher.comm import Topology, flat_allreduce
 from launcher.comm.reducer import BucketedReducer
 
@@ -82,14 +82,26 @@ def main() -> None:
     for name in m:
         t = m[name]
         exposed = t - compute if name not in ("compute", "comm") else None
-        rows.append([name, t * 1e3, t / m["ddp"], t / m["no-overlap"],
-                     "" if exposed is None else exposed * 1e3, "" if exposed is None else exposed / comm])
+        rows.append(
+            [
+                name,
+                t * 1e3,
+                t / m["ddp"],
+                t / m["no-overlap"],
+                "" if exposed is None else exposed * 1e3,
+                "" if exposed is None else exposed / comm,
+            ]
+        )
     print(f"# reducer benchmark: 2 gloo ranks, loopback; {machine()}")
-    print(f"# model {args.depth} x Linear({args.width}, {args.width}) = {result['params'] / 1e6:.1f}M parameters, "
-          f"batch {args.batch}/rank, {args.steps} interleaved steps (medians); ours: {result['layout']}")
+    print(
+        f"# model {args.depth} x Linear({args.width}, {args.width}) = {result['params'] / 1e6:.1f}M parameters, "
+        f"batch {args.batch}/rank, {args.steps} interleaved steps (medians); ours: {result['layout']}"
+    )
     print(table(["variant", "step ms", "/ ddp", "/ no-overlap", "exposed ms", "exposed / comm"], rows))
-    print(f"bucketed / ddp = {m['bucketed'] / m['ddp']:.3f}   bucketed / no-overlap = "
-          f"{m['bucketed'] / m['no-overlap']:.3f}")
+    print(
+        f"bucketed / ddp = {m['bucketed'] / m['ddp']:.3f}   bucketed / no-overlap = "
+        f"{m['bucketed'] / m['no-overlap']:.3f}"
+    )
 
 
 if __name__ == "__main__":

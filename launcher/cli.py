@@ -48,8 +48,8 @@ from omegaconf import DictConfig
 
 from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
 from .devices import gpu_count
-from .dist import end_process_at_exit
 from .env import DistEnv
+from .exiting import end_process_at_exit
 from .launch import plan_job
 from .launch.local import launch_local
 from .launch.sim import launch_sim
@@ -120,8 +120,11 @@ def print_summary(run_dir: str) -> None:
         rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(plot_all(run_dir))]
     except Exception as exc:  # a plot is a convenience: never fail a finished run over it
         rows.append(("curves", f"not rendered ({exc})"))
-    print(f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
-          f"{s['wall_s']:.1f} s\n" + summary_table(s, rows), file=sys.stderr)
+    print(
+        f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
+        f"{s['wall_s']:.1f} s\n" + summary_table(s, rows),
+        file=sys.stderr,
+    )
 
 
 def print_doctor(run_dir: str) -> int:
@@ -130,8 +133,10 @@ def print_doctor(run_dir: str) -> int:
 
     path = Path(run_dir) / "doctor.json"
     if not path.is_file():
-        print(f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {run_dir}/logs",
-              file=sys.stderr)
+        print(
+            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {run_dir}/logs",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     report = json.loads(path.read_text())
     print(format_report(report) + f"\n[launcher] report: {path}", file=sys.stderr)
@@ -190,8 +195,11 @@ def check_output_dir(args: list[str]) -> None:
     for directory in given or ["runs"]:
         reason = unwritable(Path(directory))
         if reason:
-            print(f"launcher: error: cannot write the run dir {directory} ({reason}); HINT: choose a writable "
-                  "place with hydra.run.dir=PATH, or free space there", file=sys.stderr)
+            print(
+                f"launcher: error: cannot write the run dir {directory} ({reason}); HINT: choose a writable "
+                "place with hydra.run.dir=PATH, or free space there",
+                file=sys.stderr,
+            )
             raise SystemExit(EXIT_CONFIG)
 
 

@@ -8,7 +8,7 @@ take the same SGD step everywhere. Works with ``try_all_gpus()`` on a GPU box an
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
-from . import dist
+from . import ranks
 from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
@@ -61,8 +61,13 @@ def route_interface(addr: str, port: int) -> tuple[str, str]:
 
 
 def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
-    facts: dict[str, Any] = {"rank": env.rank, "host": env.hostname or socket.gethostname(), "node": env.node_rank,
-                             "local_rank": env.local_rank, "master": f"{env.master_addr}:{env.master_port}"}
+    facts: dict[str, Any] = {
+        "rank": env.rank,
+        "host": env.hostname or socket.gethostname(),
+        "node": env.node_rank,
+        "local_rank": env.local_rank,
+        "master": f"{env.master_addr}:{env.master_port}",
+    }
     try:
         facts["master_ip"] = socket.getaddrinfo(env.master_addr, None, socket.AF_INET)[0][4][0]
     except OSError as exc:
@@ -80,19 +85,24 @@ def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
     facts["socket_ifname"] = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
     if facts["socket_ifname"] and not os.path.exists(f"/sys/class/net/{facts['socket_ifname']}"):
         facts.setdefault("problem", f"socket interface {facts['socket_ifname']!r} does not exist on {facts['host']}")
-    facts["gpus"] = [describe_device(torch.device(f"cuda:{i}")) for i in range(torch.cuda.device_count())] \
-        if use_gpu else []
+    facts["gpus"] = (
+        [describe_device(torch.device(f"cuda:{i}")) for i in range(torch.cuda.device_count())] if use_gpu else []
+    )
     if use_gpu and len(facts["gpus"]) < env.local_world_size:
-        facts.setdefault("problem", f"{facts['host']} shows {len(facts['gpus'])} GPU(s) to rank {env.rank}; its "
-                                    f"node runs {env.local_world_size} rank(s), one GPU each")
+        facts.setdefault(
+            "problem",
+            f"{facts['host']} shows {len(facts['gpus'])} GPU(s) to rank {env.rank}; its "
+            f"node runs {env.local_world_size} rank(s), one GPU each",
+        )
     return facts
 
 
-def time_allreduce(group: tdist.ProcessGroup | None, device: torch.device, mb: float = PROBE_MB,
-                   reps: int = REPS) -> float:
+def time_allreduce(
+    group: dist.ProcessGroup | None, device: torch.device, mb: float = PROBE_MB, reps: int = REPS
+) -> float:
     """Median seconds of an allreduce of ``mb`` over ``group`` (every member calls this)."""
     tensor = torch.ones(max(1, int(mb * 2**20) // 4), device=device)
-    return median_seconds(lambda: tdist.all_reduce(tensor, group=group), device, reps, group=group)
+    return median_seconds(lambda: dist.all_reduce(tensor, group=group), device, reps, group=group)
 
 
 def node_pairs(nodes: int) -> list[tuple[int, int]]:
@@ -109,18 +119,18 @@ def probe(env: DistEnv, device: torch.device) -> tuple[dict[int, float], dict[tu
         nodes = topo.layout.nodes
         intra = time_allreduce(topo.intra, device) if len(topo.node_ranks) > 1 else None
         pairs = node_pairs(len(nodes))
-        groups = [tdist.new_group([nodes[a][0], nodes[b][0]]) for a, b in pairs]  # collective, same order
+        groups = [dist.new_group([nodes[a][0], nodes[b][0]]) for a, b in pairs]  # collective, same order
         mine: dict[tuple[int, int], float] = {}
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):
                 seconds = time_allreduce(group, device)
                 if env.rank == nodes[a][0]:
                     mine[(a, b)] = seconds
-            dist.barrier()  # one pair at a time
-        gathered = dist.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
+            ranks.barrier()  # one pair at a time
+        gathered = ranks.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
-                tdist.destroy_process_group(group)
+                dist.destroy_process_group(group)
     intra_by_node = {node: s for node, s, _ in gathered if s is not None}
     links = {pair: s for _, _, m in gathered for pair, s in m.items()}
     return intra_by_node, links
@@ -138,33 +148,42 @@ def verdict(intra: dict[int, float], links: dict[tuple[int, int], float], hosts:
                 problems.append(
                     f"node {node} ({hosts[node]}) is slow: its links take {statistics.median(mine) * 1e3:.1f} ms "
                     f"per {PROBE_MB:g} MB allreduce, links between the other nodes "
-                    f"{statistics.median(others) * 1e3:.1f} ms (> {SLOW:g}x)")
+                    f"{statistics.median(others) * 1e3:.1f} ms (> {SLOW:g}x)"
+                )
                 explained |= {pair for pair in links if node in pair}
         typical = statistics.median(links.values())
         for (a, b), s in sorted(links.items()):
             if (a, b) not in explained and s > SLOW * typical:
-                problems.append(f"link node {a} ({hosts[a]}) - node {b} ({hosts[b]}) is slow: {s * 1e3:.1f} ms vs "
-                                f"{typical * 1e3:.1f} ms median (> {SLOW:g}x)")
+                problems.append(
+                    f"link node {a} ({hosts[a]}) - node {b} ({hosts[b]}) is slow: {s * 1e3:.1f} ms vs "
+                    f"{typical * 1e3:.1f} ms median (> {SLOW:g}x)"
+                )
     if len(intra) >= 3:
         typical = statistics.median(intra.values())
         for node, s in sorted(intra.items()):
             if s > SLOW * typical:
-                problems.append(f"node {node} ({hosts[node]}): allreduce among its ranks takes {s * 1e3:.1f} ms vs "
-                                f"{typical * 1e3:.1f} ms median (> {SLOW:g}x)")
+                problems.append(
+                    f"node {node} ({hosts[node]}): allreduce among its ranks takes {s * 1e3:.1f} ms vs "
+                    f"{typical * 1e3:.1f} ms median (> {SLOW:g}x)"
+                )
     return problems
 
 
-def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool,
-               log_report: bool = True) -> dict[str, Any]:
+def run_doctor(
+    env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool, log_report: bool = True
+) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
     logs the report unless the launcher prints it)."""
-    facts = dist.all_gather_object(rank_facts(env, use_gpu))
+    facts = ranks.all_gather_object(rank_facts(env, use_gpu))
     intra, links = probe(env, device)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]
     problems += verdict(intra, links, hosts)
     report = {
-        "world_size": env.world_size, "nodes": len(hosts), "probe_mb": PROBE_MB, "ranks": facts,
+        "world_size": env.world_size,
+        "nodes": len(hosts),
+        "probe_mb": PROBE_MB,
+        "ranks": facts,
         "intra_node_ms": {str(n): s * 1e3 for n, s in sorted(intra.items())},
         "links_ms": {f"{a}-{b}": s * 1e3 for (a, b), s in sorted(links.items())},
         "problems": problems,
@@ -184,17 +203,23 @@ def run_doctor(env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool,
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"doctor: {report['world_size']} rank(s) on {report['nodes']} node(s)"]
     for f in report["ranks"]:
-        connect = f"{f['connect_ms']:.1f} ms" if f.get("connect_ms") is not None else (
-            "FAILED" if report["world_size"] > 1 else "-")
+        connect = (
+            f"{f['connect_ms']:.1f} ms"
+            if f.get("connect_ms") is not None
+            else ("FAILED" if report["world_size"] > 1 else "-")
+        )
         gpus = ", ".join(f["gpus"]) if f["gpus"] else "no GPU (CPU)"
-        lines.append(f"  rank {f['rank']:>3} {f['host']} node {f['node']} local {f['local_rank']}: "
-                     f"master {f['master']} -> {f['master_ip']} connect {connect}; via {f['interface']} "
-                     f"({f['local_ip']}), socket ifname {f['socket_ifname'] or '-'}; {gpus}")
+        lines.append(
+            f"  rank {f['rank']:>3} {f['host']} node {f['node']} local {f['local_rank']}: "
+            f"master {f['master']} -> {f['master_ip']} connect {connect}; via {f['interface']} "
+            f"({f['local_ip']}), socket ifname {f['socket_ifname'] or '-'}; {gpus}"
+        )
     for node, ms in report["intra_node_ms"].items():
         lines.append(f"  node {node}: allreduce of {report['probe_mb']:g} MB among its ranks {ms:.2f} ms")
     for pair, ms in report["links_ms"].items():
         mb_s = report["probe_mb"] / (ms / 1e3) if ms else float("inf")
-        lines.append(f"  link {pair}: allreduce of {report['probe_mb']:g} MB between leaders {ms:.2f} ms "
-                     f"({mb_s:.0f} MB/s)")
+        lines.append(
+            f"  link {pair}: allreduce of {report['probe_mb']:g} MB between leaders {ms:.2f} ms ({mb_s:.0f} MB/s)"
+        )
     lines += [f"PROBLEM {p}" for p in report["problems"]] or ["  no problems found"]
     return "\n".join(lines)

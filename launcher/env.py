@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 # torchrun / torch.distributed.elastic (and any launcher following the env:// convention).
 TORCHRUN_VARS = {
@@ -87,7 +87,7 @@ class DistEnv:
         )
 
     @classmethod
-    def resolve(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
+    def resolve(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
         """torchrun env if RANK & co. are set, else Slurm task env, else a single process."""
         environ = os.environ if environ is None else environ
         if all(TORCHRUN_VARS[k] in environ for k in ("rank", "world_size", "master_addr", "master_port")):

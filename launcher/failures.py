@@ -35,9 +35,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from .env import DistEnv
 from .files import write_json_atomic
@@ -72,8 +72,9 @@ class Failure:
     time_ns: int = 0
 
     def who(self, with_node: bool = False) -> str:
-        ids = ", ".join(filter(None, [self.task, f"node {self.node}" if with_node else "",
-                                      f"pid {self.pid}" if self.pid else ""]))
+        ids = ", ".join(
+            filter(None, [self.task, f"node {self.node}" if with_node else "", f"pid {self.pid}" if self.pid else ""])
+        )
         return f"rank {self.rank}" + (f" ({ids})" if ids else "") + f" on {self.host}"
 
 
@@ -101,8 +102,13 @@ def classify(exc: BaseException) -> str:
 
 
 # Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry.
-WRAPPER_FRAMES = ("runpy", "elastic/multiprocessing/errors", "launcher/rank.py", "launcher/worker.py",
-                  "launcher/failures.py")
+WRAPPER_FRAMES = (
+    "runpy",
+    "elastic/multiprocessing/errors",
+    "launcher/rank.py",
+    "launcher/worker.py",
+    "launcher/failures.py",
+)
 
 
 def format_traceback(exc: BaseException) -> str:
@@ -132,8 +138,9 @@ class FailureLog:
     """This rank's failure record: the first failure caught is written, once. A single process (no peers to
     confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint)."""
 
-    def __init__(self, run_dir: str | Path, env: DistEnv, task: str = "",
-                 ignore: tuple[type[BaseException], ...] = ()) -> None:
+    def __init__(
+        self, run_dir: str | Path, env: DistEnv, task: str = "", ignore: tuple[type[BaseException], ...] = ()
+    ) -> None:
         self.env, self.task, self.ignore = env, task, ignore
         self.path = record_path(run_dir, env.job_id, env.restart_count, env.rank)
         self.written = False
@@ -145,11 +152,20 @@ class FailureLog:
             return
         self.written = True
         summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
-        _write(self.path, Failure(
-            rank=self.env.rank, kind=classify(exc), summary=summary[-1] if summary else type(exc).__name__,
-            host=self.env.hostname or socket.gethostname(), node=self.env.node_rank, pid=os.getpid(), task=self.task,
-            traceback=format_traceback(exc), time_ns=time.time_ns(),
-        ))
+        _write(
+            self.path,
+            Failure(
+                rank=self.env.rank,
+                kind=classify(exc),
+                summary=summary[-1] if summary else type(exc).__name__,
+                host=self.env.hostname or socket.gethostname(),
+                node=self.env.node_rank,
+                pid=os.getpid(),
+                task=self.task,
+                traceback=format_traceback(exc),
+                time_ns=time.time_ns(),
+            ),
+        )
 
     @contextlib.contextmanager
     def catching(self) -> Iterator[None]:
@@ -173,8 +189,9 @@ def exit_failure(rank: int, pid: int, exitcode: int, host: str, node: int = 0, t
     else:
         kind = "stopped" if exitcode in STOP_CODES else "died"
         summary = f"exited with code {exitcode}"
-    return Failure(rank=rank, kind=kind, summary=summary, host=host, node=node, pid=pid, task=task,
-                   time_ns=time.time_ns())
+    return Failure(
+        rank=rank, kind=kind, summary=summary, host=host, node=node, pid=pid, task=task, time_ns=time.time_ns()
+    )
 
 
 def record_exits(directory: Path, exits: Iterable[Failure]) -> None:

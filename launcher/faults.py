@@ -50,7 +50,10 @@ def faults_for(rank: int, spec: Optional[str] = None) -> dict[int, Fault]:
         if fields.get("attempt", attempt) != attempt or int(fields.get("rank", 0)) != rank:
             continue
         fault = Fault(
-            step=int(fields["step"]), rank=rank, stall="stall" in fields, target=fields.get("target", "self"),
+            step=int(fields["step"]),
+            rank=rank,
+            stall="stall" in fields,
+            target=fields.get("target", "self"),
             backward="backward" in fields,
             signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
         )

@@ -24,7 +24,7 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE) -> 
         os.fchmod(fd, mode)
         view = memoryview(raw)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except BaseException:
         os.close(fd)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 
 def free_memory_mib() -> dict[int, int]:
@@ -17,16 +17,22 @@ def free_memory_mib() -> dict[int, int]:
 
         pynvml.nvmlInit()
         try:
-            return {i: pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free // 2**20
-                    for i in range(pynvml.nvmlDeviceGetCount())}
+            return {
+                i: pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free // 2**20
+                for i in range(pynvml.nvmlDeviceGetCount())
+            }
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # not installed, or no driver: fall back to the command line tool
         pass
     if shutil.which("nvidia-smi") is None:
         return {}
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if out.returncode != 0:
         return {}
     free = {}
@@ -46,7 +52,9 @@ def by_free_memory(count: int, environ: Mapping[str, str] | None = None) -> str:
         keep = {int(i) for i in allowed.split(",") if i.strip().isdigit()}
         free = {i: m for i, m in free.items() if i in keep}
     if len(free) < count:
-        raise RuntimeError(f"cluster.gpu_select=free_memory needs {count} GPU(s) but found {len(free)} "
-                           f"(NVML / nvidia-smi); HINT: cluster.gpu_select=index")
+        raise RuntimeError(
+            f"cluster.gpu_select=free_memory needs {count} GPU(s) but found {len(free)} "
+            f"(NVML / nvidia-smi); HINT: cluster.gpu_select=index"
+        )
     ranked = sorted(free, key=lambda i: (-free[i], i))
     return ",".join(str(i) for i in ranked[:count])

@@ -22,8 +22,10 @@ def load_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
     steps into the same file: the last record for each (kind, step) wins. Unparsable lines (a killed
     run's truncated last line) are skipped with a warning. Raises ValueError if there is nothing to read."""
     path = Path(run_dir) / "metrics.jsonl"
-    hint = (f"no metrics in {path}: is {run_dir} a launcher run dir? Runs write metrics.jsonl after the "
-            "first train.log_every_steps steps")
+    hint = (
+        f"no metrics in {path}: is {run_dir} a launcher run dir? Runs write metrics.jsonl after the "
+        "first train.log_every_steps steps"
+    )
     if not path.is_file():
         raise ValueError(hint)
     latest: dict[tuple[str, int], Record] = {}
@@ -141,9 +143,15 @@ def plot_run(run_dir: str | Path) -> Path:
     return out
 
 
-_TRACE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green",
-                  "wait for buckets": "tab:red", "reduce": "tab:purple", "allreduce": "tab:brown",
-                  "broadcast": "tab:pink"}
+_TRACE_COLOURS = {
+    "forward": "tab:blue",
+    "backward": "tab:orange",
+    "optimizer": "tab:green",
+    "wait for buckets": "tab:red",
+    "reduce": "tab:purple",
+    "allreduce": "tab:brown",
+    "broadcast": "tab:pink",
+}
 _OTHER_COLOURS = ("tab:gray", "tab:olive", "tab:cyan")
 Lane = list[tuple[str, float, float]]  # (event name, start ms, duration ms)
 
@@ -167,7 +175,8 @@ def _trace_lanes(path: Path) -> tuple[list[str], list[Lane]]:
     lanes: dict[tuple[int, int], Lane] = {}
     for e in spans:
         lanes.setdefault((e.get("pid", 0), e.get("tid", 0)), []).append(
-            (str(e["name"]), (float(e["ts"]) - t0) / 1e3, float(e.get("dur", 0.0)) / 1e3))
+            (str(e["name"]), (float(e["ts"]) - t0) / 1e3, float(e.get("dur", 0.0)) / 1e3)
+        )
     keys = sorted(lanes, key=lambda k: (order.get((k[0], None), k[0]), k[0], order.get(k, k[1]), k[1]))
     return [f"rank {p} · {track.get((p, t), f'track {t}')}" for p, t in keys], [lanes[k] for k in keys]
 
@@ -206,23 +215,44 @@ def plot_trace(run_dir: str | Path) -> Path:
         for i, (name, start, dur) in enumerate(lane):  # kind: "bucket 3" -> "bucket"
             kind, end = _kind(name), start + dur
             nested = any(s <= start and end <= s + d and d > dur and _kind(n) != kind for n, s, d in lane)
-            partial = any(j != i and s < end and start < s + d and _kind(n) == kind
-                          for j, (n, s, d) in enumerate(lane))
+            partial = any(j != i and s < end and start < s + d and _kind(n) == kind for j, (n, s, d) in enumerate(lane))
             groups.setdefault((name, nested, partial), []).append((start, dur))
         for (name, nested, partial), bars in sorted(groups.items(), key=lambda g: g[0][1]):  # nested on top
             h = 0.4 if nested else 0.8
-            ax.broken_barh(bars, (y - h / 2, h), facecolors=colours[name], alpha=0.55 if partial else 0.9,
-                           edgecolor="black", linewidth=0.3, hatch="////" if nested else None)
+            ax.broken_barh(
+                bars,
+                (y - h / 2, h),
+                facecolors=colours[name],
+                alpha=0.55 if partial else 0.9,
+                edgecolor="black",
+                linewidth=0.3,
+                hatch="////" if nested else None,
+            )
     ax.set_yticks(range(len(lanes)), labels)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first rank's first track on top
     ax.set_xlim(0, max(s + d for lane in lanes for _, s, d in lane) * 1.01 or 1.0)
     run = run_title(_read_summary(run_dir))
-    ax.set(xlabel="time from the first event (ms)",
-           title="communication timeline (comm.trace)" + (f"\n{run}" if run else ""))
+    ax.set(
+        xlabel="time from the first event (ms)",
+        title="communication timeline (comm.trace)" + (f"\n{run}" if run else ""),
+    )
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=n,
-                             hatch="////" if n == "wait for buckets" else None) for n, c in colours.items()],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    ax.legend(
+        handles=[
+            Patch(
+                facecolor=c,
+                edgecolor="black",
+                linewidth=0.3,
+                label=n,
+                hatch="////" if n == "wait for buckets" else None,
+            )
+            for n, c in colours.items()
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize="small",
+        frameon=False,
+    )
     out = run_dir / "plots" / "trace.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", bbox_inches="tight")

@@ -18,13 +18,14 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import JobConfig, freeze, load_frozen
-from .dist import end_process_at_exit
 from .env import DistEnv
+from .exiting import end_process_at_exit
 from .failures import FailureLog
 from .logs import rank_log_path
 from .train.stop import Preempted, StopRequest

@@ -27,7 +27,7 @@ class _Point:
 class Sweep:
     points: list[_Point] = field(default_factory=list)
 
-    def point(self, label: str) -> "Sweep":
+    def point(self, label: str) -> Sweep:
         self.points.append(_Point(label or "(no overrides)"))
         return self
 
@@ -38,8 +38,11 @@ class Sweep:
     def finish(self) -> int:
         pending = [p for p in self.points if p.submitted is not None and p.code is None]
         if pending:
-            print(f"[launcher] waiting for {len(pending)} Slurm job(s): "
-                  + ", ".join(p.submitted.job_id for p in pending), file=sys.stderr)
+            print(
+                f"[launcher] waiting for {len(pending)} Slurm job(s): "
+                + ", ".join(p.submitted.job_id for p in pending),
+                file=sys.stderr,
+            )
         tick = threading.Event()
         while not all(p.submitted.done() for p in pending):
             tick.wait(POLL_S)

@@ -13,11 +13,11 @@ import torch
 
 from .config import JobConfig
 from .devices import backend_for, rank_device
-from .dist import listening_store, process_group
 from .env import DistEnv
 from .failures import FailureLog
 from .faults import faults_for
 from .logs import setup_logging
+from .rendezvous import listening_store, process_group
 from .train.stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,9 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None,
-               failures: FailureLog | None = None) -> dict | None:
+def run_worker(
+    job: JobConfig, env: DistEnv, stop: StopRequest | None = None, failures: FailureLog | None = None
+) -> dict | None:
     """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
     for a user script). ``failures`` records an error the moment it is caught, before the process group (ours,
     or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""
@@ -63,23 +64,29 @@ def run_worker(job: JobConfig, env: DistEnv, stop: StopRequest | None = None,
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
     if (fault := faults_for(env.rank).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
-    with process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s), \
-            failures.catching():
+    with (
+        process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s) as group,
+        failures.catching(),
+    ):
         if job.doctor or job.preflight:
             from .doctor import run_doctor
 
             report = run_doctor(env, device, job.run_dir, use_gpu=device.type == "cuda", log_report=job.preflight)
             if job.doctor:
                 return report
-        return Trainer(job, env, device, backend, stop=stop).fit()
+        return Trainer(job, env, device, backend, group=group, stop=stop).fit()
 
 
 def torchrun_environ(env: DistEnv) -> dict[str, str]:
     """The torchrun variables describing ``env``, for scripts written against torchrun."""
     return {
-        "RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
-        "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
-        "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port),
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+        "GROUP_RANK": str(env.node_rank),
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
     }
 
 

@@ -7,20 +7,27 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 
-from launcher.dist import end_process_at_exit, process_group
 from launcher.env import DistEnv
+from launcher.exiting import end_process_at_exit
+from launcher.rendezvous import process_group
 
 REPO = Path(__file__).resolve().parent.parent
 RANK_TIMEOUT_S = 120
 
 
-def run_launcher(*overrides: str, run_dir: Path, timeout: float = 240, env: dict | None = None,
-                 module: tuple[str, ...] = ("-m", "launcher")) -> subprocess.CompletedProcess:
+def run_launcher(
+    *overrides: str,
+    run_dir: Path,
+    timeout: float = 240,
+    env: dict | None = None,
+    module: tuple[str, ...] = ("-m", "launcher"),
+) -> subprocess.CompletedProcess:
     """``python -m launcher hydra.run.dir=<run_dir> overrides...`` as a user would type it."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
     full_env.update(env or {})
@@ -28,7 +35,11 @@ def run_launcher(*overrides: str, run_dir: Path, timeout: float = 240, env: dict
     rest = [o for o in overrides if not o.startswith("-")]
     return subprocess.run(
         [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -59,7 +70,9 @@ def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: f
         if p.is_alive():
             p.kill()
             p.join()
-    errors = {r: (tmp_path / f"error-{r}.txt").read_text() for r in range(world) if (tmp_path / f"error-{r}.txt").exists()}
+    errors = {
+        r: (tmp_path / f"error-{r}.txt").read_text() for r in range(world) if (tmp_path / f"error-{r}.txt").exists()
+    }
     if errors:
         raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in errors.items()))
     assert not hung, f"ranks {hung} still running after {timeout}s"

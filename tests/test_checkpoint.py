@@ -69,7 +69,11 @@ def test_list_and_prune(tmp_path):
         ckpt.save_atomic({"step": step}, ckpt.checkpoint_path(tmp_path, step))
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
-        "step-00000005.pt", "step-00000007.pt", "step-00000020.pt", "step-00000100.pt"]
+        "step-00000005.pt",
+        "step-00000007.pt",
+        "step-00000020.pt",
+        "step-00000100.pt",
+    ]
     ckpt.prune(tmp_path, keep=2)
     assert [ckpt.load(p)["step"] for p in ckpt.list_checkpoints(tmp_path)] == [20, 100]
     assert ckpt.list_checkpoints(tmp_path / "missing") == []

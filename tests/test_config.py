@@ -8,10 +8,15 @@ from launcher.config import ConfigError
 CASES = [
     (["cluster.nodes=0"], "cluster.nodes=0 must be >= 1; HINT: set cluster.nodes=1"),
     (["cluster.procs_per_node=0"], "cluster.procs_per_node=0 must be >= 1"),
-    (["cluster.gpus_per_node=1"], "cluster.gpus_per_node=1 but this machine has 0 visible GPU(s); "
-                                  "HINT: set cluster.gpus_per_node=0 (CPU)"),
-    (["train.batch_size=63"], "train.batch_size=63 is not divisible by the world size 2 (cluster.nodes=1 x "
-                              "cluster.procs_per_node=2); HINT: use train.batch_size=64"),
+    (
+        ["cluster.gpus_per_node=1"],
+        "cluster.gpus_per_node=1 but this machine has 0 visible GPU(s); HINT: set cluster.gpus_per_node=0 (CPU)",
+    ),
+    (
+        ["train.batch_size=63"],
+        "train.batch_size=63 is not divisible by the world size 2 (cluster.nodes=1 x "
+        "cluster.procs_per_node=2); HINT: use train.batch_size=64",
+    ),
     (["cluster.procs_per_node=3", "train.batch_size=64"], "HINT: use train.batch_size=66"),
     (["script=no/such/train.py"], "script='no/such/train.py' does not exist"),
     (["cluster.nodes=2"], "HINT: +cluster=sim to simulate nodes here"),
@@ -31,8 +36,11 @@ def test_validation_message(overrides, message):
 
 
 def test_gpu_layout_checks():
-    with pytest.raises(ConfigError, match=r"procs_per_node=4 exceeds cluster.gpus_per_node=2.*HINT: set "
-                                          r"cluster.procs_per_node=2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"procs_per_node=4 exceeds cluster.gpus_per_node=2.*HINT: set "
+        r"cluster.procs_per_node=2",
+    ):
         plan("cluster.procs_per_node=4", gpus_visible=2)
     job, p = plan(gpus_visible=2)
     assert (p.procs_per_node, p.gpus_per_node, p.backend) == (2, 2, "nccl")
@@ -53,8 +61,14 @@ def test_batch_size_per_rank_skips_divisibility():
 
 
 def test_torchrun_layout_comes_from_torchrun():
-    environ = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+    environ = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234",
+    }
     job, p = plan(environ=environ)
     assert (p.mode, p.nodes, p.procs_per_node) == ("torchrun", 1, 4)
     with pytest.raises(ConfigError, match=r"cluster.procs_per_node=2 but torchrun started 4"):

@@ -2,29 +2,29 @@
 
 import pytest
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.nn import functional as F
 
 from helpers import spawn_ranks
-from launcher import dist, try_all_gpus, try_gpu
+from launcher import ranks, try_all_gpus, try_gpu
 from launcher.dataparallel import HandDataParallel, allreduce_devices, split_batch
-from launcher.dist import process_group
 from launcher.env import DistEnv
+from launcher.rendezvous import process_group
 from models import LeNet
 
 
 def _seeds_allreduce(rank, world, out_dir):
     # The seeds: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
     data = torch.ones((1, 2)) * (rank + 1)
-    dist.all_reduce(data)
+    ranks.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
     mean = torch.ones(2) * (rank + 1)
-    dist.all_reduce(mean, op="mean")
+    ranks.all_reduce(mean, op="mean")
     torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
-    assert dist.get_rank() == rank and dist.get_world_size() == world
-    assert dist.all_gather_object(f"r{rank}") == ["r0", "r1"]
-    assert dist.broadcast_object({"from": rank}) == {"from": 0}
-    dist.barrier()
+    assert ranks.get_rank() == rank and ranks.get_world_size() == world
+    assert ranks.all_gather_object(f"r{rank}") == ["r0", "r1"]
+    assert ranks.broadcast_object({"from": rank}) == {"from": 0}
+    ranks.barrier()
 
 
 def test_seeds_allreduce_example_on_two_ranks(tmp_path):
@@ -32,20 +32,20 @@ def test_seeds_allreduce_example_on_two_ranks(tmp_path):
 
 
 def test_helpers_without_process_group():
-    assert not dist.is_initialized()
+    assert not ranks.is_initialized()
     t = torch.tensor([1.0, 2.0])
-    assert dist.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
-    assert (dist.get_rank(), dist.get_world_size(), dist.is_main_process()) == (0, 1, True)
-    assert dist.all_gather_object(7) == [7] and dist.broadcast_object(7) == 7
-    dist.barrier()
+    assert ranks.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
+    assert (ranks.get_rank(), ranks.get_world_size(), ranks.is_main_process()) == (0, 1, True)
+    assert ranks.all_gather_object(7) == [7] and ranks.broadcast_object(7) == 7
+    ranks.barrier()
 
 
 def test_process_group_destroyed_even_on_error():
     with pytest.raises(RuntimeError, match="boom"):
         with process_group(DistEnv(), "gloo"):
-            assert tdist.is_initialized() and tdist.get_world_size() == 1
+            assert dist.is_initialized() and dist.get_world_size() == 1
             raise RuntimeError("boom")
-    assert not tdist.is_initialized()
+    assert not dist.is_initialized()
 
 
 def test_try_gpu_falls_back_to_cpu():

@@ -3,14 +3,26 @@ import pytest
 from launcher.env import DistEnv, expand_hostlist, parse_tasks_per_node, slurm_port
 
 TORCHRUN = {
-    "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc",
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "abc",
     "TORCHELASTIC_USE_AGENT_STORE": "True",
 }
 SLURM = {
-    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "2",
-    "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "gpu[07-09],cpu1", "SLURM_TASKS_PER_NODE": "2(x4)",
-    "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_NODEID": "2",
+    "SLURM_JOB_NUM_NODES": "4",
+    "SLURM_JOB_NODELIST": "gpu[07-09],cpu1",
+    "SLURM_TASKS_PER_NODE": "2(x4)",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_STEP_ID": "0",
 }
 
 

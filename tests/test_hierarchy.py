@@ -12,8 +12,9 @@ def virtual_env(rank, world, per_node, interleaved=False):
     """rank -> DistEnv on ``world // per_node`` virtual nodes, numbered node by node or round robin."""
     nodes = world // per_node
     node, local = (rank % nodes, rank // nodes) if interleaved else (rank // per_node, rank % per_node)
-    return DistEnv(rank=rank, local_rank=local, world_size=world, local_world_size=per_node,
-                   node_rank=node, num_nodes=nodes)
+    return DistEnv(
+        rank=rank, local_rank=local, world_size=world, local_world_size=per_node, node_rank=node, num_nodes=nodes
+    )
 
 
 def _hier_equals_flat(rank, world, out_dir, per_node, interleaved):
@@ -39,9 +40,11 @@ def _check_hier_equals_flat(topo, env, rank, world, per_node):
         assert torch.all(f.wait() == expect), (i, f.wait()[:3])
 
 
-@pytest.mark.parametrize("world, per_node, interleaved", [(2, 1, False), (2, 2, False), (4, 2, False),
-                                                          (4, 2, True)],
-                         ids=["2x1", "1x2", "2x2", "2x2-interleaved"])
+@pytest.mark.parametrize(
+    "world, per_node, interleaved",
+    [(2, 1, False), (2, 2, False), (4, 2, False), (4, 2, True)],
+    ids=["2x1", "1x2", "2x2", "2x2-interleaved"],
+)
 def test_hierarchical_equals_flat(tmp_path, world, per_node, interleaved):
     spawn_ranks(_hier_equals_flat, world, tmp_path, per_node, interleaved)
 
@@ -64,8 +67,9 @@ def test_layout_rejects_inconsistent_local_ranks():
 def _uneven(rank, world, out_dir):
     # node 0 holds ranks 0, 1, 2; node 1 holds rank 3
     node, local = (0, rank) if rank < 3 else (1, 0)
-    env = DistEnv(rank=rank, local_rank=local, world_size=4, local_world_size=3 if node == 0 else 1,
-                  node_rank=node, num_nodes=2)
+    env = DistEnv(
+        rank=rank, local_rank=local, world_size=4, local_world_size=3 if node == 0 else 1, node_rank=node, num_nodes=2
+    )
     with Topology.build(env) as topo:
         x = torch.arange(10, dtype=torch.float32) * (rank + 1)
         hierarchical_allreduce(x, topo).wait()

@@ -10,8 +10,21 @@ import torch
 from helpers import run_launcher
 
 SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
-SUMMARY_KEYS = {"world_size", "nodes", "procs_per_node", "backend", "reducer", "hierarchical", "epochs", "steps",
-                "final_loss", "test_accuracy", "samples_per_s", "wall_s", "resumed_from"}
+SUMMARY_KEYS = {
+    "world_size",
+    "nodes",
+    "procs_per_node",
+    "backend",
+    "reducer",
+    "hierarchical",
+    "epochs",
+    "steps",
+    "final_loss",
+    "test_accuracy",
+    "samples_per_s",
+    "wall_s",
+    "resumed_from",
+}
 
 
 def final_state(run_dir):
@@ -70,8 +83,9 @@ def test_failing_rank_is_named_and_resume_is_bit_identical(tmp_path, uninterrupt
 
 
 def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
-    result = run_launcher(*SHORT, "cluster.max_restarts=1", run_dir=tmp_path,
-                          env={"LAUNCHER_FAULT": "step=15,rank=0,attempt=0"})
+    result = run_launcher(
+        *SHORT, "cluster.max_restarts=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=15,rank=0,attempt=0"}
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt")
@@ -79,9 +93,11 @@ def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
 
 
 def test_torchrun_entry_runs_the_same_worker(tmp_path, uninterrupted):
-    result = run_launcher(*SHORT, run_dir=tmp_path,
-                          module=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                  "-m", "launcher"))
+    result = run_launcher(
+        *SHORT,
+        run_dir=tmp_path,
+        module=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher"),
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["procs_per_node"]) == (2, 2)
@@ -118,16 +134,24 @@ def test_store_and_gloo_listen_on_loopback_only(tmp_path):
 
 
 def test_local_sweep_reports_every_point(tmp_path):
-    result = run_launcher("-m", "cluster.procs_per_node=1", "train.max_steps=5", "optim.lr=0.1,0.05",
-                          "cluster.nodes=0,1", f"hydra.sweep.dir={tmp_path}", run_dir=tmp_path / "unused")
+    result = run_launcher(
+        "-m",
+        "cluster.procs_per_node=1",
+        "train.max_steps=5",
+        "optim.lr=0.1,0.05",
+        "cluster.nodes=0,1",
+        f"hydra.sweep.dir={tmp_path}",
+        run_dir=tmp_path / "unused",
+    )
     assert result.returncode == 1  # one point is invalid: the sweep says so, the others still ran
     assert "launcher: error: cluster.nodes=0 must be >= 1" in result.stderr
     assert result.stderr.count(": ok, final loss") == 2 and result.stderr.count("FAILED (exit 2)") == 2
 
 
 def test_corrupted_newest_checkpoint_falls_back_to_previous(tmp_path, uninterrupted):
-    first = run_launcher("train.max_steps=20", "train.checkpoint_every_steps=10", "train.log_every_steps=5",
-                         run_dir=tmp_path)
+    first = run_launcher(
+        "train.max_steps=20", "train.checkpoint_every_steps=10", "train.log_every_steps=5", run_dir=tmp_path
+    )
     assert first.returncode == 0, first.stderr
     newest = tmp_path / "checkpoints" / "step-00000020.pt"
     data = bytearray(newest.read_bytes())
@@ -135,7 +159,10 @@ def test_corrupted_newest_checkpoint_falls_back_to_previous(tmp_path, uninterrup
     newest.write_bytes(bytes(data))
     resumed = run_launcher(*SHORT, run_dir=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"skipping checkpoint {newest}: checkpoint {newest} is corrupted" in (tmp_path / "logs" / "rank-0.log").read_text()
+    assert (
+        f"skipping checkpoint {newest}: checkpoint {newest} is corrupted"
+        in (tmp_path / "logs" / "rank-0.log").read_text()
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt")
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
@@ -146,9 +173,13 @@ def test_resume_into_a_different_job_is_refused(tmp_path):
     assert first.returncode == 0, first.stderr
     other = run_launcher("train.max_steps=5", "model=mlp", "cluster.procs_per_node=1", run_dir=tmp_path)
     assert other.returncode == 2
-    assert "holds checkpoints of a different job (world size: 2 -> 1; model._target_: 'models.lenet.LeNet' -> " \
-           "'models.mlp.MLP'" in other.stderr
-    assert "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
+    assert (
+        "holds checkpoints of a different job (world size: 2 -> 1; model._target_: 'models.lenet.LeNet' -> "
+        "'models.mlp.MLP'" in other.stderr
+    )
+    assert (
+        "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
+    )
     forced = run_launcher("train.max_steps=5", "cluster.procs_per_node=1", "train.resume=force", run_dir=tmp_path)
     assert forced.returncode == 0, forced.stderr
 
@@ -161,8 +192,12 @@ def test_killed_rank_is_named_with_its_signal(tmp_path):
 
 
 def test_killed_rank_with_restarts_resumes(tmp_path, uninterrupted):
-    result = run_launcher(*SHORT, "cluster.max_restarts=1", run_dir=tmp_path,
-                          env={"LAUNCHER_FAULT": "step=15,rank=1,signal=KILL,attempt=0"})
+    result = run_launcher(
+        *SHORT,
+        "cluster.max_restarts=1",
+        run_dir=tmp_path,
+        env={"LAUNCHER_FAULT": "step=15,rank=1,signal=KILL,attempt=0"},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith("step-00000010.pt")
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from test_hierarchy import virtual_env
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -11,7 +12,6 @@ from helpers import plan, spawn_ranks
 from launcher.config import freeze, load_frozen
 from launcher.train.trainer import Trainer
 from models import LeNet, resnet18
-from test_hierarchy import virtual_env
 
 
 def _grad_parity(rank, world, out_dir, model_name):
@@ -30,7 +30,7 @@ def _grad_parity(rank, world, out_dir, model_name):
     F.cross_entropy(ddp(x[shard]), y[shard]).backward()
     F.cross_entropy(reference(x), y).backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_ddp_gradient_equals_full_batch_lenet(tmp_path):
@@ -39,8 +39,6 @@ def test_ddp_gradient_equals_full_batch_lenet(tmp_path):
 
 def test_ddp_gradient_equals_full_batch_resnet18(tmp_path):
     spawn_ranks(_grad_parity, 2, tmp_path, "resnet18")
-
-
 
 
 def _train_and_dump(rank, world, out_dir, per_node):
@@ -55,16 +53,29 @@ LAYOUTS = {"1x2": (2, 2), "2x2": (4, 2)}
 BASELINE = {}
 
 
-@pytest.mark.parametrize("reducer, layout, hierarchical", [
-    ("ddp", "1x2", "false"), ("bucketed", "1x2", "false"),
-    ("ddp", "2x2", "true"), ("bucketed", "2x2", "true"), ("bucketed", "2x2", "auto"),
-])
+@pytest.mark.parametrize(
+    "reducer, layout, hierarchical",
+    [
+        ("ddp", "1x2", "false"),
+        ("bucketed", "1x2", "false"),
+        ("ddp", "2x2", "true"),
+        ("bucketed", "2x2", "true"),
+        ("bucketed", "2x2", "auto"),
+    ],
+)
 def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, layout, hierarchical):
     world, per_node = LAYOUTS[layout]
     run = tmp_path / "run"
-    job, _ = plan("train.max_steps=40", "train.log_every_steps=5", "model=mlp", f"comm.reducer={reducer}",
-                  f"comm.hierarchical={hierarchical}", "comm.bucket_cap_mb=0.05", f"cluster.procs_per_node={world}",
-                  run_dir=run)
+    job, _ = plan(
+        "train.max_steps=40",
+        "train.log_every_steps=5",
+        "model=mlp",
+        f"comm.reducer={reducer}",
+        f"comm.hierarchical={hierarchical}",
+        "comm.bucket_cap_mb=0.05",
+        f"cluster.procs_per_node={world}",
+        run_dir=run,
+    )
     freeze(job, run)
     spawn_ranks(_train_and_dump, world, tmp_path, per_node)
     results = [torch.load(tmp_path / f"params-{r}.pt") for r in range(world)]
@@ -75,8 +86,9 @@ def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, lay
     assert summary["reducer"] == reducer and summary["world_size"] == world
     if hierarchical != "auto":
         assert summary["hierarchical"] == (hierarchical == "true")
-    losses = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"]
+    losses = [
+        r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
+    ]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0], losses
     # every reducer and strategy computes the same training, up to float summation order
     baseline = BASELINE.setdefault(layout, results[0]["params"])

@@ -15,8 +15,15 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _train(step, loss, comm=None):
-    rec = {"kind": "train", "step": step, "epoch": step // 20, "loss": loss, "lr": 0.1,
-           "samples_per_s": 4000.0 + step, "step_s": 0.016}
+    rec = {
+        "kind": "train",
+        "step": step,
+        "epoch": step // 20,
+        "loss": loss,
+        "lr": 0.1,
+        "samples_per_s": 4000.0 + step,
+        "step_s": 0.016,
+    }
     if comm is not None:
         rec["comm_exposed_s"] = comm
     return rec
@@ -36,8 +43,14 @@ def _write(run_dir, records, tail=""):
 def _resumed_run(run_dir, comm=True):
     """Steps 10..40 and an eval at 20, then a restart from step 20 re-logs 30 and 40, then a kill."""
     c = 0.004 if comm else None
-    first = [_train(10, 2.0, c), _train(20, 1.5, c), _eval(20, 0, 0.9, 0.70), _train(30, 1.2, c),
-             _train(40, 1.0, c), _eval(40, 1, 0.8, 0.75)]
+    first = [
+        _train(10, 2.0, c),
+        _train(20, 1.5, c),
+        _eval(20, 0, 0.9, 0.70),
+        _train(30, 1.2, c),
+        _train(40, 1.0, c),
+        _eval(40, 1, 0.8, 0.75),
+    ]
     resumed = [_train(30, 1.1, c), _train(40, 0.9, c), _eval(40, 1, 0.6, 0.85)]
     return _write(run_dir, first + resumed, tail='{"kind": "train", "step": 50, "lo')
 
@@ -60,8 +73,10 @@ def test_load_metrics_last_record_wins_and_sorted(tmp_path, caplog):
 
 
 def test_load_metrics_sorts_out_of_order_steps(tmp_path):
-    run = _write(tmp_path / "run", [_train(30, 0.3), _train(10, 0.1), _eval(22, 1, 0.5, 0.9), _train(20, 0.2),
-                                    _eval(11, 0, 0.7, 0.8)])
+    run = _write(
+        tmp_path / "run",
+        [_train(30, 0.3), _train(10, 0.1), _eval(22, 1, 0.5, 0.9), _train(20, 0.2), _eval(11, 0, 0.7, 0.8)],
+    )
     train, evals = load_metrics(run)
     assert [(r["step"], r["loss"]) for r in train] == [(10, 0.1), (20, 0.2), (30, 0.3)]
     assert [r["epoch"] for r in evals] == [0, 1]
@@ -77,17 +92,33 @@ def test_plot_run_writes_png(tmp_path, comm):
 
 def test_plot_without_evals_and_with_summary(tmp_path):
     run = _write(tmp_path / "run", [_train(10, 2.0), _train(20, 1.0)])
-    (run / "summary.json").write_text(json.dumps({"world_size": 4, "nodes": 2, "procs_per_node": 2,
-                                                  "reducer": "bucketed", "hierarchical": True,
-                                                  "model": "models.lenet.LeNet", "data": "digits"}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "world_size": 4,
+                "nodes": 2,
+                "procs_per_node": 2,
+                "reducer": "bucketed",
+                "hierarchical": True,
+                "model": "models.lenet.LeNet",
+                "data": "digits",
+            }
+        )
+    )
     train, evals = load_metrics(run)
     assert len(train) == 2 and evals == []
     _assert_png(plot_run(run))
 
 
 def test_run_title_is_defensive():
-    full = {"nodes": 2, "procs_per_node": 2, "reducer": "bucketed", "hierarchical": True,
-            "model": "models.lenet.LeNet", "data": "digits"}
+    full = {
+        "nodes": 2,
+        "procs_per_node": 2,
+        "reducer": "bucketed",
+        "hierarchical": True,
+        "model": "models.lenet.LeNet",
+        "data": "digits",
+    }
     assert run_title(full) == "LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical"
     assert run_title({"world_size": 1, "reducer": "ddp", "hierarchical": False}) == "1 rank · ddp"
     assert run_title({}) == ""
@@ -118,12 +149,22 @@ def _trace(run_dir):
     """Two ranks: forward, backward with a nested wait, overlapping buckets (what launcher.comm.trace writes)."""
     events = []
     for rank in (0, 1):
-        events += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
-                   {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "step"}},
-                   {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "buckets"}}]
-        events += [_span(rank, *e) for e in [("forward", 0, 0, 100), ("backward", 0, 100, 200),
-                                             ("wait for buckets", 0, 250, 50), ("bucket 0", 1, 150, 80),
-                                             ("bucket 1", 1, 200, 90), ("optimizer", 0, 300, 5)]]
+        events += [
+            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "step"}},
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "buckets"}},
+        ]
+        events += [
+            _span(rank, *e)
+            for e in [
+                ("forward", 0, 0, 100),
+                ("backward", 0, 100, 200),
+                ("wait for buckets", 0, 250, 50),
+                ("bucket 0", 1, 150, 80),
+                ("bucket 1", 1, 200, 90),
+                ("optimizer", 0, 300, 5),
+            ]
+        ]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return run_dir
@@ -153,20 +194,26 @@ def _write_trace(run_dir):
     written as launcher.comm.trace does (metadata first, ranks' events merged, not sorted by time)."""
     events = []
     for rank in (1, 0):  # out of order: the plot sorts ranks
-        events += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} (host)"}},
-                   {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
+        events += [
+            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} (host)"}},
+            {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}},
+        ]
         for tid, track in enumerate(("step", "buckets")):
-            events += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}},
-                       {"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
-                        "args": {"sort_index": tid}}]
+            events += [
+                {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}},
+                {"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid, "args": {"sort_index": tid}},
+            ]
         for step in range(3):
             t = 30_000.0 * step + 500.0 * rank
-            events += [_span(rank, "forward", 0, t, 4_000.0), _span(rank, "backward", 0, t + 4_100.0, 20_000.0),
-                       _span(rank, "bucket 0", 1, t + 6_000.0, 8_000.0, mb=0.5),
-                       _span(rank, "bucket 1", 1, t + 9_000.0, 9_000.0, mb=0.4),
-                       _span(rank, "bucket 2", 1, t + 17_000.0, 6_000.0, mb=0.1),
-                       _span(rank, "wait for buckets", 0, t + 16_000.0, 8_000.0),
-                       _span(rank, "optimizer", 0, t + 24_200.0, 700.0)]
+            events += [
+                _span(rank, "forward", 0, t, 4_000.0),
+                _span(rank, "backward", 0, t + 4_100.0, 20_000.0),
+                _span(rank, "bucket 0", 1, t + 6_000.0, 8_000.0, mb=0.5),
+                _span(rank, "bucket 1", 1, t + 9_000.0, 9_000.0, mb=0.4),
+                _span(rank, "bucket 2", 1, t + 17_000.0, 6_000.0, mb=0.1),
+                _span(rank, "wait for buckets", 0, t + 16_000.0, 8_000.0),
+                _span(rank, "optimizer", 0, t + 24_200.0, 700.0),
+            ]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return run_dir
@@ -183,4 +230,3 @@ def test_plot_trace_without_events_raises(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": [], "displayTimeUnit": "ms"}))
     with pytest.raises(ValueError, match="no events"):
         plot_trace(tmp_path)
-

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from test_hierarchy import virtual_env
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -10,13 +11,11 @@ from helpers import spawn_ranks
 from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.policy import LinkFit, bucket_cap_mb, measure_link
 from launcher.comm.reducer import MB, BucketedReducer, plan_buckets
-from test_hierarchy import virtual_env
 
 
 def make_model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 96), nn.ReLU(),
-                         nn.Linear(96, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 96), nn.ReLU(), nn.Linear(96, 10))
 
 
 def batch(n=16, seed=1):
@@ -26,7 +25,7 @@ def batch(n=16, seed=1):
 
 def shard(t, rank, world):
     n = t.shape[0] // world
-    return t[rank * n:(rank + 1) * n]
+    return t[rank * n : (rank + 1) * n]
 
 
 def full_batch_grads(x, y):
@@ -46,9 +45,10 @@ def _parity(rank, world, out_dir, per_node, hierarchical):
     with Topology.build(env) as topo:
         for first_mb, cap_mb in CAPS:
             model = make_model()
-            reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, first_bucket_mb=first_mb,
-                                      hierarchical=hierarchical)
-            for step in range(2):  # the second step checks that state resets between backward passes
+            reducer = BucketedReducer(
+                model, topo, bucket_cap_mb=cap_mb, first_bucket_mb=first_mb, hierarchical=hierarchical
+            )
+            for _step in range(2):  # the second step checks that state resets between backward passes
                 reducer.zero_grad()
                 F.cross_entropy(model(shard(x, rank, world)), shard(y, rank, world)).backward()
                 for p, q in zip(model.parameters(), expected):
@@ -68,9 +68,11 @@ def _parity(rank, world, out_dir, per_node, hierarchical):
                 torch.testing.assert_close(p.grad, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("world, per_node, hierarchical",
-                         [(2, 2, False), (2, 1, True), (4, 2, False), (4, 2, True)],
-                         ids=["1x2-flat", "2x1-hier", "2x2-flat", "2x2-hier"])
+@pytest.mark.parametrize(
+    "world, per_node, hierarchical",
+    [(2, 2, False), (2, 1, True), (4, 2, False), (4, 2, True)],
+    ids=["1x2-flat", "2x1-hier", "2x2-flat", "2x2-hier"],
+)
 def test_gradients_equal_full_batch_and_ddp(tmp_path, world, per_node, hierarchical):
     spawn_ranks(_parity, world, tmp_path, per_node, hierarchical)
 
@@ -120,8 +122,11 @@ def _unused(rank, world, out_dir, find_unused):
             loss.backward()
             assert torch.all(model.unused_head.weight.grad == 0)
         else:
-            with pytest.raises(RuntimeError, match=r"parameters got no gradient in this backward pass: "
-                                                   r"unused_head.bias, unused_head.weight"):
+            with pytest.raises(
+                RuntimeError,
+                match=r"parameters got no gradient in this backward pass: "
+                r"unused_head.bias, unused_head.weight",
+            ):
                 loss.backward()
 
 
@@ -191,7 +196,7 @@ def _policy_layouts(rank, world, out_dir):
             layouts = ldist.all_gather_object((cap, reducer.layout()))
             assert all(layout == layouts[0] for layout in layouts), layouts
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            for step in range(5):
+            for _step in range(5):
                 reducer.zero_grad()
                 F.cross_entropy(model(shard(x, rank, world)), shard(y, rank, world)).backward()
                 opt.step()

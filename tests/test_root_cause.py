@@ -23,7 +23,10 @@ TRAIN = ("train.max_steps=8", "train.checkpoint_every_steps=0", "train.log_every
 # trainer faults: before the first collective (before joining), between collectives, inside one (backward)
 FAULTS = {"before": "step=0", "between": "step=3", "inside": "step=3,backward"}
 MESSAGES = {
-    "before": {"script": "boom before the first collective on rank {r}", "trainer": "injected fault at step 0 on rank {r}"},
+    "before": {
+        "script": "boom before the first collective on rank {r}",
+        "trainer": "injected fault at step 0 on rank {r}",
+    },
     "between": {"script": "boom between collectives on rank {r}", "trainer": "injected fault at step 3 on rank {r}"},
     "inside": {"script": "boom inside a collective on rank {r}", "trainer": "injected fault at step 3 on rank {r}"},
 }
@@ -40,8 +43,14 @@ def run_watched(args: list[str], run_dir: Path, env: dict[str, str], timeout: fl
     """Run ``python -m launcher`` and note when (wall clock) its failure report began on stderr."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
     full_env.update(env)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args], cwd=REPO,
-                            env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines, reported_at = [], 0.0
     try:
         deadline = time.monotonic() + timeout
@@ -65,7 +74,7 @@ def expect_root_cause(code: int, stderr: str, reported_at: float, run_dir: Path,
     heads = re.findall(r"^launcher: rank (\d+) \(.*$", stderr, re.M)
     assert heads[:1] == [str(rank)], f"expected rank {rank} named first:\n{stderr[-3000:]}"
     assert len(heads) == 1, f"more than one report:\n{stderr[-3000:]}"
-    report = stderr[stderr.index("launcher: rank "):]
+    report = stderr[stderr.index("launcher: rank ") :]
     assert message in report, f"rank {rank}'s own error missing from the report:\n{report}"
     assert f"log of rank {rank}: {run_dir}/logs/rank-{rank}.log" in report
     assert "Connection closed by peer" not in report.split("launcher: log of rank")[0]  # peers come after
@@ -92,8 +101,9 @@ def test_sim_names_the_failing_rank_across_nodes(tmp_path, kind, where, repeat):
     """2 virtual nodes x 2 ranks; the failing rank alternates between node 0 (rank 1) and node 1 (rank 2)."""
     rank = 1 if (repeat + CASES.index((kind, where))) % 2 == 0 else 2
     args, env = job_args(kind, where, rank)
-    code, stderr, at = run_watched(["+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", *args],
-                                   tmp_path, env)
+    code, stderr, at = run_watched(
+        ["+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", *args], tmp_path, env
+    )
     expect_root_cause(code, stderr, at, tmp_path, rank, MESSAGES[where][kind].format(r=rank))
     assert re.search(rf"^launcher: rank {rank} \(node {rank // 2}, pid \d+\)", stderr, re.M), stderr[-2000:]
     assert len(re.findall(r"^launcher: failed too: rank", stderr, re.M)) >= 1

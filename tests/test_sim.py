@@ -20,8 +20,7 @@ def namespaces() -> set[str]:
 
 
 def test_two_virtual_nodes_two_ranks_each(tmp_path):
-    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "comm.reducer=bucketed", *SHORT,
-                          run_dir=tmp_path)
+    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "comm.reducer=bucketed", *SHORT, run_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["nodes"], summary["procs_per_node"]) == (4, 2, 2)
@@ -30,16 +29,20 @@ def test_two_virtual_nodes_two_ranks_each(tmp_path):
 
 
 def test_failing_rank_on_second_node_fails_the_job(tmp_path):
-    result = run_launcher("+cluster=sim", "cluster.procs_per_node=1", *SHORT, run_dir=tmp_path,
-                          env={"LAUNCHER_FAULT": "step=3,rank=1"})
+    result = run_launcher(
+        "+cluster=sim", "cluster.procs_per_node=1", *SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=3,rank=1"}
+    )
     assert result.returncode == 1
     assert "RuntimeError: injected fault at step 3 on rank 1" in result.stderr
     assert re.search(r"launcher: rank 1 \(node 1, pid \d+\) on \S+ failed:", result.stderr), result.stderr
 
 
 def test_sim_config_errors():
-    with pytest.raises(ConfigError, match=r"cluster.link_gbit=1.0 shapes the namespace links; HINT: add "
-                                          r"cluster.netns=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cluster.link_gbit=1.0 shapes the namespace links; HINT: add "
+        r"cluster.netns=true",
+    ):
         plan("+cluster=sim", "cluster.link_gbit=1")
     with pytest.raises(ConfigError, match=r"simulated nodes run on the CPU"):
         plan("+cluster=sim", "cluster.gpus_per_node=1")
@@ -56,8 +59,16 @@ needs_netns = pytest.mark.skipif(
 @needs_netns
 def test_namespaces_with_shaped_link_and_cleanup(tmp_path):
     before = namespaces()
-    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "cluster.netns=true", "cluster.link_gbit=1",
-                          "comm.hierarchical=true", "comm.reducer=bucketed", *SHORT, run_dir=tmp_path)
+    result = run_launcher(
+        "+cluster=sim",
+        "cluster.procs_per_node=2",
+        "cluster.netns=true",
+        "cluster.link_gbit=1",
+        "comm.hierarchical=true",
+        "comm.reducer=bucketed",
+        *SHORT,
+        run_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "network namespaces on 10.99.0.0/24, links shaped to 1.0 Gbit/s" in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -69,8 +80,14 @@ def test_namespaces_with_shaped_link_and_cleanup(tmp_path):
 @needs_netns
 def test_namespaces_removed_when_a_rank_fails(tmp_path):
     before = namespaces()
-    result = run_launcher("+cluster=sim", "cluster.procs_per_node=1", "cluster.netns=true", *SHORT,
-                          run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=2,rank=0"})
+    result = run_launcher(
+        "+cluster=sim",
+        "cluster.procs_per_node=1",
+        "cluster.netns=true",
+        *SHORT,
+        run_dir=tmp_path,
+        env={"LAUNCHER_FAULT": "step=2,rank=0"},
+    )
     assert result.returncode == 1 and "injected fault at step 2 on rank 0" in result.stderr
     assert namespaces() == before
 
@@ -84,10 +101,19 @@ def test_netns_without_root_is_refused_before_start(monkeypatch):
 def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher("+cluster=sim", "cluster.procs_per_node=2", "script=tests/scripts/env_script.py",
-                          f"script_args=[{out}]", run_dir=tmp_path)
+    result = run_launcher(
+        "+cluster=sim",
+        "cluster.procs_per_node=2",
+        "script=tests/scripts/env_script.py",
+        f"script_args=[{out}]",
+        run_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     seen = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)]
     assert [(s["LOCAL_RANK"], s["GROUP_RANK"], s["LOCAL_WORLD_SIZE"]) for s in seen] == [
-        ("0", "0", "2"), ("1", "0", "2"), ("0", "1", "2"), ("1", "1", "2")]
+        ("0", "0", "2"),
+        ("1", "0", "2"),
+        ("0", "1", "2"),
+        ("1", "1", "2"),
+    ]
     assert all(s["allreduce"] == 10.0 for s in seen)

@@ -21,8 +21,13 @@ SLURM_ROOT = "/tmp/launcher-slurm-tests"
 # Pinned: two separate runs under comm.hierarchical=auto could measure differently and sum in another order;
 # and with more than 2 ranks torch DDP's bucket rebuild after a resume's first step changes the summation
 # order in the last bits, so the bit-exact requeue test uses our reducer, whose layout never changes.
-SHORT = ("train.max_steps=40", "train.checkpoint_every_steps=10", "train.log_every_steps=10",
-         "comm.hierarchical=false", "comm.reducer=bucketed")
+SHORT = (
+    "train.max_steps=40",
+    "train.checkpoint_every_steps=10",
+    "train.log_every_steps=10",
+    "comm.hierarchical=false",
+    "comm.reducer=bucketed",
+)
 TWO_BY_TWO = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2")
 
 
@@ -40,8 +45,9 @@ def slurm():
     if reason:
         pytest.skip(reason)
     env = {**os.environ, "LAUNCHER_SLURM_ROOT": SLURM_ROOT}
-    started = subprocess.run([str(REPO / "slurm" / "start-cluster.sh")], env=env, capture_output=True, text=True,
-                             timeout=600)
+    started = subprocess.run(
+        [str(REPO / "slurm" / "start-cluster.sh")], env=env, capture_output=True, text=True, timeout=600
+    )
     assert started.returncode == 0, f"local Slurm did not start:\n{started.stderr[-3000:]}"
     try:
         yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf"}
@@ -68,13 +74,23 @@ def test_two_nodes_two_tasks_train(slurm, tmp_path):
 def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher(*TWO_BY_TWO, "script=tests/scripts/env_script.py", f"script_args=[{out}]",
-                          run_dir=tmp_path, env=slurm, timeout=300)
+    result = run_launcher(
+        *TWO_BY_TWO,
+        "script=tests/scripts/env_script.py",
+        f"script_args=[{out}]",
+        run_dir=tmp_path,
+        env=slurm,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     seen = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)]
     layout = [(s["RANK"], s["LOCAL_RANK"], s["GROUP_RANK"], s["SLURMD_NODENAME"]) for s in seen]
-    assert layout == [("0", "0", "0", "node1"), ("1", "1", "0", "node1"), ("2", "0", "1", "node2"),
-                      ("3", "1", "1", "node2")]
+    assert layout == [
+        ("0", "0", "0", "node1"),
+        ("1", "1", "0", "node1"),
+        ("2", "0", "1", "node2"),
+        ("3", "1", "1", "node2"),
+    ]
     assert {s["MASTER_ADDR"] for s in seen} == {"node1"} and len({s["MASTER_PORT"] for s in seen}) == 1
     assert all(s["allreduce"] == 10.0 and s["WORLD_SIZE"] == "4" for s in seen)
 
@@ -86,8 +102,7 @@ def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
     # SIGUSR2 (what Slurm sends before a time limit, or `scancel --signal=USR2`): to rank 1 at step 15 of the
     # first attempt, to rank 2 at step 30 of the second
     faults = "step=15,rank=1,signal=USR2,attempt=0;step=30,rank=2,signal=USR2,attempt=1"
-    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=preempted, timeout=500,
-                          env={**slurm, "LAUNCHER_FAULT": faults})
+    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=preempted, timeout=500, env={**slurm, "LAUNCHER_FAULT": faults})
     assert result.returncode == 0, result.stderr
     for step, n in ((15, 1), (30, 2)):
         assert f"stopped at step {step}" in result.stderr and f"requeued ({n}/3)" in result.stderr
@@ -99,27 +114,36 @@ def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
 
 
 def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):
-    result = run_launcher(*TWO_BY_TWO, run_dir=tmp_path, env=slurm, timeout=300,
-                          module=("-m", "launcher", "doctor"))
+    result = run_launcher(*TWO_BY_TWO, run_dir=tmp_path, env=slurm, timeout=300, module=("-m", "launcher", "doctor"))
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "doctor.json").read_text())
-    assert [(r["rank"], r["host"], r["node"]) for r in report["ranks"]] == \
-        [(0, "node1", 0), (1, "node1", 0), (2, "node2", 1), (3, "node2", 1)]
+    assert [(r["rank"], r["host"], r["node"]) for r in report["ranks"]] == [
+        (0, "node1", 0),
+        (1, "node1", 0),
+        (2, "node2", 1),
+        (3, "node2", 1),
+    ]
     assert set(report["links_ms"]) == {"0-1"} and set(report["intra_node_ms"]) == {"0", "1"}
     assert "link 0-1: allreduce of 1 MB between leaders" in result.stderr and "no problems found" in result.stderr
 
 
 @pytest.mark.parametrize("repeat", range(REPEAT))
-@pytest.mark.parametrize("kind,where,rank", [("script", "before", 1), ("trainer", "between", 2),
-                                             ("script", "inside", 2), ("trainer", "inside", 1)])
+@pytest.mark.parametrize(
+    "kind,where,rank",
+    [("script", "before", 1), ("trainer", "between", 2), ("script", "inside", 2), ("trainer", "inside", 1)],
+)
 def test_failing_rank_is_named_first_with_its_error(slurm, tmp_path, kind, where, rank, repeat):
     """Root cause first on Slurm (2 nodes x 2 tasks): the report comes from the ranks' own records, srun's
     --kill-on-bad-exit ends the others, and the report follows within 10 s of the failure."""
     args, env = job_args(kind, where, rank)
     code, stderr, at = run_watched([*TWO_BY_TWO, *args], tmp_path, {**slurm, **env}, timeout=300)
     expect_root_cause(code, stderr, at, tmp_path, rank, MESSAGES[where][kind].format(r=rank))
-    assert re.search(rf"^launcher: rank {rank} \(task {rank} of Slurm job \d+, node {rank // 2}, pid \d+\) on "
-                     rf"node{rank // 2 + 1} failed:", stderr, re.M), stderr[-2000:]
+    assert re.search(
+        rf"^launcher: rank {rank} \(task {rank} of Slurm job \d+, node {rank // 2}, pid \d+\) on "
+        rf"node{rank // 2 + 1} failed:",
+        stderr,
+        re.M,
+    ), stderr[-2000:]
 
 
 def test_bad_partition_reports_slurms_reason(slurm, tmp_path):
@@ -133,9 +157,19 @@ def normalise(text: str, run_dir) -> str:
 
 
 def test_dry_run_matches_golden_file(tmp_path):
-    result = run_launcher("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2", "cluster.partition=debug",
-                          "cluster.time_min=30", "cluster.account=research", "+cluster.extra_sbatch.mail-type=END",
-                          "cluster.setup=[module load cuda]", "dry_run=true", run_dir=tmp_path, timeout=60)
+    result = run_launcher(
+        "+cluster=slurm",
+        "cluster.nodes=2",
+        "cluster.procs_per_node=2",
+        "cluster.partition=debug",
+        "cluster.time_min=30",
+        "cluster.account=research",
+        "+cluster.extra_sbatch.mail-type=END",
+        "cluster.setup=[module load cuda]",
+        "dry_run=true",
+        run_dir=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     script = normalise(result.stdout.split("# sbatch script (submitit)\n", 1)[1], tmp_path)
     golden = REPO / "tests" / "golden" / "slurm_dry_run.sbatch"
@@ -146,14 +180,25 @@ def test_dry_run_matches_golden_file(tmp_path):
 
 
 def test_sweep_submits_one_job_per_point(slurm, tmp_path):
-    result = run_launcher("-m", "+cluster=slurm", "train.max_steps=10", "optim.lr=0.1,0.05",
-                          f"hydra.sweep.dir={tmp_path}", run_dir=tmp_path / "unused", env=slurm, timeout=300)
+    result = run_launcher(
+        "-m",
+        "+cluster=slurm",
+        "train.max_steps=10",
+        "optim.lr=0.1,0.05",
+        f"hydra.sweep.dir={tmp_path}",
+        run_dir=tmp_path / "unused",
+        env=slurm,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert re.search(r"waiting for 2 Slurm job\(s\): \d+, \d+", result.stderr)
     assert re.search(r"0: .*optim.lr=0.1: ok, final loss", result.stderr)
     assert re.search(r"1: .*optim.lr=0.05: ok, final loss", result.stderr)
-    lrs = [json.loads((tmp_path / str(k) / "summary.json").read_text()) and
-           (tmp_path / str(k) / "config.yaml").read_text().count("lr: 0.05") for k in (0, 1)]
+    lrs = [
+        json.loads((tmp_path / str(k) / "summary.json").read_text())
+        and (tmp_path / str(k) / "config.yaml").read_text().count("lr: 0.05")
+        for k in (0, 1)
+    ]
     assert lrs == [0, 1]
 
 
@@ -162,8 +207,14 @@ def test_example_sbatch_script(slurm, tmp_path):
     script = (REPO / "slurm" / "example.sbatch").read_text().replace("runs/slurm-", f"{tmp_path}/slurm-")
     (tmp_path / "job.sbatch").write_text(script)
     env = {**os.environ, **slurm, "PYTHON": sys.executable}
-    result = subprocess.run(["sbatch", "--wait", str(tmp_path / "job.sbatch"), "train.max_steps=10"], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["sbatch", "--wait", str(tmp_path / "job.sbatch"), "train.max_steps=10"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     job_id = re.search(r"Submitted batch job (\d+)", result.stdout).group(1)
     summary = json.loads((tmp_path / f"slurm-{job_id}" / "summary.json").read_text())
@@ -181,6 +232,9 @@ def test_taken_store_port_is_named():
         holder.listen()
         port = holder.getsockname()[1]
         env = DistEnv(master_port=port, job_id="77", hostname="node1")
-        with pytest.raises(RuntimeError, match=rf"MASTER_PORT {port} \(derived from job id 77 \(20000 \+ id % 20000\)\)"
-                                               r" is taken on node1: .*HINT: resubmit with cluster.master_port="):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"MASTER_PORT {port} \(derived from job id 77 \(20000 \+ id % 20000\)\)"
+            r" is taken on node1: .*HINT: resubmit with cluster.master_port=",
+        ):
             check_store_port(env, derived=True)

@@ -6,8 +6,9 @@ import subprocess
 import sys
 from collections import defaultdict
 
-from helpers import REPO, run_launcher
 from test_sim import namespaces, needs_netns
+
+from helpers import REPO, run_launcher
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 DOCTOR = ("-m", "launcher", "doctor")
@@ -23,15 +24,16 @@ def test_banner_summary_table_curves_and_preflight(tmp_path):
     assert "  gradient sync  torch DDP, bucket cap 25 MB; flat allreduce" in err
     assert "  batch          64 global = 32 per rank x 2; 12 steps" in err
     assert err.index("doctor: 2 rank(s)") < err.index("  devices ") < err.index("done: 12 steps")
-    table = err[err.index("done: 12 steps"):]
+    table = err[err.index("done: 12 steps") :]
     for row in ("layout", "model / data", "gradient sync", "final loss", "test accuracy", "throughput", "curves"):
         assert f"\n  {row} " in table, row
     assert (tmp_path / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def plot(run_dir):
-    return subprocess.run([sys.executable, "-m", "launcher", "plot", str(run_dir)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "plot", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_plot_command(tmp_path):
@@ -40,15 +42,25 @@ def test_plot_command(tmp_path):
     (tmp_path / "plots" / "curves.png").unlink()
     result = plot(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(tmp_path / "plots" / "curves.png") and (tmp_path / "plots" / "curves.png").is_file()
+    assert (
+        result.stdout.strip() == str(tmp_path / "plots" / "curves.png")
+        and (tmp_path / "plots" / "curves.png").is_file()
+    )
     missing = plot(tmp_path / "nope")
     assert missing.returncode == 2
     assert f"launcher: error: no metrics in {tmp_path / 'nope' / 'metrics.jsonl'}" in missing.stderr
 
 
 def test_trace_shows_buckets_overlapping_backward(tmp_path):
-    result = run_launcher(*SHORT, "comm.reducer=bucketed", "comm.bucket_cap_mb=0.05", "comm.first_bucket_mb=0.05",
-                          "comm.trace=true", "comm.trace_steps=3", run_dir=tmp_path)
+    result = run_launcher(
+        *SHORT,
+        "comm.reducer=bucketed",
+        "comm.bucket_cap_mb=0.05",
+        "comm.first_bucket_mb=0.05",
+        "comm.trace=true",
+        "comm.trace_steps=3",
+        run_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "plots" / "trace.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # rendered at the end
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
@@ -80,8 +92,15 @@ def test_doctor_locally(tmp_path):
 @needs_netns
 def test_doctor_names_the_node_behind_a_slow_link(tmp_path):
     before = namespaces()
-    result = run_launcher("+cluster=sim", "cluster.nodes=3", "cluster.procs_per_node=1", "cluster.netns=true",
-                          "cluster.node_link_gbit=[1,1,0.05]", run_dir=tmp_path, module=DOCTOR)
+    result = run_launcher(
+        "+cluster=sim",
+        "cluster.nodes=3",
+        "cluster.procs_per_node=1",
+        "cluster.netns=true",
+        "cluster.node_link_gbit=[1,1,0.05]",
+        run_dir=tmp_path,
+        module=DOCTOR,
+    )
     assert result.returncode == 1, result.stderr
     report = json.loads((tmp_path / "doctor.json").read_text())
     assert len(report["problems"]) == 1 and report["problems"][0].startswith("node 2 (")

@@ -52,7 +52,9 @@ def measure_link(topology: Topology, hierarchical: bool, device: torch.device, r
     medians = []
     for mb in PROBE_MB:
         tensor = torch.ones(int(mb * MB) // 4, device=device)
-        medians.append(median_seconds(lambda: start_allreduce(tensor, topology, hierarchical).wait(), device, reps))
+        medians.append(
+            median_seconds(lambda t=tensor: start_allreduce(t, topology, hierarchical).wait(), device, reps)  # type: ignore[misc]
+        )
     agreed = torch.tensor(medians, dtype=torch.float64, device=device)  # nccl reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     t_small, t_large = agreed.cpu().tolist()

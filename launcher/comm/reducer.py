@@ -24,8 +24,8 @@ import contextlib
 import functools
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -200,16 +200,15 @@ class BucketedReducer:
             if (tracer := trace.active()) is not None:  # comm.trace: the bucket's allreduce on the timeline
                 name, start = f"bucket {self._next}", time.perf_counter_ns()
                 mb = round(bucket.buffer.numel() * bucket.buffer.element_size() / MB, 3)
-                bucket.future.then(lambda _, n=name, t=start, m=mb: tracer.record(n, "buckets", t,
-                                                                                  time.perf_counter_ns(), mb=m))
+                bucket.future.then(
+                    lambda _, n=name, t=start, m=mb: tracer.record(n, "buckets", t, time.perf_counter_ns(), mb=m)
+                )
             self._next += 1
             self.launched += 1
 
     def _finalize(self) -> None:
         self._armed = False
-        missing = [
-            self._names[id(p)] for b in self.buckets if b.pending for p in b.params if id(p) not in b.seen
-        ]
+        missing = [self._names[id(p)] for b in self.buckets if b.pending for p in b.params if id(p) not in b.seen]
         if missing:
             if not self.find_unused_parameters:
                 raise RuntimeError(
@@ -232,7 +231,7 @@ class BucketedReducer:
         self.last_wait_s = time.perf_counter() - start
 
 
-def _on_grad(reducer_ref: "weakref.ref[BucketedReducer]", param: nn.Parameter) -> None:
+def _on_grad(reducer_ref: weakref.ref[BucketedReducer], param: nn.Parameter) -> None:
     reducer = reducer_ref()
     if reducer is not None:
         reducer._on_grad(param)

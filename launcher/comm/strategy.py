@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,9 @@ class StrategyChoice:
         return f"{'hierarchical' if self.hierarchical else 'flat'} allreduce: {self.reason}"
 
 
-def median_seconds(run: Callable[[], object], device: torch.device, reps: int = 5,
-                   group: dist.ProcessGroup | None = None) -> float:
+def median_seconds(
+    run: Callable[[], object], device: torch.device, reps: int = 5, group: dist.ProcessGroup | None = None
+) -> float:
     """This rank's median time of ``run()`` (a blocking collective), each repetition started behind a barrier
     of ``group``; one uncounted warm-up first (it sets up connections). Every member of ``group`` calls it."""
     times = []
@@ -53,7 +55,10 @@ def median_seconds(run: Callable[[], object], device: torch.device, reps: int = 
 def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5) -> tuple[float, float]:
     """(flat ms, hierarchical ms): max over ranks of each rank's median. Collective."""
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
-    runs = {"flat": lambda: flat_allreduce(tensor, topology.world), "hier": lambda: hierarchical_allreduce(tensor, topology)}
+    runs = {
+        "flat": lambda: flat_allreduce(tensor, topology.world),
+        "hier": lambda: hierarchical_allreduce(tensor, topology),
+    }
     times: dict[str, list[float]] = {"flat": [], "hier": []}
     for rep in range(reps + 1):  # the first round warms up connections and is not counted
         for name, run in runs.items():
@@ -64,8 +69,9 @@ def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5)
                 torch.cuda.synchronize(device)
             if rep:
                 times[name].append(time.perf_counter() - start)
-    medians = torch.tensor([statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64,
-                           device=device)  # nccl reduces device tensors only
+    medians = torch.tensor(
+        [statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64, device=device
+    )  # nccl reduces device tensors only
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
     flat_s, hier_s = medians.cpu().tolist()
     return flat_s * 1e3, hier_s * 1e3
@@ -84,6 +90,13 @@ def choose(topology: Topology, mode: str, numel: int, device: torch.device, reps
     flat_ms, hier_ms = measure(topology, numel, device, reps)
     mb = numel * 4 / 2**20
     if hier_ms < (1 - MARGIN) * flat_ms:
-        return StrategyChoice(True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {mb:.1f} MB", flat_ms, hier_ms)
-    return StrategyChoice(False, f"measured flat {flat_ms:.1f} ms vs hierarchical {hier_ms:.1f} ms on {mb:.1f} MB "
-                                 f"(the hierarchy must win by {MARGIN:.0%})", flat_ms, hier_ms)
+        return StrategyChoice(
+            True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {mb:.1f} MB", flat_ms, hier_ms
+        )
+    return StrategyChoice(
+        False,
+        f"measured flat {flat_ms:.1f} ms vs hierarchical {hier_ms:.1f} ms on {mb:.1f} MB "
+        f"(the hierarchy must win by {MARGIN:.0%})",
+        flat_ms,
+        hier_ms,
+    )

@@ -27,7 +27,7 @@ class Layout:
     nodes: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def from_pairs(cls, pairs: list[tuple[int, int]]) -> "Layout":
+    def from_pairs(cls, pairs: list[tuple[int, int]]) -> Layout:
         """``pairs[rank] = (node_rank, local_rank)`` -> layout; rejects what a node-first reduction can't use."""
         by_node: dict[int, dict[int, int]] = {}
         for rank, (node, local) in enumerate(pairs):
@@ -81,7 +81,7 @@ class Topology:
             self._pipeline.close()
             self._pipeline = None
 
-    def __enter__(self) -> "Topology":
+    def __enter__(self) -> Topology:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -115,10 +115,12 @@ class Topology:
         return f"{self.num_nodes} node(s) ({sizes} ranks){extra}"
 
     @classmethod
-    def build(cls, env: DistEnv, backend: str | None = None) -> "Topology":
+    def build(cls, env: DistEnv, backend: str | None = None) -> Topology:
         """Collective: every rank of the default group must call it, in the same order as its other groups."""
         if not dist.is_initialized():
-            raise RuntimeError("Topology.build needs an initialised process group (see launcher.dist.process_group)")
+            raise RuntimeError(
+                "Topology.build needs an initialised process group (see launcher.rendezvous.process_group)"
+            )
         world = dist.get_world_size()
         if world != env.world_size or dist.get_rank() != env.rank:
             raise ValueError(

@@ -17,13 +17,14 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-_ACTIVE: Optional["Tracer"] = None
+_ACTIVE: Optional[Tracer] = None
 
 
-def active() -> Optional["Tracer"]:
+def active() -> Optional[Tracer]:
     return _ACTIVE
 
 
@@ -35,7 +36,7 @@ class Tracer:
         self._lock = threading.Lock()  # comm threads and gloo callbacks record too
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator["Tracer"]:
+    def activate(self) -> Iterator[Tracer]:
         global _ACTIVE
         _ACTIVE = self
         try:
@@ -47,8 +48,17 @@ class Tracer:
         """One complete event ("X") on ``track``."""
         with self._lock:
             tid = self._tracks.setdefault(track, len(self._tracks))
-            self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": tid, "ts": start_ns / 1e3,
-                                "dur": (end_ns - start_ns) / 1e3, **({"args": args} if args else {})})
+            self.events.append(
+                {
+                    "name": name,
+                    "ph": "X",
+                    "pid": self.rank,
+                    "tid": tid,
+                    "ts": start_ns / 1e3,
+                    "dur": (end_ns - start_ns) / 1e3,
+                    **({"args": args} if args else {}),
+                }
+            )
 
     @contextlib.contextmanager
     def span(self, name: str, track: str, **args: Any) -> Iterator[None]:
@@ -61,12 +71,15 @@ class Tracer:
     def trace_events(self) -> list[dict[str, Any]]:
         """Events plus the metadata that names this rank's process and tracks."""
         label = f"rank {self.rank}" + (f" ({self.host})" if self.host else "")
-        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": label}},
-                {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}}]
+        meta = [
+            {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": label}},
+            {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}},
+        ]
         for track, tid in self._tracks.items():
             meta.append({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": track}})
-            meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
-                         "args": {"sort_index": tid}})
+            meta.append(
+                {"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid, "args": {"sort_index": tid}}
+            )
         return meta + self.events
 
 

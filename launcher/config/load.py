@@ -71,8 +71,11 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
         return
     old = _flat(OmegaConf.to_container(OmegaConf.load(old_path)))
     new = _flat(OmegaConf.to_container(OmegaConf.structured(job)))
-    diffs = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
-             if key.startswith(RESUME_KEYS) and old.get(key) != new.get(key)]
+    diffs = [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if key.startswith(RESUME_KEYS) and old.get(key) != new.get(key)
+    ]
     world = lambda c: c.get("cluster.nodes", 1) * (c.get("cluster.procs_per_node") or 1)  # noqa: E731
     if world(old) != world(new):
         diffs.insert(0, f"world size: {world(old)} -> {world(new)}")

@@ -54,8 +54,10 @@ class ClusterConfig:
         _check(self.max_restarts >= 0, f"cluster.max_restarts={self.max_restarts} must be >= 0")
         _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
         _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")
-        _check(self.gpu_select in ("index", "free_memory"),
-               f"cluster.gpu_select={self.gpu_select!r}; HINT: index or free_memory")
+        _check(
+            self.gpu_select in ("index", "free_memory"),
+            f"cluster.gpu_select={self.gpu_select!r}; HINT: index or free_memory",
+        )
 
 
 @dataclass
@@ -75,15 +77,23 @@ class SimClusterConfig(ClusterConfig):
         super().__post_init__()
         if self.link_gbit is not None:
             _check(self.link_gbit > 0, f"cluster.link_gbit={self.link_gbit} must be > 0")
-            _check(self.netns, f"cluster.link_gbit={self.link_gbit} shapes the namespace links; HINT: add cluster.netns=true")
+            _check(
+                self.netns,
+                f"cluster.link_gbit={self.link_gbit} shapes the namespace links; HINT: add cluster.netns=true",
+            )
         if self.node_link_gbit:
             rates = list(self.node_link_gbit)
-            _check(len(rates) == self.nodes and all(r > 0 for r in rates),
-                   f"cluster.node_link_gbit={rates} needs one rate > 0 per node (cluster.nodes={self.nodes})")
-            _check(self.netns, f"cluster.node_link_gbit={rates} shapes the namespace links; HINT: add cluster.netns=true")
+            _check(
+                len(rates) == self.nodes and all(r > 0 for r in rates),
+                f"cluster.node_link_gbit={rates} needs one rate > 0 per node (cluster.nodes={self.nodes})",
+            )
+            _check(
+                self.netns, f"cluster.node_link_gbit={rates} shapes the namespace links; HINT: add cluster.netns=true"
+            )
         _check(
             not self.gpus_per_node,
-            f"cluster.gpus_per_node={self.gpus_per_node}: simulated nodes run on the CPU; HINT: cluster.gpus_per_node=0",
+            f"cluster.gpus_per_node={self.gpus_per_node}: simulated nodes run on the CPU; "
+            "HINT: cluster.gpus_per_node=0",
         )
         octets = self.subnet.split(".")
         _check(
@@ -124,11 +134,25 @@ class SlurmClusterConfig(ClusterConfig):
             f"cluster.signal_delay_s={self.signal_delay_s} must be shorter than the time limit "
             f"(cluster.time_min={self.time_min}); HINT: raise time_min or lower signal_delay_s",
         )
-        reserved = {"nodes", "ntasks-per-node", "ntasks_per_node", "gres", "gpus-per-node", "partition", "time",
-                    "signal", "job-name", "output", "error"}
+        reserved = {
+            "nodes",
+            "ntasks-per-node",
+            "ntasks_per_node",
+            "gres",
+            "gpus-per-node",
+            "partition",
+            "time",
+            "signal",
+            "job-name",
+            "output",
+            "error",
+        }
         clash = sorted(k for k in self.extra_sbatch if k.replace("_", "-") in reserved or k in reserved)
-        _check(not clash, f"cluster.extra_sbatch sets {clash}, which the launcher derives from cluster.* keys; "
-                          "HINT: set cluster.nodes / procs_per_node / gpus_per_node / partition / time_min instead")
+        _check(
+            not clash,
+            f"cluster.extra_sbatch sets {clash}, which the launcher derives from cluster.* keys; "
+            "HINT: set cluster.nodes / procs_per_node / gpus_per_node / partition / time_min instead",
+        )
         if self.mem_gb is not None:
             _check(self.mem_gb > 0, f"cluster.mem_gb={self.mem_gb} must be > 0")
 
@@ -140,7 +164,9 @@ class TrainConfig:
     batch_size: int = 64  # GLOBAL batch, split evenly across ranks
     batch_size_per_rank: Optional[int] = None  # if set, each rank's batch is fixed and the global batch grows
     seed: int = 0  # same initial weights on every rank; rank r's data RNG is seeded with seed + r
-    resume: str = "auto"  # auto (newest valid checkpoint in the run dir) | force (same, even if the job changed) | never | PATH
+    resume: str = (
+        "auto"  # auto (newest valid checkpoint in the run dir) | force (same, even if the job changed) | never | PATH
+    )
     checkpoint_every_steps: int = 50  # 0 = only at the end
     keep_checkpoints: int = 3  # newest checkpoints kept on disk
     eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
@@ -154,14 +180,17 @@ class TrainConfig:
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
         if self.batch_size_per_rank is not None:
             _check(self.batch_size_per_rank >= 1, f"train.batch_size_per_rank={self.batch_size_per_rank} must be >= 1")
-        _check(self.checkpoint_every_steps >= 0, f"train.checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0")
+        _check(
+            self.checkpoint_every_steps >= 0, f"train.checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0"
+        )
         _check(self.keep_checkpoints >= 1, f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
         _check(self.eval_every_epochs >= 1, f"train.eval_every_epochs={self.eval_every_epochs} must be >= 1")
         _check(self.log_every_steps >= 1, f"train.log_every_steps={self.log_every_steps} must be >= 1")
         if self.resume not in ("auto", "force", "never"):
             _check(
                 Path(self.resume).is_file(),
-                f"train.resume={self.resume!r} is not a checkpoint file; HINT: use auto, force, never or a path to a .pt file",
+                f"train.resume={self.resume!r} is not a checkpoint file; "
+                "HINT: use auto, force, never or a path to a .pt file",
             )
 
 
@@ -204,8 +233,10 @@ class CommConfig:
             f"comm.hierarchical={self.hierarchical!r}; HINT: auto, true or false",
         )
         if self.bucket_cap_mb is not None:
-            _check(self.bucket_cap_mb > 0, f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized "
-                                           "from the measured link)")
+            _check(
+                self.bucket_cap_mb > 0,
+                f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized from the measured link)",
+            )
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
@@ -227,7 +258,9 @@ class DataConfig:
     test_samples: int = 1024  # synthetic
 
     def __post_init__(self) -> None:
-        _check(self.name in DATASETS, f"data.name={self.name!r} is unknown; HINT: use data=" + " or data=".join(DATASETS))
+        _check(
+            self.name in DATASETS, f"data.name={self.name!r} is unknown; HINT: use data=" + " or data=".join(DATASETS)
+        )
         _check(self.image_size >= 1 and self.channels >= 1, "data.image_size and data.channels must be >= 1")
         _check(self.num_classes >= 2, f"data.num_classes={self.num_classes} must be >= 2")
         _check(0 < self.test_fraction < 1, f"data.test_fraction={self.test_fraction} must be in (0, 1)")

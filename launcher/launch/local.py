@@ -24,11 +24,11 @@ from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import ConfigError, JobConfig
-from ..dist import listening_store
 from ..env import DistEnv
-from ..gpus import by_free_memory
 from ..failures import attempt_dir, exit_failure, record_exits
 from ..failures import report as report_failures
+from ..gpus import by_free_memory
+from ..rendezvous import listening_store
 from ..worker import run_worker
 from .plan import LaunchPlan
 
@@ -64,8 +64,9 @@ def free_port(addr: str) -> int:
         return sock.getsockname()[1]
 
 
-def agent_config(job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_host: bool, local_addr: str,
-                 node: int = 0) -> LaunchConfig:
+def agent_config(
+    job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_host: bool, local_addr: str, node: int = 0
+) -> LaunchConfig:
     """The elastic agent of one node: ``procs_per_node`` workers, c10d rendezvous at ``endpoint``."""
     c = job.cluster
     return LaunchConfig(
@@ -92,7 +93,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
     # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
-    # (launcher.dist.listening_store) instead of a second agent store that would listen on every interface.
+    # (launcher.rendezvous.listening_store) instead of a second agent store that would listen on every interface.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if config.rdzv_configs.get("is_host"):
         addr, port = config.rdzv_endpoint.rsplit(":", 1)
@@ -104,19 +105,27 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank", job.run_dir)
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory
-        record_exits(attempt_dir(job.run_dir, config.run_id, config.max_restarts),
-                     [exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node) for rank, f in exc.failures.items()])
+        record_exits(
+            attempt_dir(job.run_dir, config.run_id, config.max_restarts),
+            [exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node) for rank, f in exc.failures.items()],
+        )
         if report:
             report_failures(job.run_dir, config.run_id)
         return 1
     except RendezvousTimeoutError:
-        print(f"launcher: node {node}: the rendezvous at {config.rdzv_endpoint} did not gather {config.min_nodes} "
-              f"nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s); HINT: see the other "
-              "nodes' agents (did they start? can they reach this address?)", file=sys.stderr)
+        print(
+            f"launcher: node {node}: the rendezvous at {config.rdzv_endpoint} did not gather {config.min_nodes} "
+            f"nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s); HINT: see the other "
+            "nodes' agents (did they start? can they reach this address?)",
+            file=sys.stderr,
+        )
         return 1
     except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
-        print(f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "
-              f"hydra.run.dir={job.run_dir} to continue", file=sys.stderr)
+        print(
+            f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "
+            f"hydra.run.dir={job.run_dir} to continue",
+            file=sys.stderr,
+        )
         return 128 + int(exc.sigval)
     return 0
 

@@ -17,8 +17,10 @@ from ..config import ConfigError
 def check_netns_possible() -> None:
     """Clear errors before anything starts."""
     if os.geteuid() != 0:
-        raise ConfigError("cluster.netns=true needs root to create network namespaces; HINT: run as root, or drop "
-                          "cluster.netns (virtual nodes then share loopback)")
+        raise ConfigError(
+            "cluster.netns=true needs root to create network namespaces; HINT: run as root, or drop "
+            "cluster.netns (virtual nodes then share loopback)"
+        )
     if shutil.which("ip") is None or shutil.which("tc") is None:
         raise ConfigError("cluster.netns=true needs iproute2 (ip, tc); HINT: apt-get install iproute2")
 
@@ -61,7 +63,7 @@ class SimNetwork:
         out = subprocess.run([*self.prefix(node), "cat", path], capture_output=True, text=True, check=True)
         return int(out.stdout)
 
-    def __enter__(self) -> "SimNetwork":
+    def __enter__(self) -> SimNetwork:
         if not self.netns:
             return self
         try:
@@ -83,8 +85,25 @@ class SimNetwork:
                 self._hosts_file(ns, node)
                 rate = self.node_link_gbit[node] if self.node_link_gbit else self.link_gbit
                 if rate:
-                    _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                         "rate", f"{rate}gbit", "burst", self.burst, "latency", "50ms")
+                    _run(
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        f"{rate}gbit",
+                        "burst",
+                        self.burst,
+                        "latency",
+                        "50ms",
+                    )
         except BaseException:
             self.__exit__()
             raise

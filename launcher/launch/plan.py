@@ -36,15 +36,17 @@ class LaunchPlan:
 
     def describe(self) -> str:
         devices = f"{self.gpus_per_node} GPU(s)/node, nccl" if self.gpus_per_node else "CPU"
-        return "\n".join([
-            f"mode        : {self.mode}",
-            f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}",
-            f"devices     : {devices} (backend {self.backend})",
-            f"rendezvous  : {self.rendezvous}",
-            f"max restarts: {self.max_restarts}",
-            f"entry       : {self.entry}",
-            f"run dir     : {self.run_dir}",
-        ])
+        return "\n".join(
+            [
+                f"mode        : {self.mode}",
+                f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}",
+                f"devices     : {devices} (backend {self.backend})",
+                f"rendezvous  : {self.rendezvous}",
+                f"max restarts: {self.max_restarts}",
+                f"entry       : {self.entry}",
+                f"run dir     : {self.run_dir}",
+            ]
+        )
 
 
 def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfig, LaunchPlan]:
@@ -104,12 +106,19 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         mode, rendezvous = "slurm-task", f"{env.master_addr}:{env.master_port} (rank 0 hosts the store)"
     elif c.kind == "slurm":
         mode = c.kind
-        rendezvous = ("Slurm: MASTER_ADDR = the job's first node, MASTER_PORT = "
-                      + (str(c.master_port) if c.master_port else "20000 + job id % 20000"))
+        rendezvous = "Slurm: MASTER_ADDR = the job's first node, MASTER_PORT = " + (
+            str(c.master_port) if c.master_port else "20000 + job id % 20000"
+        )
     elif c.kind == "sim":
         mode = c.kind
-        net = (f"network namespaces on {c.subnet}.0/24" + (f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit
-               else ", unshaped links")) if c.netns else "loopback"
+        net = (
+            (
+                f"network namespaces on {c.subnet}.0/24"
+                + (f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit else ", unshaped links")
+            )
+            if c.netns
+            else "loopback"
+        )
         rendezvous = f"c10d on node 0's agent; {net}"
     else:
         mode = c.kind
@@ -121,7 +130,8 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         entry = f"script {job.script} {' '.join(job.script_args)}".rstrip()
     else:
         entry = f"trainer: model {job.model['_target_']} on data {job.data.name}" + (
-            " (after the doctor's preflight checks)" if job.preflight else "")
+            " (after the doctor's preflight checks)" if job.preflight else ""
+        )
     plan = LaunchPlan(
         mode=mode,
         nodes=c.nodes,

@@ -36,13 +36,26 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
         agents = []
         for node in range(c.nodes):
             env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
-            cmd = [*net.prefix(node), sys.executable, "-m", "launcher.launch.node", job.run_dir, str(c.nodes),
-                   str(node), f"{master}:{port}", run_id, net.addr(node)]
+            cmd = [
+                *net.prefix(node),
+                sys.executable,
+                "-m",
+                "launcher.launch.node",
+                job.run_dir,
+                str(c.nodes),
+                str(node),
+                f"{master}:{port}",
+                run_id,
+                net.addr(node),
+            ]
             agents.append(subprocess.Popen(cmd, env=env))
         code, failed_node = wait_agents(agents)
         if code not in (0, 130, 143) and not report_failures(job.run_dir, run_id):
-            print(f"launcher: node {failed_node}'s agent exited with code {code} (no rank recorded a failure; "
-                  f"see {job.run_dir}/logs)", file=sys.stderr)
+            print(
+                f"launcher: node {failed_node}'s agent exited with code {code} (no rank recorded a failure; "
+                f"see {job.run_dir}/logs)",
+                file=sys.stderr,
+            )
     return code
 
 

@@ -43,9 +43,14 @@ def executor(job: JobConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
     ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
     params: dict[str, Any] = dict(
-        name=c.job_name, nodes=c.nodes, tasks_per_node=c.procs_per_node, cpus_per_task=c.cpus_per_task,
-        timeout_min=c.time_min, slurm_signal_delay_s=c.signal_delay_s,
-        slurm_additional_parameters=dict(c.extra_sbatch), slurm_setup=list(c.setup),
+        name=c.job_name,
+        nodes=c.nodes,
+        tasks_per_node=c.procs_per_node,
+        cpus_per_task=c.cpus_per_task,
+        timeout_min=c.time_min,
+        slurm_signal_delay_s=c.signal_delay_s,
+        slurm_additional_parameters=dict(c.extra_sbatch),
+        slurm_setup=list(c.setup),
         # a rank that fails ends the job at once instead of leaving its peers waiting for collective timeouts
         slurm_srun_args=["--kill-on-bad-exit=1"],
     )
@@ -87,8 +92,14 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
         check_store_port(env, derived=not job.cluster.master_port)
     # Only SIGUSR2: Slurm warns with it cluster.signal_delay_s ahead of a preemption or the time limit; its
     # SIGTERM that follows is the end, not a request.
-    return rank_main(job, env, composed_here=composed_here, stop_signals=(signal.SIGUSR2,),
-                     after_stop=requeue_after_stop, task=f"task {env.rank} of Slurm job {env.job_id}")
+    return rank_main(
+        job,
+        env,
+        composed_here=composed_here,
+        stop_signals=(signal.SIGUSR2,),
+        after_stop=requeue_after_stop,
+        task=f"task {env.rank} of Slurm job {env.job_id}",
+    )
 
 
 def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
@@ -113,8 +124,10 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     count_file = Path(job.run_dir) / "requeues.json"
     count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
     if count >= job.cluster.max_requeues:
-        raise RuntimeError(f"{exc}; not requeued: cluster.max_requeues={job.cluster.max_requeues} reached. HINT: "
-                           f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint")
+        raise RuntimeError(
+            f"{exc}; not requeued: cluster.max_requeues={job.cluster.max_requeues} reached. HINT: "
+            f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint"
+        )
     count_file.write_text(json.dumps({"count": count + 1}))
     subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
     log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, job.cluster.max_requeues)
@@ -128,9 +141,12 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
         submitted = executor(job).submit(SlurmTask(job.run_dir))
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
-    print(f"[launcher] submitted Slurm job {submitted.job_id}: {plan.world_size} task(s) on {plan.nodes} node(s)\n"
-          f"[launcher] rank 0 log: {rank_log_path(job.run_dir, 0)}\n"
-          f"[launcher] submitit files: {submitted.paths.folder}", file=sys.stderr)
+    print(
+        f"[launcher] submitted Slurm job {submitted.job_id}: {plan.world_size} task(s) on {plan.nodes} node(s)\n"
+        f"[launcher] rank 0 log: {rank_log_path(job.run_dir, 0)}\n"
+        f"[launcher] submitit files: {submitted.paths.folder}",
+        file=sys.stderr,
+    )
     return submitted
 
 
@@ -171,8 +187,14 @@ def report(submitted, world_size: int, run_dir: str) -> int:
         except (FailedJobError, UncompletedJobError) as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             kind = "died" if isinstance(exc, FailedJobError) else "stopped"
-            known.append(Failure(rank=rank, kind=kind, summary=first.strip(),
-                                 task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}"))
+            known.append(
+                Failure(
+                    rank=rank,
+                    kind=kind,
+                    summary=first.strip(),
+                    task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}",
+                )
+            )
     if not known:
         return 0
     report_failures(run_dir, str(submitted.job_id), known)

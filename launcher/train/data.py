@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -33,8 +33,11 @@ class Preempted(Exception):
     """Raised by the trainer after the stop checkpoint is written."""
 
     def __init__(self, step: int, signum: int) -> None:
-        super().__init__(f"stopped at step {step} on {signal.Signals(signum).name}" if signum else
-                         f"stopped at step {step} (another rank was signalled)")
+        super().__init__(
+            f"stopped at step {step} on {signal.Signals(signum).name}"
+            if signum
+            else f"stopped at step {step} (another rank was signalled)"
+        )
         self.step, self.signum = step, signum
 
 
@@ -49,7 +52,7 @@ class StopRequest:
         self._wakeup: Optional[tuple[socket.socket, socket.socket]] = None
         self._lock = threading.Lock()
 
-    def install(self, *signums: int) -> "StopRequest":
+    def install(self, *signums: int) -> StopRequest:
         self._signums = signums
         for signum in signums:
             signal.signal(signum, self._record)
@@ -109,9 +112,12 @@ class StopRequest:
         self.signum = signum
 
     def _expire(self, signum: int) -> None:
-        print(f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "
-              f"{signal.Signals(signum).name} (stuck in a collective or in the model?); stacks:",
-              file=sys.stderr, flush=True)
+        print(
+            f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "
+            f"{signal.Signals(signum).name} (stuck in a collective or in the model?); stacks:",
+            file=sys.stderr,
+            flush=True,
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         os._exit(128 + signum)

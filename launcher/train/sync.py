@@ -16,8 +16,8 @@ from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import MB, BucketedReducer
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
-from ..dist import broadcast_buffers
 from ..env import DistEnv
+from ..ranks import broadcast_buffers
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,15 @@ def bucket_cap_for(topology: Topology, hierarchical: bool, device: torch.device,
 
 
 class GradientSync:
-    def __init__(self, model: nn.Module, env: DistEnv, device: torch.device, cfg: CommConfig,
-                 resumed_hierarchical: Optional[bool] = None, resumed_cap_mb: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        env: DistEnv,
+        device: torch.device,
+        cfg: CommConfig,
+        resumed_hierarchical: Optional[bool] = None,
+        resumed_cap_mb: Optional[float] = None,
+    ) -> None:
         self.model = model
         self.topology = Topology.build(env)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -53,15 +60,20 @@ class GradientSync:
                 cap, why = bucket_cap_for(self.topology, self.choice.hierarchical, device, model_bytes)
             self.bucket_cap_mb: Optional[float] = cap
             self.reducer = BucketedReducer(
-                model, self.topology, bucket_cap_mb=cap, first_bucket_mb=min(cfg.first_bucket_mb, cap),
-                hierarchical=self.choice.hierarchical, find_unused_parameters=cfg.find_unused_parameters,
+                model,
+                self.topology,
+                bucket_cap_mb=cap,
+                first_bucket_mb=min(cfg.first_bucket_mb, cap),
+                hierarchical=self.choice.hierarchical,
+                find_unused_parameters=cfg.find_unused_parameters,
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
         else:
             cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_CAP_MB
-            ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                          bucket_cap_mb=cap)
+            ddp = DistributedDataParallel(
+                model, device_ids=[device] if device.type == "cuda" else None, bucket_cap_mb=cap
+            )
             if self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp

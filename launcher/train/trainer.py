@@ -19,13 +19,15 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import dist
+from .. import ranks
 from ..comm import trace
 from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
 from ..devices import describe_device, rng_state, seed_all, set_rng_state
 from ..env import DistEnv
 from ..faults import faults_for
+from ..rendezvous import Group
+from ..stall import explain_stall, is_timeout
 from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter, write_json_atomic
@@ -56,16 +58,24 @@ def check_same_weights(model: nn.Module) -> None:
     """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
-    sums = dist.all_gather_object(checksum)
+    sums = ranks.all_gather_object(checksum)
     bad = [r for r, s in enumerate(sums) if s != sums[0]]
     if bad:
         raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
 
 
 class Trainer:
-    def __init__(self, job: JobConfig, env: DistEnv, device: torch.device, backend: str,
-                 stop: Optional[StopRequest] = None) -> None:
+    def __init__(
+        self,
+        job: JobConfig,
+        env: DistEnv,
+        device: torch.device,
+        backend: str,
+        group: Optional[Group] = None,
+        stop: Optional[StopRequest] = None,
+    ) -> None:
         self.job, self.env, self.device, self.backend, self.stop = job, env, device, backend, stop
+        self.group = group
         self.run_dir = Path(job.run_dir)
         world = env.world_size
         t = job.train
@@ -80,8 +90,14 @@ class Trainer:
         self._resume_path, self._resume_state = self.agreed_resume_source(device)
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         kept = self._resume_state or {}
-        self.sync = GradientSync(model, env, device, job.comm, resumed_hierarchical=kept.get("hierarchical"),
-                                 resumed_cap_mb=kept.get("bucket_cap_mb"))
+        self.sync = GradientSync(
+            model,
+            env,
+            device,
+            job.comm,
+            resumed_hierarchical=kept.get("hierarchical"),
+            resumed_cap_mb=kept.get("bucket_cap_mb"),
+        )
         train_set, test_set = build_datasets(job.data)
         self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
         self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
@@ -103,7 +119,7 @@ class Trainer:
     def _banner(self) -> None:
         """One screen at start (rank 0): layout, every rank's device, backend, gradient sync and why, run dir."""
         env = self.env
-        devices = dist.all_gather_object(f"{env.hostname}: {describe_device(self.device)}")
+        devices = ranks.all_gather_object(f"{env.hostname}: {describe_device(self.device)}")
         if not env.is_main:
             return
         groups: list[list] = []  # consecutive ranks with the same host and device
@@ -112,8 +128,7 @@ class Trainer:
                 groups[-1][0].append(rank)
             else:
                 groups.append([[rank], where])
-        shown = [f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {w}"
-                 for r, w in groups]
+        shown = [f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {w}" for r, w in groups]
         if len(shown) > 12:
             shown = shown[:12] + [f"... and {len(shown) - 12} more (see each rank's log)"]
         t = self.job.train
@@ -146,14 +161,16 @@ class Trainer:
     def save(self) -> None:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         self._phase = f"the checkpoint at step {self.pos.step}"
-        rngs = dist.all_gather_object(rng_state())
+        rngs = ranks.all_gather_object(rng_state())
         if self.env.is_main:
             path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)
             try:
                 ckpt.save_atomic(dict(self.state(), rng=rngs), path)
             except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
                 earlier = [p for p in ckpt.list_checkpoints(self.ckpt_dir) if p != path]
-                kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
+                kept = (
+                    f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
+                )
                 raise RuntimeError(
                     f"rank 0 on {self.env.hostname}: cannot write checkpoint {path} at step {self.pos.step} "
                     f"({exc.strerror or exc}); {kept}; HINT: free space in {self.ckpt_dir} (train.keep_checkpoints "
@@ -178,7 +195,7 @@ class Trainer:
         system lagging) would otherwise resume from different steps or measure different bucket layouts."""
         path, state = self.resume_source(device)
         mine = str(path) if path is not None else None
-        chosen = dist.broadcast_object(mine)
+        chosen = ranks.broadcast_object(mine)
         if chosen != mine:
             log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
             path = Path(chosen) if chosen is not None else None
@@ -205,12 +222,12 @@ class Trainer:
         try:
             return self._fit()
         except RuntimeError as exc:
-            if not dist.is_timeout(exc):
+            if not is_timeout(exc):
                 raise
             where = self._phase
             raise RuntimeError(
                 f"rank {self.env.rank} on {self.env.hostname}: a collective at {where} timed out after "
-                f"{self.job.comm.timeout_s:.0f} s (comm.timeout_s); {dist.explain_stall(where)}"
+                f"{self.job.comm.timeout_s:.0f} s (comm.timeout_s); {explain_stall(self.group, where)}"
             ) from exc
         finally:
             if self.stop is not None:
@@ -226,8 +243,12 @@ class Trainer:
         window = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, batches, exposed comm s
         window_t0, final_loss, accuracy = time.perf_counter(), math.nan, None
         bar = tqdm(
-            total=self.total_steps, initial=self.pos.step, disable=None if env.is_main else True,
-            unit="step", dynamic_ncols=True, leave=False,
+            total=self.total_steps,
+            initial=self.pos.step,
+            disable=None if env.is_main else True,
+            unit="step",
+            dynamic_ncols=True,
+            leave=False,
         )
         quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
         if self.stop is not None:
@@ -241,8 +262,9 @@ class Trainer:
                 for x, y in self.train_loader:
                     self._trace_window(trained_steps)
                     loss = self._step(x, y)
-                    window[:2] += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
-                                                                                     device=self.device)])
+                    window[:2] += torch.stack(
+                        [loss.detach().double(), torch.ones((), dtype=torch.float64, device=self.device)]
+                    )
                     self.pos.step += 1
                     self.pos.batch_in_epoch += 1
                     trained_steps += 1
@@ -308,22 +330,29 @@ class Trainer:
             return
         if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
             self._tracing.close()
-            events = dist.all_gather_object(self._tracer.trace_events())
+            events = ranks.all_gather_object(self._tracer.trace_events())
             if self.env.is_main:
-                log.info("comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events))
+                log.info(
+                    "comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events)
+                )
             self._tracer = None
 
     def _log_window(self, window: torch.Tensor, t0: float) -> float:
         """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
         window[2] = self._exposed_s
         self._exposed_s = 0.0
-        dist.all_reduce(window)
+        ranks.all_reduce(window)
         batches = window[1].item() / self.env.world_size
         loss = window[0].item() / max(1.0, window[1].item())
         step_s = (time.perf_counter() - t0) / max(1.0, batches)
         record = {
-            "kind": "train", "step": self.pos.step, "epoch": self.pos.epoch, "loss": loss,
-            "lr": self.scheduler.get_last_lr()[0], "samples_per_s": self.global_batch / step_s, "step_s": step_s,
+            "kind": "train",
+            "step": self.pos.step,
+            "epoch": self.pos.epoch,
+            "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": self.global_batch / step_s,
+            "step_s": step_s,
         }
         if self.sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
             record["comm_exposed_s"] = window[2].item() / self.env.world_size / max(1.0, batches)
@@ -335,20 +364,23 @@ class Trainer:
         """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
         self._phase = f"the evaluation after epoch {epoch}"
         self.sync.module.eval()
-        dist.broadcast_buffers(self.model)
+        ranks.broadcast_buffers(self.model)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
         for x, y in self.test_loader:
             x, y = x.to(self.device), y.to(self.device)
             logits = self.model(x)
-            totals += torch.stack([
-                F.cross_entropy(logits, y, reduction="sum").double(),
-                (logits.argmax(1) == y).sum().double(),
-                torch.tensor(float(len(y)), dtype=torch.float64, device=self.device),
-            ])
-        dist.all_reduce(totals)
+            totals += torch.stack(
+                [
+                    F.cross_entropy(logits, y, reduction="sum").double(),
+                    (logits.argmax(1) == y).sum().double(),
+                    torch.tensor(float(len(y)), dtype=torch.float64, device=self.device),
+                ]
+            )
+        ranks.all_reduce(totals)
         loss, accuracy = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
-        self.metrics.write({"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss,
-                            "test_accuracy": accuracy})
+        self.metrics.write(
+            {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
+        )
         log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
         return accuracy
 
