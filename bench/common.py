@@ -19,7 +19,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from launcher.env import DistEnv  # noqa: E402
-from launcher.launch.local import free_port  # noqa: E402
+from launcher.launch.ports import free_port  # noqa: E402
 from launcher.rendezvous import process_group  # noqa: E402
 
 

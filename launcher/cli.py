@@ -51,10 +51,6 @@ from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit
 from .launch import plan_job
-from .launch.local import launch_local
-from .launch.sim import launch_sim
-from .launch.slurm import launch_slurm, run_slurm_rank, sbatch_preview, submit_slurm
-from .launch.torchrun import run_under_torchrun
 from .plot import plot_all
 from .sweep import Sweep
 
@@ -63,11 +59,11 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
-    """Validate, plan, freeze and launch one job. Returns the exit code. In a sweep, Slurm jobs are only
+    """Validate, plan, freeze and launch one job. Returns the exit code. In a sweep, batch jobs (Slurm) are only
     submitted here; ``Sweep.finish`` waits for all of them together."""
     env = DistEnv.resolve()
     try:
-        job, plan = plan_job(cfg, env, gpus_visible=gpu_count())
+        job, plan, mode = plan_job(cfg, env, gpus_visible=gpu_count())
         check_resumable(job, job.run_dir)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
@@ -76,14 +72,11 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         return EXIT_CONFIG
     if job.dry_run:
         print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
-        if plan.mode == "slurm":
-            print("\n# sbatch script (submitit)\n" + sbatch_preview(job))
+        if extra := mode.preview(job):
+            print("\n" + extra)
         return EXIT_OK
-    if plan.mode in ("torchrun", "slurm-task"):  # this process is one rank (of torchrun, or srun in an sbatch)
-        if plan.mode == "torchrun":
-            run_under_torchrun(job, env)
-        else:
-            run_slurm_rank(job, env, composed_here=True)
+    if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
+        mode.run(plan, job, env)
         if not (job.doctor and env.is_main):
             return EXIT_OK
         code = print_doctor(job.run_dir)
@@ -92,11 +85,10 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     freeze(job, job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
-        if plan.mode == "slurm" and sweep is not None:
-            sweep.add(job.run_dir, submitted=submit_slurm(plan, job), world_size=plan.world_size)
+        if mode.batch and sweep is not None:
+            sweep.add(job.run_dir, submitted=mode.submit(plan, job))
             return EXIT_OK
-        launch = {"sim": launch_sim, "slurm": launch_slurm}.get(plan.mode, launch_local)
-        code = launch(plan, job)
+        code = mode.run(plan, job, env)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         code = EXIT_CONFIG

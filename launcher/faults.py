@@ -46,7 +46,10 @@ def faults_for(rank: int, spec: Optional[str] = None) -> dict[int, Fault]:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
     mine = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
-        fields = dict(f.split("=", 1) if "=" in f else (f, "1") for f in part.split(","))
+        fields: dict[str, str] = {}
+        for item in part.split(","):
+            key, _, value = item.partition("=")
+            fields[key] = value if value else "1"
         if fields.get("attempt", attempt) != attempt or int(fields.get("rank", 0)) != rank:
             continue
         fault = Fault(

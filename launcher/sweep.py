@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .launch.slurm import POLL_S, report
+POLL_S = 1.0  # how often the pending jobs are asked whether they are done
 
 
 @dataclass
@@ -20,7 +20,6 @@ class _Point:
     run_dir: str = ""
     code: Optional[int] = None
     submitted: Any = None
-    world_size: int = 0
 
 
 @dataclass
@@ -31,9 +30,10 @@ class Sweep:
         self.points.append(_Point(label or "(no overrides)"))
         return self
 
-    def add(self, run_dir: str, code: Optional[int] = None, submitted: Any = None, world_size: int = 0) -> None:
+    def add(self, run_dir: str, code: Optional[int] = None, submitted: Any = None) -> None:
+        """``submitted``: a pending job (``done()``, ``finish()``, ``job_id``) of a batch mode."""
         p = self.points[-1]
-        p.run_dir, p.code, p.submitted, p.world_size = run_dir, code, submitted, world_size
+        p.run_dir, p.code, p.submitted = run_dir, code, submitted
 
     def finish(self) -> int:
         pending = [p for p in self.points if p.submitted is not None and p.code is None]
@@ -47,7 +47,7 @@ class Sweep:
         while not all(p.submitted.done() for p in pending):
             tick.wait(POLL_S)
         for p in pending:
-            p.code = report(p.submitted, p.world_size, p.run_dir)
+            p.code = p.submitted.finish()
         lines = ["[launcher] sweep results:"]
         for k, p in enumerate(self.points):
             lines.append(f"[launcher]   {k}: {p.label}: {_result(p)}  ({p.run_dir})")

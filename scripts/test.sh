@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, then run the whole test suite: ./scripts/test.sh [pytest args...]
+# Set up the environment if needed, lint and type-check, then run the whole test suite:
+#   ./scripts/test.sh [pytest args...]
 source "$(dirname "$0")/env.sh"
-cd "$(dirname "$0")/.." && exec python -m pytest "$@"
+cd "$(dirname "$0")/.." || exit 1
+ruff check . && ruff format --check . && mypy || { echo "lint/type check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
+exec python -m pytest "$@"

@@ -97,4 +97,5 @@ def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, en
     """(JobConfig, LaunchPlan) for ``overrides`` on a machine with ``gpus_visible`` GPUs."""
     from launcher.launch import plan_job
 
-    return plan_job(compose(*overrides, run_dir=run_dir), DistEnv.resolve(environ or {}), gpus_visible)
+    job, launch_plan, _ = plan_job(compose(*overrides, run_dir=run_dir), DistEnv.resolve(environ or {}), gpus_visible)
+    return job, launch_plan

@@ -12,7 +12,7 @@ import torch
 
 from helpers import REPO, plan, run_launcher
 from launcher.config import freeze
-from launcher.launch.local import free_port
+from launcher.launch.ports import free_port
 from launcher.train.checkpoint import verify
 
 SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")

@@ -51,7 +51,8 @@ class _Chunks:
     """One caller's tensor split into chunks: its Future completes when the last chunk is broadcast."""
 
     def __init__(self, tensor: torch.Tensor, count: int) -> None:
-        self.tensor, self.left, self.result = tensor, count, Future()
+        self.tensor, self.left = tensor, count
+        self.result: Future[torch.Tensor] = Future()
         self.lock = threading.Lock()
 
     def chunk_done(self) -> None:
@@ -65,7 +66,7 @@ class _Chunks:
         with self.lock:
             first = not self.result.done()
             if first:
-                self.result.set_exception(exc)
+                self.result.set_exception(exc)  # type: ignore[arg-type]
 
 
 class _Pipeline:
@@ -76,7 +77,7 @@ class _Pipeline:
     def __init__(self, topology: Topology) -> None:
         t = topology
         leader, leads = t.leader, t.is_leader
-        self._inboxes = [queue.SimpleQueue() for _ in range(3)]
+        self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
 
         def reduce(chunk: torch.Tensor) -> None:
             with trace.span("reduce", "reduce (node)", mb=_mb(chunk)):

@@ -164,10 +164,11 @@ class BucketedReducer:
     def _on_grad(self, param: nn.Parameter) -> None:
         index, slot = self._where[id(param)]
         bucket, view = self.buckets[index], self.buckets[index].views[slot]
-        fresh = param.grad is not None and param.grad.data_ptr() != view.data_ptr()
+        grad = param.grad
+        fresh = grad is not None and grad.data_ptr() != view.data_ptr()
         if not self._sync:
-            if fresh:  # first micro-step after zero_grad: into the bucket; later ones add in place
-                view.copy_(param.grad)
+            if grad is not None and fresh:  # first micro-step after zero_grad: into the bucket; later ones add in place
+                view.copy_(grad)
                 param.grad = view
             return
         if not self._armed:
@@ -175,8 +176,8 @@ class BucketedReducer:
         if id(param) in bucket.seen:
             return  # one count per parameter per backward pass
         # average: divide before the sum (no overflow in low precision), fused with the copy into the bucket
-        if fresh:
-            torch.div(param.grad, self.world_size, out=view)
+        if grad is not None and fresh:
+            torch.div(grad, self.world_size, out=view)
             param.grad = view
         else:
             view.div_(self.world_size)
@@ -200,9 +201,11 @@ class BucketedReducer:
             if (tracer := trace.active()) is not None:  # comm.trace: the bucket's allreduce on the timeline
                 name, start = f"bucket {self._next}", time.perf_counter_ns()
                 mb = round(bucket.buffer.numel() * bucket.buffer.element_size() / MB, 3)
-                bucket.future.then(
-                    lambda _, n=name, t=start, m=mb: tracer.record(n, "buckets", t, time.perf_counter_ns(), mb=m)
-                )
+
+                def done(_: object, n: str = name, t: int = start, m: float = mb, rec=tracer.record) -> None:
+                    rec(n, "buckets", t, time.perf_counter_ns(), mb=m)
+
+                bucket.future.then(done)
             self._next += 1
             self.launched += 1
 
@@ -226,7 +229,8 @@ class BucketedReducer:
         start = time.perf_counter()
         with trace.span("wait for buckets", "step"):
             for bucket in self.buckets:
-                bucket.future.wait()
+                if bucket.future is not None:
+                    bucket.future.wait()
                 bucket.future = None  # no reference to the backend's work outlives the step
         self.last_wait_s = time.perf_counter() - start
 

@@ -1,5 +1,20 @@
-"""Launch modes, one module each: ``local`` (elastic agent on this host) and ``torchrun`` (already a worker)."""
+"""Launch modes, one module each, behind one protocol (``mode.py``), asked in this fixed order:
 
+1. ``torchrun``: this process is a rank of torchrun (or any elastic agent): run it here;
+2. ``slurm-task``: this process is an srun task of a user's sbatch script: run it here;
+3. ``slurm``: ``+cluster=slurm``, submit through submitit;
+4. ``sim``: ``+cluster=sim``, one elastic agent per virtual node on this host;
+5. ``local``: one elastic agent on this host.
+"""
+
+from .local import LocalMode
+from .mode import BaseMode
 from .plan import LaunchPlan, plan_job
+from .sim import SimMode
+from .slurm import SlurmMode
+from .slurm_task import SlurmTaskMode
+from .torchrun import TorchrunMode
 
-__all__ = ["LaunchPlan", "plan_job"]
+MODES: tuple[BaseMode, ...] = (TorchrunMode(), SlurmTaskMode(), SlurmMode(), SimMode(), LocalMode())
+
+__all__ = ["MODES", "BaseMode", "LaunchPlan", "plan_job"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from ..config import load_frozen
-from .local import agent_config, run_agent
+from .agent import agent_config, run_agent
 
 
 def main(argv: list[str]) -> int:

@@ -17,18 +17,40 @@ import sys
 import threading
 import uuid
 
-from ..config import JobConfig
+from ..config import JobConfig, SimClusterConfig
+from ..env import DistEnv
 from ..failures import report as report_failures
-from .local import free_port
-from .netns import SimNetwork
+from .mode import BaseMode
+from .netns import SimNetwork, check_netns_possible
 from .plan import LaunchPlan
+from .ports import free_port
 
 GRACE_S = 5.0  # the job's report must follow a failure within 10 s
 SIM_PORT = 29400  # inside fresh namespaces nothing else listens
 
 
+class SimMode(BaseMode):
+    name = "sim"
+
+    def validate(self, job: JobConfig, env: DistEnv, gpus_visible: int) -> None:
+        if isinstance(job.cluster, SimClusterConfig) and job.cluster.netns:
+            check_netns_possible()
+
+    def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
+        c = job.cluster
+        if not (isinstance(c, SimClusterConfig) and c.netns):
+            return "c10d on node 0's agent; loopback"
+        links = f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit else ", unshaped links"
+        return f"c10d on node 0's agent; network namespaces on {c.subnet}.0/24{links}"
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        return launch_sim(plan, job)
+
+
 def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     c = job.cluster
+    if not isinstance(c, SimClusterConfig):
+        raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
     run_id = uuid.uuid4().hex[:12]
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         master = net.addr(0)

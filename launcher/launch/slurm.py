@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,51 @@ from ..config import ConfigError, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..failures import Failure
 from ..failures import report as report_failures
+from ..files import write_json_atomic
 from ..logs import rank_log_path
-from .local import port_in_use
+from .mode import BaseMode
 from .plan import LaunchPlan
+from .ports import port_in_use
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often the log is streamed and the job state polled while waiting
+
+
+class SlurmMode(BaseMode):
+    name = "slurm"
+    batch = True
+
+    def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
+        port = job.cluster.master_port or "20000 + job id % 20000"
+        return f"Slurm: MASTER_ADDR = the job's first node, MASTER_PORT = {port}"
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        return launch_slurm(plan, job)
+
+    def preview(self, job: JobConfig) -> str:
+        return "# sbatch script (submitit)\n" + sbatch_preview(job)
+
+    def submit(self, plan: LaunchPlan, job: JobConfig) -> PendingJob:
+        return PendingJob(submit_slurm(plan, job), plan.world_size, job.run_dir)
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A submitted job a sweep waits for: ``done()``, then ``finish()`` reports it and gives its exit code."""
+
+    submitted: Any
+    world_size: int
+    run_dir: str
+
+    @property
+    def job_id(self) -> str:
+        return str(self.submitted.job_id)
+
+    def done(self) -> bool:
+        return bool(self.submitted.done())
+
+    def finish(self) -> int:
+        return report(self.submitted, self.world_size, self.run_dir)
 
 
 def executor(job: JobConfig):
@@ -123,14 +163,15 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
 def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     count_file = Path(job.run_dir) / "requeues.json"
     count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
-    if count >= job.cluster.max_requeues:
+    c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
+    if count >= c.max_requeues:
         raise RuntimeError(
-            f"{exc}; not requeued: cluster.max_requeues={job.cluster.max_requeues} reached. HINT: "
+            f"{exc}; not requeued: cluster.max_requeues={c.max_requeues} reached. HINT: "
             f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint"
         )
-    count_file.write_text(json.dumps({"count": count + 1}))
+    write_json_atomic(count_file, {"count": count + 1})
     subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
-    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, job.cluster.max_requeues)
+    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, c.max_requeues)
 
 
 def submit_slurm(plan: LaunchPlan, job: JobConfig):
@@ -152,7 +193,7 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
 
 def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     submitted = submit_slurm(plan, job)
-    if not job.cluster.wait:
+    if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
     stream_until_done(submitted, rank_log_path(job.run_dir, 0))
     return report(submitted, plan.world_size, job.run_dir)

@@ -1,4 +1,4 @@
-"""Under torchrun this process already is a worker: run it here, no second spawn.
+"""Torchrun mode: ``torchrun ... -m launcher [overrides]`` makes this process one rank already; run it here.
 
 ``torchrun --standalone --nproc_per_node=2 -m launcher [overrides]`` composes the config on every rank (same
 command line, same result); rank 0 writes it into the run dir. Errors go through ``@record`` so torchrun's
@@ -7,11 +7,27 @@ agent reports the failing rank's traceback; the launcher's own failure records a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..config import JobConfig
 from ..env import DistEnv
-from ..rank import rank_main
+from .mode import StartedMode
+
+if TYPE_CHECKING:
+    from .plan import LaunchPlan
 
 
-def run_under_torchrun(job: JobConfig, env: DistEnv) -> int:
-    rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: same stop signals as ours
-    return 0
+class TorchrunMode(StartedMode):
+    name = "torchrun"
+    starter = "torchrun"
+    layout_flags = "--nnodes/--nproc_per_node"
+    store_host = "torchrun's store"
+
+    def detect(self, env: DistEnv, kind: str) -> bool:
+        return env.source == "elastic"
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        from ..rank import rank_main
+
+        rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: the same stop signals as ours
+        return 0

@@ -1,0 +1,88 @@
+"""One node's torch elastic agent (the machinery torchrun uses): ``procs_per_node`` workers started as
+``python -m launcher.rank RUN_DIR``, c10d rendezvous, restarts, and on failure the records the job's report needs.
+Used by the local mode (one agent in the launcher process), simulated nodes and nodes started by hand
+(``launch/node.py``, one agent process per node)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ..config import JobConfig
+from ..failures import attempt_dir, exit_failure, record_exits
+from ..failures import report as report_failures
+from ..rendezvous import listening_store
+
+
+def agent_config(
+    job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_host: bool, local_addr: str, node: int = 0
+) -> LaunchConfig:
+    """The elastic agent of one node: ``procs_per_node`` workers, c10d rendezvous at ``endpoint``."""
+    c = job.cluster
+    return LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=int(c.procs_per_node or 1),
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={"join_timeout": max(1, round(c.join_timeout_s)), "is_host": is_host},
+        max_restarts=c.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{node}")),
+    )
+
+
+def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool = True) -> int:
+    """Run one node's agent to the end. On failure, record how each of its ranks ended, print the job's report
+    (``report``: the agent is the only one; with several agents the launcher reports once for all) and
+    return 1."""
+    # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
+    # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
+    # (launcher.rendezvous.listening_store) instead of a second agent store that would listen on every interface.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if config.rdzv_configs.get("is_host"):
+        addr, port = config.rdzv_endpoint.rsplit(":", 1)
+        _store = listening_store(addr, int(port))  # lives until the agent returns
+        config.rdzv_endpoint = f"{addr}:{_store.port}"
+    try:
+        # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
+        # the exit code of every worker, not only the first in its poll order.
+        elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank", job.run_dir)
+    except ChildFailedError as exc:
+        # restarts are exhausted: the workers' records are in the last attempt's directory
+        record_exits(
+            attempt_dir(job.run_dir, config.run_id, config.max_restarts),
+            [exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node) for rank, f in exc.failures.items()],
+        )
+        if report:
+            report_failures(job.run_dir, config.run_id)
+        return 1
+    except RendezvousTimeoutError:
+        print(
+            f"launcher: node {node}: the rendezvous at {config.rdzv_endpoint} did not gather {config.min_nodes} "
+            f"nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s); HINT: see the other "
+            "nodes' agents (did they start? can they reach this address?)",
+            file=sys.stderr,
+        )
+        return 1
+    except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
+        print(
+            f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "
+            f"hydra.run.dir={job.run_dir} to continue",
+            file=sys.stderr,
+        )
+        return 128 + int(exc.sigval)
+    return 0

@@ -1,0 +1,89 @@
+"""The launch-mode protocol: each way to start a job is one module in ``launch/`` with one ``LaunchMode`` class.
+
+A mode answers five questions, in this order, for ``plan_job``:
+  detect         is it the mode of this process? (``MODES`` asks in a fixed order, the first yes wins)
+  fill_defaults  machine-dependent defaults into the composed config, before validation (so the frozen config
+                 holds what the job really ran with); may refuse an override that contradicts the starter
+  validate       mode-specific checks on the typed job (``ConfigError`` with the fix, before anything starts)
+  rendezvous     one line for the plan: where the ranks meet
+  run            start the job and return the exit code
+``in_process`` modes are already one rank of a job that something else started (torchrun, srun); ``batch``
+modes can submit and return (``submit``), so a sweep waits for all its points together.
+
+Adding a mode: a module with a class following ``BaseMode``, its schema in ``config/schema.py`` (a
+``ClusterConfig`` subclass, registered in ``config/load.py``), ``conf/cluster/<kind>.yaml``, and its place in
+``MODES`` (``launch/__init__.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from omegaconf import DictConfig
+
+from ..config import ConfigError, JobConfig
+from ..env import DistEnv
+
+if TYPE_CHECKING:
+    from .plan import LaunchPlan
+
+CPU_PROCS_PER_NODE = 2
+
+
+class BaseMode:
+    """Defaults shared by the modes that start processes themselves (local, sim, Slurm)."""
+
+    name: ClassVar[str] = ""
+    in_process: ClassVar[bool] = False  # this process is already one rank
+    batch: ClassVar[bool] = False  # ``submit`` returns at once with a pending job
+
+    def detect(self, env: DistEnv, kind: str) -> bool:
+        return kind == self.name
+
+    def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
+        if cluster.gpus_per_node is None:
+            cluster.gpus_per_node = 0  # the submitting host's GPUs say nothing about the nodes'
+        if cluster.procs_per_node is None:
+            gpus = cluster.gpus_per_node
+            cluster.procs_per_node = gpus if isinstance(gpus, int) and gpus > 0 else CPU_PROCS_PER_NODE
+
+    def validate(self, job: JobConfig, env: DistEnv, gpus_visible: int) -> None:
+        pass
+
+    def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
+        raise NotImplementedError
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        raise NotImplementedError
+
+    def preview(self, job: JobConfig) -> str:
+        """Extra text for ``dry_run=true`` (e.g. the sbatch script)."""
+        return ""
+
+    def submit(self, plan: LaunchPlan, job: JobConfig) -> Any:
+        raise NotImplementedError(f"{self.name} jobs are not submitted in batch")
+
+
+class StartedMode(BaseMode):
+    """Already one rank of a job another launcher started (torchrun, srun): its layout decides."""
+
+    in_process = True
+    starter: ClassVar[str] = ""  # who started us, for messages
+    layout_flags: ClassVar[str] = ""  # how the user sets the layout there
+    store_host: ClassVar[str] = ""  # who hosts the rendezvous store
+
+    def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
+        given = {"nodes": cluster.nodes, "procs_per_node": cluster.procs_per_node}
+        started = {"nodes": env.num_nodes, "procs_per_node": env.local_world_size}
+        for key, value in given.items():
+            if value is not None and value != started[key] and not (key == "nodes" and value == 1):
+                raise ConfigError(
+                    f"cluster.{key}={value} but {self.starter} started {started[key]}; HINT: drop the override, "
+                    f"{self.starter}'s layout ({self.layout_flags}) decides"
+                )
+        cluster.nodes, cluster.procs_per_node = started["nodes"], started["procs_per_node"]
+        if cluster.gpus_per_node is None:
+            cluster.gpus_per_node = env.local_world_size if gpus_visible >= env.local_world_size else 0
+
+    def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
+        return f"{env.master_addr}:{env.master_port} ({self.store_host})"
