@@ -6,7 +6,8 @@ local rank, usually a peer that failed a moment after the real cause), and each 
 workers. So:
 - every rank writes a failure record into the run dir (on a shared file system in every multi-node mode) the
   moment its error is first caught, before it tears its process group down (which is what makes its peers
-  fail), with termination signals held off while it writes;
+  fail); from then on it ignores the launcher's stop signals (it is ending anyway, and a kill mid-write would
+  leave a truncated record, or a truncated elastic error file that crashes torch's agent);
 - an agent adds a record for each of its ranks that ended without one (a signal, ``os._exit``);
 - one reporter reads them all and chooses.
 
@@ -35,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class Failure:
     summary: str  # one line: "RuntimeError: boom", "died with signal 9 (SIGKILL)"
     host: str = "?"
     node: int = 0
+    nodes: int = 1  # the job's node count: a report names nodes when there are several
     pid: int = 0
     task: str = ""  # the scheduler's name for the process, e.g. "task 2 of Slurm job 17"
     traceback: str = ""
@@ -125,23 +127,24 @@ def format_traceback(exc: BaseException) -> str:
 
 
 def _write(path: Path, failure: Failure) -> None:
-    """Write with SIGTERM/SIGINT held off: the launcher stopping this rank must not cut its record short."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, asdict(failure))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, asdict(failure))
 
 
 class FailureLog:
     """This rank's failure record: the first failure caught is written, once. A single process (no peers to
-    confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint)."""
+    confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint);
+    ``on_failure``: called first (the rank's stop handling stops listening to stop signals)."""
 
     def __init__(
-        self, run_dir: str | Path, env: DistEnv, task: str = "", ignore: tuple[type[BaseException], ...] = ()
+        self,
+        run_dir: str | Path,
+        env: DistEnv,
+        task: str = "",
+        ignore: tuple[type[BaseException], ...] = (),
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
-        self.env, self.task, self.ignore = env, task, ignore
+        self.env, self.task, self.ignore, self.on_failure = env, task, ignore, on_failure
         self.path = record_path(run_dir, env.job_id, env.restart_count, env.rank)
         self.written = False
 
@@ -151,6 +154,8 @@ class FailureLog:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             return
         self.written = True
+        if self.on_failure is not None:
+            self.on_failure()
         summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
         _write(
             self.path,
@@ -160,6 +165,7 @@ class FailureLog:
                 summary=summary[-1] if summary else type(exc).__name__,
                 host=self.env.hostname or socket.gethostname(),
                 node=self.env.node_rank,
+                nodes=self.env.num_nodes,
                 pid=os.getpid(),
                 task=self.task,
                 traceback=format_traceback(exc),
@@ -177,7 +183,9 @@ class FailureLog:
             raise
 
 
-def exit_failure(rank: int, pid: int, exitcode: int, host: str, node: int = 0, task: str = "") -> Failure:
+def exit_failure(
+    rank: int, pid: int, exitcode: int, host: str, node: int = 0, nodes: int = 1, task: str = ""
+) -> Failure:
     """What a rank that ended without a record of its own died of, from its exit code (negative: a signal)."""
     if exitcode < 0:
         try:
@@ -190,7 +198,15 @@ def exit_failure(rank: int, pid: int, exitcode: int, host: str, node: int = 0, t
         kind = "stopped" if exitcode in STOP_CODES else "died"
         summary = f"exited with code {exitcode}"
     return Failure(
-        rank=rank, kind=kind, summary=summary, host=host, node=node, pid=pid, task=task, time_ns=time.time_ns()
+        rank=rank,
+        kind=kind,
+        summary=summary,
+        host=host,
+        node=node,
+        nodes=nodes,
+        pid=pid,
+        task=task,
+        time_ns=time.time_ns(),
     )
 
 
@@ -224,7 +240,7 @@ def ranked(failures: Iterable[Failure]) -> list[Failure]:
 
 def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
     cause, *others = ranked(failures)
-    nodes = any(f.node for f in failures)  # several nodes: say which, hosts may share a name (simulated nodes)
+    nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
     what = cause.summary if cause.kind in ("died", "stopped") else "failed:"
     lines = [f"launcher: {cause.who(nodes)} {what}"]
     lines.append(cause.traceback or (cause.summary if what == "failed:" else ""))

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Optional
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_error_handler
 
 from .config import JobConfig, freeze, load_frozen
 from .env import DistEnv
@@ -59,28 +59,40 @@ def rank_main(
     every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
     if composed_here and env.is_main:
         freeze(job, job.run_dir)
-    failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,))
     stop = StopRequest().install(*stop_signals)
+    failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,), on_failure=stop.hold)
+    elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
+    elastic_errors.initialize()
     try:
-        result = record(run_worker)(job, env, stop=stop, failures=failures)
+        result = run_worker(job, env, stop=stop, failures=failures)
     except Preempted as exc:
         stop.uninstall()
         try:
             after_stop(job, env, exc)
         except BaseException as after:  # SystemExit(0): stopped for good, no result (a requeued Slurm job)
-            failures.record(after)
-            end_process_at_exit(0 if isinstance(after, SystemExit) and after.code in (None, 0) else 1)
+            failed(failures, elastic_errors, after)
             raise
         end_process_at_exit(0)
         return None
     except BaseException as exc:
-        failures.record(exc)  # a no-op when recorded inside (before the process group went down)
-        end_process_at_exit(1)
+        failed(failures, elastic_errors, exc)
         raise
     finally:
         stop.uninstall()
     end_process_at_exit(0)
     return result
+
+
+def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseException) -> None:
+    """Record ``exc`` (a no-op when recorded inside, before the process group went down; stop signals are
+    ignored from then on) and the elastic error file, and make the process end with its exit code."""
+    failures.record(exc)
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        end_process_at_exit(0)
+        return
+    if isinstance(exc, Exception):
+        elastic_errors.record_exception(exc)
+    end_process_at_exit(1)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

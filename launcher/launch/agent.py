@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import JobConfig
@@ -65,7 +65,10 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         # restarts are exhausted: the workers' records are in the last attempt's directory
         record_exits(
             attempt_dir(job.run_dir, config.run_id, config.max_restarts),
-            [exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node) for rank, f in exc.failures.items()],
+            [
+                exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node, config.max_nodes)
+                for rank, f in exc.failures.items()
+            ],
         )
         if report:
             report_failures(job.run_dir, config.run_id)
@@ -85,4 +88,8 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
             file=sys.stderr,
         )
         return 128 + int(exc.sigval)
+    except RendezvousError as exc:  # the node hosting the rendezvous ended (its failure is in the job's report)
+        if report:
+            print(f"launcher: node {node}: lost the rendezvous at {config.rdzv_endpoint} ({exc})", file=sys.stderr)
+        return 1
     return 0

@@ -51,6 +51,7 @@ class StopRequest:
         self._signums: tuple[int, ...] = ()
         self._wakeup: Optional[tuple[socket.socket, socket.socket]] = None
         self._lock = threading.Lock()
+        self._held = False  # failing: stop signals ignored (``hold``)
 
     def install(self, *signums: int) -> StopRequest:
         self._signums = signums
@@ -71,11 +72,21 @@ class StopRequest:
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     self._start_grace(signum)
 
+    def hold(self) -> None:
+        """This rank is failing and ending: from now on stop signals are ignored (main thread only), so the
+        launcher stopping the job cannot cut its failure record short; the launcher kills it if it does not end."""
+        with self._lock:
+            self._held = True
+        for signum in self._signums:
+            signal.signal(signum, signal.SIG_IGN)
+
     def _start_grace(self, signum: int) -> None:
         """Armed: stop at the next step boundary, or after ``grace_s`` with the stacks. Not armed (start-up, the
         evaluation at the end): nothing to checkpoint, so end now, even while the main thread is blocked in C++
         (joining the group, a collective) where the Python handler would not run."""
         with self._lock:
+            if self._held:
+                return
             if not self.armed:
                 sys.stderr.flush()
                 os._exit(128 + signum)
@@ -88,7 +99,7 @@ class StopRequest:
         """Default actions again: a later signal (the agent's, after our checkpoint) ends the process at once."""
         self.disarm()
         for signum in self._signums:
-            signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signum, signal.SIG_IGN if self._held else signal.SIG_DFL)
         if self._wakeup is not None:
             signal.set_wakeup_fd(-1)
             self._wakeup[1].close()  # the watcher's recv returns b"" and it ends
@@ -105,6 +116,8 @@ class StopRequest:
                 self._timer = None
 
     def _record(self, signum: int, frame: object) -> None:
+        if self._held:
+            return
         if not self.armed and signum in (signal.SIGTERM, signal.SIGINT):
             self.uninstall()  # nothing to checkpoint yet (or any more): stop now, as without a handler
             os.kill(os.getpid(), signum)
