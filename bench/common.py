@@ -72,17 +72,8 @@ def run_in_namespaces(
 
     procs = []
     for rank, (node, local) in enumerate(placement):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(placement)),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(per_node),
-            "GROUP_RANK": str(node),
-            "MASTER_ADDR": net.addr(0),
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": net.ifname(node),
-        }
+        where = DistEnv(rank, local, len(placement), per_node, node, len(placement) // per_node, net.addr(0), port)
+        env = {**os.environ, **where.torchrun_environ(), "GLOO_SOCKET_IFNAME": net.ifname(node)}
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         procs.append(
             subprocess.Popen(

@@ -86,6 +86,20 @@ class DistEnv:
             f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}{attempt}"
         )
 
+    def torchrun_environ(self) -> dict[str, str]:
+        """The torchrun variables describing this rank (the reverse of ``TORCHRUN_VARS``), for scripts written
+        against torchrun and for processes this one starts."""
+        v = TORCHRUN_VARS
+        return {
+            v["rank"]: str(self.rank),
+            v["local_rank"]: str(self.local_rank),
+            v["world_size"]: str(self.world_size),
+            v["local_world_size"]: str(self.local_world_size),
+            v["node_rank"]: str(self.node_rank),
+            v["master_addr"]: self.master_addr,
+            v["master_port"]: str(self.master_port),
+        }
+
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
         """torchrun env if RANK & co. are set, else Slurm task env, else a single process."""

@@ -8,7 +8,7 @@
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
 - ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
   step's gradient allreduce;
-- ``attempt=A``: only in restart attempt A (TORCHELASTIC_RESTART_COUNT, or SLURM_RESTART_COUNT when requeued);
+- ``attempt=A``: only in restart attempt A (the DistEnv's restart count: elastic restarts or Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
 
@@ -19,6 +19,8 @@ import signal
 import threading
 from dataclasses import dataclass
 from typing import Optional
+
+from .env import DistEnv
 
 FAULT_ENV = "LAUNCHER_FAULT"
 
@@ -40,10 +42,10 @@ class Fault:
         os.kill(os.getppid() if self.target == "parent" else os.getpid(), self.signum)
 
 
-def faults_for(rank: int, spec: Optional[str] = None) -> dict[int, Fault]:
-    """This rank's faults in this attempt, by step."""
+def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
+    """This rank's faults in this attempt (``env.restart_count``: restarts or requeues so far), by step."""
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+    rank, attempt = env.rank, str(env.restart_count)
     mine = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         fields: dict[str, str] = {}

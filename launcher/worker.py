@@ -13,7 +13,7 @@ import torch
 
 from .config import JobConfig
 from .devices import backend_for, rank_device
-from .env import DistEnv
+from .env import TORCHRUN_VARS, DistEnv
 from .failures import FailureLog
 from .faults import faults_for
 from .logs import setup_logging
@@ -44,12 +44,12 @@ def run_worker(
     failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
     if job.script is not None:
-        os.environ.update(torchrun_environ(env))  # what the script reads, whichever launcher started us
+        os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
         store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
         if env.world_size > 1:
             if env.rank == 0 and not env.agent_store:
                 store = listening_store(env.master_addr, env.master_port)
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # so the script's init connects as a client
+            os.environ[TORCHRUN_VARS["agent_store"]] = "True"  # so the script's init connects as a client
         try:
             with failures.catching():
                 run_script(job.script, job.script_args)
@@ -62,7 +62,7 @@ def run_worker(
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
-    if (fault := faults_for(env.rank).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
+    if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
     with (
         process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s) as group,
@@ -75,19 +75,6 @@ def run_worker(
             if job.doctor:
                 return report
         return Trainer(job, env, device, backend, group=group, stop=stop).fit()
-
-
-def torchrun_environ(env: DistEnv) -> dict[str, str]:
-    """The torchrun variables describing ``env``, for scripts written against torchrun."""
-    return {
-        "RANK": str(env.rank),
-        "LOCAL_RANK": str(env.local_rank),
-        "WORLD_SIZE": str(env.world_size),
-        "LOCAL_WORLD_SIZE": str(env.local_world_size),
-        "GROUP_RANK": str(env.node_rank),
-        "MASTER_ADDR": env.master_addr,
-        "MASTER_PORT": str(env.master_port),
-    }
 
 
 def run_script(script: str, args: list[str]) -> None:

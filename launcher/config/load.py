@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..env import DistEnv
 from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig
 
 FROZEN_NAME = "config.yaml"
@@ -90,11 +91,11 @@ def default_run_name() -> str:
     """Run dir name for ``hydra.run.dir``, the same on every rank that composes the config itself: torchrun's run
     id, or the Slurm job id for srun tasks of a user's sbatch script (a requeued job finds its checkpoints);
     else a timestamp."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and "RANK" in os.environ:
-        return f"torchrun-{run_id}"
-    if "SLURM_STEP_ID" in os.environ and "SLURM_JOB_ID" in os.environ:
-        return f"slurm-{os.environ['SLURM_JOB_ID']}"
+    env = DistEnv.resolve()
+    if env.source == "elastic" and env.job_id:
+        return f"torchrun-{env.job_id}"
+    if env.source == "slurm":
+        return f"slurm-{env.job_id}"
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3]
 
 

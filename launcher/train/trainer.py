@@ -109,7 +109,7 @@ class Trainer:
         self.pos = Position()
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
-        self._faults = faults_for(env.rank)  # LAUNCHER_FAULT, for the failure tests
+        self._faults = faults_for(env)  # LAUNCHER_FAULT, for the failure tests
         self._phase = "start-up"  # what the ranks are doing, for a timed-out collective's report
         self._exposed_s = 0.0  # communication waited for since the last log
         self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
