@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import statistics
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,8 +14,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
+from launcher.comm.strategy import interleaved_medians as timing_loop  # noqa: E402
 from launcher.env import DistEnv  # noqa: E402
 from launcher.launch.ports import free_port  # noqa: E402
 from launcher.rendezvous import process_group  # noqa: E402
@@ -90,25 +88,10 @@ def run_in_namespaces(
     return json.loads(out.strip().splitlines()[-1])
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds for ``fn``, started together on all ranks (barrier), slowest rank's time (max)."""
-    dist.barrier()
-    start = time.perf_counter()
-    fn()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return elapsed.item()
-
-
 def interleaved_medians(variants: dict[str, Callable[[], Any]], steps: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per variant, variants interleaved step by step so drift hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for step in range(warmup + steps):
-        for name, fn in variants.items():
-            t = timed(fn)
-            if step >= warmup:
-                times[name].append(t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """Median seconds per variant (the slowest rank's time per step), interleaved step by step: the launcher's
+    own timing loop (``launcher.comm.strategy.interleaved_medians``) on the CPU."""
+    return timing_loop(variants, torch.device("cpu"), reps=steps, warmup=warmup, slowest=True)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

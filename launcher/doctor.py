@@ -15,7 +15,6 @@ the start of a training job and logs them (problems as warnings).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -32,6 +31,7 @@ from . import ranks
 from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
+from .files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,7 @@ def run_doctor(
         "problems": problems,
     }
     if env.is_main:
-        tmp = Path(run_dir) / ".doctor.json.tmp"
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, Path(run_dir) / "doctor.json")
+        write_json_atomic(Path(run_dir) / "doctor.json", report)
     for line in format_report(report).splitlines() if log_report else []:
         if line.startswith("PROBLEM"):
             log.warning("%s", line)

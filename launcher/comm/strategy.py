@@ -35,45 +35,57 @@ class StrategyChoice:
         return f"{'hierarchical' if self.hierarchical else 'flat'} allreduce: {self.reason}"
 
 
+def interleaved_medians(
+    runs: dict[str, Callable[[], object]],
+    device: torch.device,
+    reps: int = 5,
+    group: dist.ProcessGroup | None = None,
+    warmup: int = 1,
+    slowest: bool = False,
+) -> dict[str, float]:
+    """The one timing loop: median seconds of each ``run()`` (a blocking collective or step), the runs
+    interleaved rep by rep so drift hits all alike, each started behind a barrier of ``group``; ``warmup``
+    uncounted rounds first (they set up connections). ``slowest``: each rep counts the slowest rank's time (one
+    small allreduce per rep), else this rank's own. Every member of ``group`` calls it."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(warmup + reps):
+        for name, run in runs.items():
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+            if slowest:
+                box = torch.tensor([elapsed], dtype=torch.float64, device=device)  # nccl: device tensors only
+                dist.all_reduce(box, op=dist.ReduceOp.MAX, group=group)
+                elapsed = box.item()
+            if rep >= warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def median_seconds(
     run: Callable[[], object], device: torch.device, reps: int = 5, group: dist.ProcessGroup | None = None
 ) -> float:
-    """This rank's median time of ``run()`` (a blocking collective), each repetition started behind a barrier
-    of ``group``; one uncounted warm-up first (it sets up connections). Every member of ``group`` calls it."""
-    times = []
-    for rep in range(reps + 1):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if rep:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """This rank's median time of ``run()`` (``interleaved_medians`` of one run)."""
+    return interleaved_medians({"run": run}, device, reps, group)["run"]
 
 
 def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5) -> tuple[float, float]:
     """(flat ms, hierarchical ms): max over ranks of each rank's median. Collective."""
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
-    runs = {
-        "flat": lambda: flat_allreduce(tensor, topology.world),
-        "hier": lambda: hierarchical_allreduce(tensor, topology),
-    }
-    times: dict[str, list[float]] = {"flat": [], "hier": []}
-    for rep in range(reps + 1):  # the first round warms up connections and is not counted
-        for name, run in runs.items():
-            dist.barrier()
-            start = time.perf_counter()
-            run().wait()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if rep:
-                times[name].append(time.perf_counter() - start)
-    medians = torch.tensor(
-        [statistics.median(times["flat"]), statistics.median(times["hier"])], dtype=torch.float64, device=device
-    )  # nccl reduces device tensors only
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-    flat_s, hier_s = medians.cpu().tolist()
+    medians = interleaved_medians(
+        {
+            "flat": lambda: flat_allreduce(tensor, topology.world).wait(),
+            "hier": lambda: hierarchical_allreduce(tensor, topology).wait(),
+        },
+        device,
+        reps,
+    )
+    agreed = torch.tensor([medians["flat"], medians["hier"]], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    flat_s, hier_s = agreed.cpu().tolist()
     return flat_s * 1e3, hier_s * 1e3
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..env import DistEnv
+from ..files import write_atomic
 from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig
 
 FROZEN_NAME = "config.yaml"
@@ -37,10 +37,7 @@ def freeze(job: JobConfig, run_dir: str | Path) -> Path:
     """Write the resolved config the workers will run, once, on the submitting host."""
     path = Path(run_dir) / FROZEN_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{FROZEN_NAME}.tmp")
-    tmp.write_text(to_yaml(job), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, to_yaml(job))
 
 
 def load_frozen(run_dir: str | Path) -> JobConfig:

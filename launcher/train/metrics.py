@@ -4,7 +4,6 @@ evaluation) and ``summary.json`` at the end. Only rank 0 writes."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,3 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

@@ -26,11 +26,12 @@ from ..config import JobConfig
 from ..devices import describe_device, rng_state, seed_all, set_rng_state
 from ..env import DistEnv
 from ..faults import faults_for
+from ..files import write_json_atomic
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
 from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
-from .metrics import MetricsWriter, write_json_atomic
+from .metrics import MetricsWriter
 from .optim import build_optimizer, build_scheduler
 from .stop import Preempted, StopRequest
 from .sync import GradientSync
