@@ -52,6 +52,7 @@ from .env import DistEnv
 from .exiting import end_process_at_exit
 from .launch import plan_job
 from .plot import plot_all
+from .summary import RunSummary
 from .sweep import Sweep
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -103,18 +104,17 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
 
 def print_summary(run_dir: str) -> None:
     """The end-of-run table (what summary.json holds) and the curves, rendered next to it."""
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
+    s = RunSummary.read(run_dir)
+    if s is None:
         return
-    s = json.loads(path.read_text())
     rows = [("run dir", run_dir)]
     try:
         rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(plot_all(run_dir))]
     except Exception as exc:  # a plot is a convenience: never fail a finished run over it
         rows.append(("curves", f"not rendered ({exc})"))
     print(
-        f"[launcher] done: {s['steps']} steps, {s['epochs']} epoch(s) on {s['world_size']} rank(s) in "
-        f"{s['wall_s']:.1f} s\n" + summary_table(s, rows),
+        f"[launcher] done: {s.steps} steps, {s.epochs} epoch(s) on {s.world_size} rank(s) in {s.wall_s:.1f} s\n"
+        + summary_table(s, rows),
         file=sys.stderr,
     )
 
@@ -135,17 +135,16 @@ def print_doctor(run_dir: str) -> int:
     return EXIT_FAILED if report["problems"] else EXIT_OK
 
 
-def summary_table(s: dict, extra: list[tuple[str, str]]) -> str:
-    acc = s.get("test_accuracy")
-    sync = f"{s['reducer']}, {'hierarchical' if s['hierarchical'] else 'flat'}"
+def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
+    sync = f"{s.reducer}, {'hierarchical' if s.hierarchical else 'flat'}"
     rows = [
-        ("layout", f"{s['nodes']} node(s) x {s['procs_per_node']} rank(s), {s['backend']} on {s.get('device', '?')}"),
-        ("model / data", f"{s.get('model', '?')} / {s.get('data', '?')}, global batch {s.get('global_batch', '?')}"),
-        ("gradient sync", sync + (f" ({s['hierarchical_reason']})" if s.get("hierarchical_reason") else "")),
-        ("final loss", f"{s['final_loss']:.4f}"),
-        ("test accuracy", f"{acc:.4f}" if acc is not None else "n/a (no test split)"),
-        ("throughput", f"{s['samples_per_s']:.0f} samples/s" if s.get("samples_per_s") else "n/a"),
-        ("resumed from", s.get("resumed_from") or "-"),
+        ("layout", f"{s.nodes} node(s) x {s.procs_per_node} rank(s), {s.backend} on {s.device}"),
+        ("model / data", f"{s.model} / {s.data}, global batch {s.global_batch}"),
+        ("gradient sync", sync + (f" ({s.hierarchical_reason})" if s.hierarchical_reason else "")),
+        ("final loss", f"{s.final_loss:.4f}"),
+        ("test accuracy", f"{s.test_accuracy:.4f}" if s.test_accuracy is not None else "n/a (no test split)"),
+        ("throughput", f"{s.samples_per_s:.0f} samples/s" if s.samples_per_s else "n/a"),
+        ("resumed from", s.resumed_from or "-"),
         *extra,
     ]
     width = max(len(k) for k, _ in rows)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+from .summary import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +49,15 @@ def load_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
     return train, evals
 
 
-def run_title(summary: Record) -> str:
+def run_title(summary: Optional[RunSummary]) -> str:
     """E.g. ``LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical`` from ``summary.json``."""
-    parts: list[str] = []
-    if summary.get("model"):
-        parts.append(str(summary["model"]).rsplit(".", 1)[-1])
-    if summary.get("data"):
-        parts.append(str(summary["data"]))
-    nodes, per_node = summary.get("nodes"), summary.get("procs_per_node")
-    if nodes is not None and per_node is not None:
-        parts.append(f"{nodes} node{'s' if nodes != 1 else ''} × {per_node} rank{'s' if per_node != 1 else ''}")
-    elif summary.get("world_size") is not None:
-        n = summary["world_size"]
-        parts.append(f"{n} rank{'s' if n != 1 else ''}")
-    if summary.get("reducer"):
-        parts.append(str(summary["reducer"]) + (", hierarchical" if summary.get("hierarchical") else ""))
-    return " · ".join(parts)
-
-
-def _read_summary(run_dir: Path) -> Record:
-    try:
-        data = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s: %s", run_dir / "summary.json", exc)
-        return {}
-    return data if isinstance(data, dict) else {}
+    if summary is None:
+        return ""
+    s, plural = summary, lambda n: "s" if n != 1 else ""
+    parts = [s.model.rsplit(".", 1)[-1], s.data]
+    parts.append(f"{s.nodes} node{plural(s.nodes)} × {s.procs_per_node} rank{plural(s.procs_per_node)}")
+    parts.append(s.reducer + (", hierarchical" if s.hierarchical else ""))
+    return " · ".join(p for p in parts if p)
 
 
 def _xy(records: list[Record], key: str, x: str = "step", scale: float = 1.0) -> tuple[list[float], list[float]]:
@@ -133,7 +117,7 @@ def plot_run(run_dir: str | Path) -> Path:
         for ax in (ax_tput, ax_time):
             ax.text(0.5, 0.5, "no training steps logged yet", ha="center", va="center", transform=ax.transAxes)
 
-    title = run_title(_read_summary(run_dir))
+    title = run_title(RunSummary.read(run_dir))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -231,7 +215,7 @@ def plot_trace(run_dir: str | Path) -> Path:
     ax.set_yticks(range(len(lanes)), labels)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first rank's first track on top
     ax.set_xlim(0, max(s + d for lane in lanes for _, s, d in lane) * 1.01 or 1.0)
-    run = run_title(_read_summary(run_dir))
+    run = run_title(RunSummary.read(run_dir))
     ax.set(
         xlabel="time from the first event (ms)",
         title="communication timeline (comm.trace)" + (f"\n{run}" if run else ""),

@@ -4,12 +4,12 @@ together. At the end every point is reported with its result; the exit code is 0
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
+
+from .summary import RunSummary
 
 POLL_S = 1.0  # how often the pending jobs are asked whether they are done
 
@@ -56,11 +56,10 @@ class Sweep:
 
 
 def _result(p: _Point) -> str:
-    summary = Path(p.run_dir) / "summary.json"
     if p.code != 0:
         return f"FAILED (exit {p.code})"
-    if not summary.is_file():
+    s = RunSummary.read(p.run_dir)
+    if s is None:
         return "ok"
-    s = json.loads(summary.read_text())
-    acc = s.get("test_accuracy")
-    return f"ok, final loss {s['final_loss']:.4f}" + (f", test accuracy {acc:.4f}" if acc is not None else "")
+    acc = f", test accuracy {s.test_accuracy:.4f}" if s.test_accuracy is not None else ""
+    return f"ok, final loss {s.final_loss:.4f}{acc}"

@@ -18,6 +18,7 @@ from .failures import FailureLog
 from .faults import faults_for
 from .logs import setup_logging
 from .rendezvous import listening_store, process_group
+from .summary import RunSummary
 from .train.stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
 
 def run_worker(
     job: JobConfig, env: DistEnv, stop: StopRequest | None = None, failures: FailureLog | None = None
-) -> dict | None:
+) -> RunSummary | dict | None:
     """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
     for a user script). ``failures`` records an error the moment it is caught, before the process group (ours,
     or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""

@@ -11,6 +11,7 @@ from helpers import run_launcher
 
 SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
 SUMMARY_KEYS = {
+    "hosts",
     "world_size",
     "nodes",
     "procs_per_node",

@@ -83,9 +83,9 @@ def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, lay
         for name, value in results[0]["params"].items():
             assert torch.equal(value, results[r]["params"][name]), f"{name} differs on rank {r}"
     summary = results[0]["summary"]
-    assert summary["reducer"] == reducer and summary["world_size"] == world
+    assert summary.reducer == reducer and summary.world_size == world
     if hierarchical != "auto":
-        assert summary["hierarchical"] == (hierarchical == "true")
+        assert summary.hierarchical == (hierarchical == "true")
     losses = [
         r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from launcher.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
+from launcher.summary import RunSummary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -110,18 +111,19 @@ def test_plot_without_evals_and_with_summary(tmp_path):
     _assert_png(plot_run(run))
 
 
-def test_run_title_is_defensive():
-    full = {
-        "nodes": 2,
-        "procs_per_node": 2,
-        "reducer": "bucketed",
-        "hierarchical": True,
-        "model": "models.lenet.LeNet",
-        "data": "digits",
-    }
-    assert run_title(full) == "LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical"
-    assert run_title({"world_size": 1, "reducer": "ddp", "hierarchical": False}) == "1 rank · ddp"
-    assert run_title({}) == ""
+def test_run_title_from_the_typed_summary(tmp_path):
+    summary = RunSummary(
+        world_size=4, nodes=2, procs_per_node=2, backend="gloo", device="cpu", reducer="bucketed",
+        hierarchical=True, hierarchical_reason="", model="models.lenet.LeNet", data="digits", epochs=1, steps=2,
+        global_batch=64, final_loss=0.5, test_accuracy=None, samples_per_s=None, wall_s=1.0, resumed_from=None,
+        hosts=["a", "b"],
+    )  # fmt: skip
+    assert run_title(summary) == "LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical"
+    summary.write(tmp_path)
+    assert RunSummary.read(tmp_path) == summary
+    assert run_title(None) == ""
+    (tmp_path / "summary.json").write_text("{not json")
+    assert RunSummary.read(tmp_path) is None  # unreadable: plots lose the title, nothing fails
 
 
 def test_missing_run_dir_names_path(tmp_path):

@@ -26,9 +26,9 @@ from ..config import JobConfig
 from ..devices import describe_device, rng_state, seed_all, set_rng_state
 from ..env import DistEnv
 from ..faults import faults_for
-from ..files import write_json_atomic
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
+from ..summary import RunSummary
 from . import checkpoint as ckpt
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter
@@ -120,7 +120,9 @@ class Trainer:
     def _banner(self) -> None:
         """One screen at start (rank 0): layout, every rank's device, backend, gradient sync and why, run dir."""
         env = self.env
-        devices = ranks.all_gather_object(f"{env.hostname}: {describe_device(self.device)}")
+        facts = ranks.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
+        self.hosts = [host for _, host in sorted({node: host for node, host, _ in reversed(facts)}.items())]
+        devices = [f"{host}: {device}" for _, host, device in facts]
         if not env.is_main:
             return
         groups: list[list] = []  # consecutive ranks with the same host and device
@@ -219,7 +221,7 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())
 
     # ---------------------------------------------------------------- loop
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> RunSummary:
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -236,7 +238,7 @@ class Trainer:
             self.sync.close()
             self.metrics.close()
 
-    def _fit(self) -> dict[str, Any]:
+    def _fit(self) -> RunSummary:
         self.maybe_resume()
         t, env = self.job.train, self.env
         start = time.perf_counter()
@@ -385,28 +387,29 @@ class Trainer:
         log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
         return accuracy
 
-    def _summary(self, final_loss: float, accuracy: float, trained_steps: int, wall: float) -> dict[str, Any]:
+    def _summary(self, final_loss: float, accuracy: Optional[float], trained_steps: int, wall: float) -> RunSummary:
         job, env = self.job, self.env
-        summary = {
-            "world_size": env.world_size,
-            "nodes": env.num_nodes,
-            "procs_per_node": env.local_world_size,
-            "backend": self.backend,
-            "device": str(self.device.type),
-            "reducer": job.comm.reducer,
-            "hierarchical": self.sync.hierarchical,
-            "hierarchical_reason": self.sync.choice.reason,
-            "model": job.model["_target_"],
-            "data": job.data.name,
-            "epochs": self.pos.epoch,
-            "steps": self.pos.step,
-            "global_batch": self.global_batch,
-            "final_loss": final_loss,
-            "test_accuracy": accuracy,
-            "samples_per_s": trained_steps * self.global_batch / wall if wall > 0 else None,
-            "wall_s": wall,
-            "resumed_from": self.resumed_from,
-        }
+        summary = RunSummary(
+            world_size=env.world_size,
+            nodes=env.num_nodes,
+            procs_per_node=env.local_world_size,
+            backend=self.backend,
+            device=str(self.device.type),
+            reducer=job.comm.reducer,
+            hierarchical=self.sync.hierarchical,
+            hierarchical_reason=self.sync.choice.reason,
+            model=job.model["_target_"],
+            data=job.data.name,
+            epochs=self.pos.epoch,
+            steps=self.pos.step,
+            global_batch=self.global_batch,
+            final_loss=final_loss,
+            test_accuracy=accuracy,
+            samples_per_s=trained_steps * self.global_batch / wall if wall > 0 else None,
+            wall_s=wall,
+            resumed_from=self.resumed_from,
+            hosts=self.hosts,
+        )
         if env.is_main:
-            write_json_atomic(self.run_dir / "summary.json", summary)
+            summary.write(self.run_dir)
         return summary
