@@ -17,10 +17,12 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
+
+from .. import ranks
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -161,3 +163,27 @@ def load_model_state(model: nn.Module, source: str | Path | Mapping[str, Any], m
     if "model" in state and isinstance(state["model"], Mapping):
         state = state["model"]
     unwrap(model).load_state_dict(strip_prefixes(state))
+
+
+def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
+    """(path, state) to resume from under ``train.resume=mode``: the newest checkpoint that verifies (auto,
+    force), the one named, or none (never)."""
+    if mode == "never":
+        return None, None
+    if mode in ("auto", "force"):
+        return load_newest_valid(ckpt_dir, map_location=device)
+    verify(Path(mode))
+    return Path(mode), load(mode, map_location=device)
+
+
+def agreed_resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
+    """Rank 0's choice on every rank (collective): ranks that saw the checkpoint directory differently (a shared
+    file system lagging) would otherwise resume from different steps or measure different bucket layouts."""
+    path, state = resume_source(mode, ckpt_dir, device)
+    mine = str(path) if path is not None else None
+    chosen = ranks.broadcast_object(mine)
+    if chosen != mine:
+        log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
+        path = Path(chosen) if chosen is not None else None
+        state = load(path, map_location=device) if path is not None else None
+    return path, state

@@ -7,14 +7,10 @@ import logging
 import math
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
-from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -23,49 +19,26 @@ from .. import ranks
 from ..comm import trace
 from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
-from ..devices import describe_device, rng_state, seed_all, set_rng_state
+from ..devices import describe_device, seed_all
 from ..env import DistEnv
 from ..faults import faults_for
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
 from . import checkpoint as ckpt
+from .banner import format_banner
 from .data import build_datasets, eval_loader, train_loader
 from .metrics import MetricsWriter
+from .model import build_model, check_same_weights, evaluate
 from .optim import build_optimizer, build_scheduler
+from .saving import Checkpointing, Position
 from .stop import Preempted, StopRequest
 from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Position:
-    step: int = 0  # optimiser steps done
-    epoch: int = 0  # current epoch
-    batch_in_epoch: int = 0  # batches of the current epoch already done
-
-
-def build_model(job: JobConfig, device: torch.device) -> nn.Module:
-    """Same seed on every rank -> same initial weights; checked across ranks below."""
-    seed_all(job.train.seed)
-    model = instantiate(job.model)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model._target_={job.model['_target_']!r} built a {type(model).__name__}, not an nn.Module")
-    return model.to(device)
-
-
-def check_same_weights(model: nn.Module) -> None:
-    """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
-    with torch.no_grad():
-        checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
-    sums = ranks.all_gather_object(checksum)
-    bad = [r for r, s in enumerate(sums) if s != sums[0]]
-    if bad:
-        raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
-
-
-class Trainer:
+class Trainer(Checkpointing):
     def __init__(
         self,
         job: JobConfig,
@@ -88,7 +61,7 @@ class Trainer:
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self._resume_path, self._resume_state = self.agreed_resume_source(device)
+        self._resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         kept = self._resume_state or {}
         self.sync = GradientSync(
@@ -118,107 +91,19 @@ class Trainer:
         self._banner()
 
     def _banner(self) -> None:
-        """One screen at start (rank 0): layout, every rank's device, backend, gradient sync and why, run dir."""
+        """One screen at start (rank 0); every rank's node, host and device are gathered for it (and the hosts
+        for the summary)."""
         env = self.env
         facts = ranks.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
         self.hosts = [host for _, host in sorted({node: host for node, host, _ in reversed(facts)}.items())]
-        devices = [f"{host}: {device}" for _, host, device in facts]
-        if not env.is_main:
-            return
-        groups: list[list] = []  # consecutive ranks with the same host and device
-        for rank, where in enumerate(devices):
-            if groups and groups[-1][1] == where and where.endswith(": cpu"):
-                groups[-1][0].append(rank)
-            else:
-                groups.append([[rank], where])
-        shown = [f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {w}" for r, w in groups]
-        if len(shown) > 12:
-            shown = shown[:12] + [f"... and {len(shown) - 12} more (see each rank's log)"]
-        t = self.job.train
-        lines = [
-            f"layout         {env.num_nodes} node(s) x {env.local_world_size} rank(s) = {env.world_size}, "
-            f"backend {self.backend}",
-            *[f"{'devices' if i == 0 else '':<14} {line}" for i, line in enumerate(shown)],
-            f"gradient sync  {self.sync.description}",
-            f"batch          {self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
-            f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch})",
-            f"run dir        {self.run_dir}",
-        ]
-        log.info("job\n%s", "\n".join("  " + line for line in lines))
-
-    # ---------------------------------------------------------------- checkpoints
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": ckpt.unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.pos.step,
-            "epoch": self.pos.epoch,
-            "batch_in_epoch": self.pos.batch_in_epoch,
-            "world_size": self.env.world_size,
-            "hierarchical": self.sync.hierarchical,
-            "bucket_cap_mb": self.sync.bucket_cap_mb,
-            "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
-        }
-
-    def save(self) -> None:
-        """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
-        self._phase = f"the checkpoint at step {self.pos.step}"
-        rngs = ranks.all_gather_object(rng_state())
-        if self.env.is_main:
-            path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)
-            try:
-                ckpt.save_atomic(dict(self.state(), rng=rngs), path)
-            except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
-                earlier = [p for p in ckpt.list_checkpoints(self.ckpt_dir) if p != path]
-                kept = (
-                    f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
-                )
-                raise RuntimeError(
-                    f"rank 0 on {self.env.hostname}: cannot write checkpoint {path} at step {self.pos.step} "
-                    f"({exc.strerror or exc}); {kept}; HINT: free space in {self.ckpt_dir} (train.keep_checkpoints "
-                    "keeps fewer), then run again with the same run dir to resume"
-                ) from exc
-            ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
-            log.info("checkpoint %s", path)
-
-    def resume_source(self, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
-        """(path, state) to resume from: the newest checkpoint that verifies (auto, force), the one named, or
-        none."""
-        mode = self.job.train.resume
-        if mode == "never":
-            return None, None
-        if mode in ("auto", "force"):
-            return ckpt.load_newest_valid(self.ckpt_dir, map_location=device)
-        ckpt.verify(Path(mode))
-        return Path(mode), ckpt.load(mode, map_location=device)
-
-    def agreed_resume_source(self, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
-        """Rank 0's choice on every rank: ranks that saw the checkpoint directory differently (a shared file
-        system lagging) would otherwise resume from different steps or measure different bucket layouts."""
-        path, state = self.resume_source(device)
-        mine = str(path) if path is not None else None
-        chosen = ranks.broadcast_object(mine)
-        if chosen != mine:
-            log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
-            path = Path(chosen) if chosen is not None else None
-            state = ckpt.load(path, map_location=device) if path is not None else None
-        return path, state
-
-    def maybe_resume(self) -> None:
-        path, state = self._resume_path, self._resume_state
-        if path is None or state is None:
-            return
-        self._resume_state = None  # free it once applied
-        ckpt.load_model_state(self.model, state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
-        rngs = state.get("rng") or []
-        if len(rngs) == self.env.world_size:
-            set_rng_state(rngs[self.env.rank])
-        self.resumed_from = str(path)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())
+        if env.is_main:
+            t = self.job.train
+            batch = (
+                f"{self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
+                f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch})"
+            )
+            devices = [f"{host}: {device}" for _, host, device in facts]
+            log.info("job\n%s", format_banner(env, self.backend, devices, self.sync.description, batch, self.run_dir))
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> RunSummary:
@@ -277,13 +162,7 @@ class Trainer:
                         bar.set_postfix(epoch=epoch, loss=f"{final_loss:.4f}")
                         window.zero_()
                         window_t0 = time.perf_counter()
-                    saved = t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0
-                    if saved:
-                        self.save()
-                    if self.stop is not None and self.stop.agreed(self.device):
-                        if not saved:
-                            self.save()
-                        raise Preempted(self.pos.step, self.stop.signum or 0)
+                    self._checkpoint_or_stop()
                     if self.pos.step >= self.total_steps:
                         break
                 if self.pos.batch_in_epoch >= self.steps_per_epoch:
@@ -300,6 +179,18 @@ class Trainer:
         if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and trained_steps):
             self.save()
         return self._summary(final_loss, accuracy, trained_steps, wall)
+
+    def _checkpoint_or_stop(self) -> None:
+        """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop; if so, every
+        rank leaves at this step with one checkpoint (``Preempted``)."""
+        every = self.job.train.checkpoint_every_steps
+        saved = bool(every) and self.pos.step % every == 0
+        if saved:
+            self.save()
+        if self.stop is not None and self.stop.agreed(self.device):
+            if not saved:
+                self.save()
+            raise Preempted(self.pos.step, self.stop.signum or 0)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._phase = f"step {self.pos.step + 1}"
@@ -362,25 +253,11 @@ class Trainer:
         self.metrics.write(record)
         return loss
 
-    @torch.no_grad()
     def _evaluate(self, epoch: int) -> float:
-        """Accuracy on the held-out split, each rank a disjoint shard, with rank 0's buffers (BN statistics)."""
+        """Accuracy on the held-out split; logged and written to the metrics."""
         self._phase = f"the evaluation after epoch {epoch}"
         self.sync.module.eval()
-        ranks.broadcast_buffers(self.model)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
-        for x, y in self.test_loader:
-            x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x)
-            totals += torch.stack(
-                [
-                    F.cross_entropy(logits, y, reduction="sum").double(),
-                    (logits.argmax(1) == y).sum().double(),
-                    torch.tensor(float(len(y)), dtype=torch.float64, device=self.device),
-                ]
-            )
-        ranks.all_reduce(totals)
-        loss, accuracy = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+        loss, accuracy = evaluate(self.model, self.test_loader, self.device)
         self.metrics.write(
             {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
         )

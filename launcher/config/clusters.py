@@ -1,0 +1,143 @@
+"""Typed schemas of where a job runs: ``cluster.*`` (local when no cluster is chosen) and one subclass per cluster
+kind chosen with ``+cluster=<kind>`` (``conf/cluster/<kind>.yaml``). Each launch mode (``launcher/launch/``)
+reads its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import _check
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. Local when no cluster is chosen; ``+cluster=slurm|sim`` picks a subclass."""
+
+    kind: str = "local"  # set by the chosen cluster config: local | sim | slurm
+    nodes: int = 1  # machines (or simulated nodes)
+    gpus_per_node: Optional[int] = None  # 0 = CPU only; null = every visible GPU for a local run, 0 elsewhere
+    procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU
+    max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
+    master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
+    master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
+    join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
+    gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first, as the seeds do)
+
+    def __post_init__(self) -> None:
+        _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
+        if self.gpus_per_node is not None:
+            _check(
+                self.gpus_per_node >= 0,
+                f"cluster.gpus_per_node={self.gpus_per_node} must be >= 0; HINT: 0 trains on the CPU",
+            )
+        if self.procs_per_node is not None:
+            _check(
+                self.procs_per_node >= 1,
+                f"cluster.procs_per_node={self.procs_per_node} must be >= 1; HINT: omit it to use one rank per GPU "
+                "(or 2 on CPU)",
+            )
+        _check(self.max_restarts >= 0, f"cluster.max_restarts={self.max_restarts} must be >= 0")
+        _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
+        _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")
+        _check(
+            self.gpu_select in ("index", "free_memory"),
+            f"cluster.gpu_select={self.gpu_select!r}; HINT: index or free_memory",
+        )
+
+
+@dataclass
+class SimClusterConfig(ClusterConfig):
+    """``+cluster=sim``: several virtual nodes on this host, one elastic agent each, so node-first reduction
+    meets a real topology; with ``netns=true`` each node gets its own network namespace and a shaped link."""
+
+    kind: str = "sim"
+    nodes: int = 2
+    netns: bool = False  # one network namespace per node, joined by a bridge (needs root and iproute2)
+    link_gbit: Optional[float] = None  # shape each node's link to this rate (tbf; needs netns=true)
+    link_burst: str = "2mbit"  # tbf burst: below ~64 KB tbf splits every segment and the CPU, not the link, limits
+    node_link_gbit: list[float] = field(default_factory=list)  # per-node rates (overrides link_gbit), e.g. [1,1,0.05]
+    subnet: str = "10.99.0"  # namespace addresses <subnet>.<node+1>/24; they exist only inside the namespaces
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.link_gbit is not None:
+            _check(self.link_gbit > 0, f"cluster.link_gbit={self.link_gbit} must be > 0")
+            _check(
+                self.netns,
+                f"cluster.link_gbit={self.link_gbit} shapes the namespace links; HINT: add cluster.netns=true",
+            )
+        if self.node_link_gbit:
+            rates = list(self.node_link_gbit)
+            _check(
+                len(rates) == self.nodes and all(r > 0 for r in rates),
+                f"cluster.node_link_gbit={rates} needs one rate > 0 per node (cluster.nodes={self.nodes})",
+            )
+            _check(
+                self.netns, f"cluster.node_link_gbit={rates} shapes the namespace links; HINT: add cluster.netns=true"
+            )
+        _check(
+            not self.gpus_per_node,
+            f"cluster.gpus_per_node={self.gpus_per_node}: simulated nodes run on the CPU; "
+            "HINT: cluster.gpus_per_node=0",
+        )
+        octets = self.subnet.split(".")
+        _check(
+            len(octets) == 3 and all(o.isdigit() and int(o) < 256 for o in octets),
+            f"cluster.subnet={self.subnet!r} must be three octets like 10.99.0",
+        )
+
+
+@dataclass
+class SlurmClusterConfig(ClusterConfig):
+    """``+cluster=slurm``: one Slurm task per rank through submitit (never torchrun inside a task)."""
+
+    kind: str = "slurm"
+    partition: Optional[str] = None  # null = the cluster's default partition
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60  # time limit; > 10 so a preemption signal is not mistaken for a timeout
+    cpus_per_task: int = 1
+    mem_gb: Optional[float] = None  # memory per node
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    extra_sbatch: dict[str, str] = field(default_factory=dict)  # any other #SBATCH option: {key: value}
+    setup: list[str] = field(default_factory=list)  # shell lines run before the tasks start (module load ...)
+    signal_delay_s: int = 120  # Slurm sends SIGUSR2 this long before the time limit: checkpoint and requeue
+    max_requeues: int = 3  # preemptions/timeouts survived (each resumes from the checkpoint)
+    job_name: str = "launcher"
+    folder: str = "submitit"  # submitit's files, inside the run dir
+    wait: bool = True  # wait for the job, streaming rank 0's log; false returns after submission
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.time_min > 0, f"cluster.time_min={self.time_min} must be > 0")
+        _check(self.cpus_per_task >= 1, f"cluster.cpus_per_task={self.cpus_per_task} must be >= 1")
+        _check(self.signal_delay_s >= 0, f"cluster.signal_delay_s={self.signal_delay_s} must be >= 0")
+        _check(self.max_requeues >= 0, f"cluster.max_requeues={self.max_requeues} must be >= 0")
+        _check(
+            self.signal_delay_s < self.time_min * 60,
+            f"cluster.signal_delay_s={self.signal_delay_s} must be shorter than the time limit "
+            f"(cluster.time_min={self.time_min}); HINT: raise time_min or lower signal_delay_s",
+        )
+        reserved = {
+            "nodes",
+            "ntasks-per-node",
+            "ntasks_per_node",
+            "gres",
+            "gpus-per-node",
+            "partition",
+            "time",
+            "signal",
+            "job-name",
+            "output",
+            "error",
+        }
+        clash = sorted(k for k in self.extra_sbatch if k.replace("_", "-") in reserved or k in reserved)
+        _check(
+            not clash,
+            f"cluster.extra_sbatch sets {clash}, which the launcher derives from cluster.* keys; "
+            "HINT: set cluster.nodes / procs_per_node / gpus_per_node / partition / time_min instead",
+        )
+        if self.mem_gb is not None:
+            _check(self.mem_gb > 0, f"cluster.mem_gb={self.mem_gb} must be > 0")

@@ -1,0 +1,33 @@
+"""The start banner: one screen on rank 0 with the layout, every rank's device, the gradient sync and why, the
+batch split and the run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..env import DistEnv
+
+MAX_DEVICE_LINES = 12
+
+
+def format_banner(env: DistEnv, backend: str, devices: list[str], sync: str, batch: str, run_dir: Path) -> str:
+    """``devices``: ``"host: device"`` per rank; consecutive CPU ranks on one host share a line."""
+    groups: list[tuple[list[int], str]] = []
+    for rank, where in enumerate(devices):
+        if groups and groups[-1][1] == where and where.endswith(": cpu"):
+            groups[-1][0].append(rank)
+        else:
+            groups.append(([rank], where))
+    shown = [f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {w}" for r, w in groups]
+    if len(shown) > MAX_DEVICE_LINES:
+        more = len(shown) - MAX_DEVICE_LINES
+        shown = shown[:MAX_DEVICE_LINES] + [f"... and {more} more (see each rank's log)"]
+    lines = [
+        f"layout         {env.num_nodes} node(s) x {env.local_world_size} rank(s) = {env.world_size}, "
+        f"backend {backend}",
+        *[f"{'devices' if i == 0 else '':<14} {line}" for i, line in enumerate(shown)],
+        f"gradient sync  {sync}",
+        f"batch          {batch}",
+        f"run dir        {run_dir}",
+    ]
+    return "\n".join("  " + line for line in lines)

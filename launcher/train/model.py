@@ -1,0 +1,53 @@
+"""The model every rank builds: the same seed on every rank gives the same initial weights, checked across ranks
+(a seeding bug would otherwise train garbage silently); then evaluation on the held-out split."""
+
+from __future__ import annotations
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.nn import functional as F
+
+from .. import ranks
+from ..config import JobConfig
+from ..devices import seed_all
+
+
+def build_model(job: JobConfig, device: torch.device) -> nn.Module:
+    """Same seed on every rank -> same initial weights; checked across ranks below."""
+    seed_all(job.train.seed)
+    model = instantiate(job.model)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model._target_={job.model['_target_']!r} built a {type(model).__name__}, not an nn.Module")
+    return model.to(device)
+
+
+def check_same_weights(model: nn.Module) -> None:
+    """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
+    with torch.no_grad():
+        checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
+    sums = ranks.all_gather_object(checksum)
+    bad = [r for r, s in enumerate(sums) if s != sums[0]]
+    if bad:
+        raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, float]:
+    """(test loss, accuracy) over every rank's disjoint shard of the held-out split (collective), with rank 0's
+    buffers (batch-norm statistics)."""
+    model.eval()
+    ranks.broadcast_buffers(model)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        totals += torch.stack(
+            [
+                F.cross_entropy(logits, y, reduction="sum").double(),
+                (logits.argmax(1) == y).sum().double(),
+                torch.tensor(float(len(y)), dtype=torch.float64, device=device),
+            ]
+        )
+    ranks.all_reduce(totals)
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
