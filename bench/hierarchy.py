@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     with process_group(env, "gloo", timeout_s=600):
         with Topology.build(env) as topo:
             tensor = torch.ones(int(args.mb * 2**20) // 4)
-            choice = choose(topo, "auto", tensor.numel(), torch.device("cpu"))
+            choice = choose(topo, None, tensor.numel(), torch.device("cpu"))
             ops = {
                 "flat": lambda: flat_allreduce(tensor, topo.world).wait(),
                 "hierarchical": lambda: hierarchical_allreduce(tensor, topo).wait(),

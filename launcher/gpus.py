@@ -1,4 +1,4 @@
-"""GPU choice by free memory, as the seeds do it by hand (query nvidia-smi, sort, set CUDA_VISIBLE_DEVICES):
+"""GPU choice by free memory, as the d2l notes do it by hand (query nvidia-smi, sort, set CUDA_VISIBLE_DEVICES):
 ``cluster.gpu_select=free_memory`` orders the GPUs this job may use by free memory, most free first, before any
 worker initialises CUDA. NVML (``nvidia-ml-py``) when installed, else ``nvidia-smi``."""
 

@@ -1,4 +1,4 @@
-"""LeNet as the seeds write it by hand, as a module: conv 20@3x3 -> ReLU -> avgpool 2 -> conv 50@5x5 -> ReLU ->
+"""LeNet as the d2l notes write it by hand, as a module: conv 20@3x3 -> ReLU -> avgpool 2 -> conv 50@5x5 -> ReLU ->
 avgpool 2 -> fc 128 -> ReLU -> fc classes. The flattened size follows ``image_size`` (800 for 28x28 inputs)."""
 
 from __future__ import annotations

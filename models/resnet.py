@@ -1,4 +1,4 @@
-"""ResNet-18 as the seeds build it (d2l's ``Residual`` block, ``resnet_block`` stages), for any channels/classes."""
+"""ResNet-18 as the d2l notes build it (d2l's ``Residual`` block, ``resnet_block`` stages), for any channels/classes."""
 
 from __future__ import annotations
 

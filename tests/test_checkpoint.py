@@ -10,7 +10,9 @@ from models import LeNet
 
 def test_module_prefix_from_dataparallel_loads_into_plain_model(tmp_path):
     torch.manual_seed(0)
-    wrapped = nn.DataParallel(LeNet())  # saves keys as "module.features.0.weight", as the seeds describe
+    wrapped = nn.DataParallel(
+        LeNet()
+    )  # saves keys as "module.features.0.weight", as the d2l notes describe (nn.DataParallel checkpoints)
     path = tmp_path / "dp.pt"
     torch.save(wrapped.state_dict(), path)
     assert next(iter(torch.load(path))).startswith("module.")

@@ -1,4 +1,4 @@
-"""Process group and rank helpers on real gloo ranks; the seeds' allreduce example; hand-written data parallel."""
+"""Process group and rank helpers on real gloo ranks; the d2l notes' allreduce example; hand-written data parallel."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from models import LeNet
 
 
 def _seeds_allreduce(rank, world, out_dir):
-    # The seeds: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
+    # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
     data = torch.ones((1, 2)) * (rank + 1)
     ranks.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)

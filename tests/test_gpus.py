@@ -1,4 +1,4 @@
-"""GPU choice by free memory (the seeds' nvidia-smi recipe), with a fake nvidia-smi on PATH."""
+"""GPU choice by free memory (the d2l notes' nvidia-smi recipe), with a fake nvidia-smi on PATH."""
 
 import pytest
 

@@ -147,9 +147,7 @@ def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
         return flat_allreduce(tensor, topology.inter)
     if topology.num_nodes == 1:  # one node: nothing crosses nodes, a plain allreduce is the hierarchy
         return flat_allreduce(tensor, topology.intra)
-    if topology._pipeline is None:
-        topology._pipeline = _Pipeline(topology)
-    return topology._pipeline.submit(tensor)
+    return topology.comm_threads(_Pipeline).submit(tensor)
 
 
 def start_allreduce(tensor: torch.Tensor, topology: Topology, hierarchical: bool) -> Future:

@@ -89,12 +89,12 @@ def measure(topology: Topology, numel: int, device: torch.device, reps: int = 5)
     return flat_s * 1e3, hier_s * 1e3
 
 
-def choose(topology: Topology, mode: str, numel: int, device: torch.device, reps: int = 5) -> StrategyChoice:
-    """``mode`` is ``auto``, ``true`` or ``false`` (``comm.hierarchical``)."""
-    if mode == "false":
-        return StrategyChoice(False, "comm.hierarchical=false")
-    if mode == "true":
-        return StrategyChoice(True, "comm.hierarchical=true")
+def choose(
+    topology: Topology, hierarchical: bool | None, numel: int, device: torch.device, reps: int = 5
+) -> StrategyChoice:
+    """``hierarchical``: True / False as the user set it, None to decide here (measuring when it matters)."""
+    if hierarchical is not None:
+        return StrategyChoice(hierarchical, f"comm.hierarchical={str(hierarchical).lower()}")
     if topology.num_nodes == 1:
         return StrategyChoice(False, "one node: nothing crosses nodes")
     if not topology.useful:

@@ -11,11 +11,13 @@ ones (3 ranks on one node, 1 on another) are both right:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Optional, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.futures import Future
 
 from ..env import DistEnv
 
@@ -61,6 +63,14 @@ class Layout:
         return list(r for n in self.nodes for r in n) != list(range(self.world_size))
 
 
+class CommThreads(Protocol):
+    """Threads that run a topology's hierarchical allreduces (``collectives._Pipeline``)."""
+
+    def submit(self, tensor: torch.Tensor) -> Future: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Topology:
     """Process groups for node-first reduction; ``None`` groups mean "just me" (nothing to do)."""
@@ -73,13 +83,20 @@ class Topology:
     inter: dist.ProcessGroup | None
     node_ranks: tuple[int, ...] = field(default=())  # global ranks of my node
     inter_ranks: tuple[int, ...] = field(default=())  # global ranks of my inter-node group
-    _pipeline: Any = field(default=None, repr=False)  # the hierarchy's comm threads, started on first use
+    _threads: Optional[CommThreads] = field(default=None, repr=False)  # started on first use
+
+    def comm_threads(self, start: Callable[[Topology], CommThreads]) -> CommThreads:
+        """The hierarchy's comm threads (``collectives``' pipeline), started by ``start`` on first use; they live
+        as long as this topology."""
+        if self._threads is None:
+            self._threads = start(self)
+        return self._threads
 
     def close(self) -> None:
         """Stop the hierarchy's comm threads (they hold the groups): call before destroying the process group."""
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
 
     def __enter__(self) -> Topology:
         return self

@@ -22,7 +22,7 @@ class ClusterConfig:
     master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
     master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
-    gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first, as the seeds do)
+    gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")

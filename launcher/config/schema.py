@@ -1,6 +1,6 @@
 """Typed schema of a job (cluster schemas in ``clusters.py``). Hydra composes YAML from ``conf/`` onto these
-dataclasses; ``OmegaConf.to_object``
-then builds them, which runs every ``__post_init__``: each check names the value and the fix.
+dataclasses; ``OmegaConf.to_object`` then builds them, which runs every ``__post_init__``: each check names the
+value and the fix. String choices stay ``str`` with a check: OmegaConf 2.3 rejects ``Literal`` annotations.
 
 Checks that depend on the machine (GPUs present) live in the launch plan, not here.
 """

@@ -4,7 +4,7 @@
 - ``synthetic``: random images labelled by a fixed random linear teacher (learnable), any shape and size.
 - ``idx``: MNIST / Fashion-MNIST IDX files (optionally .gz) from a local directory.
 
-Data is prepared once on the CPU, as tensors, and moved to the device one batch at a time (the seeds' advice).
+Data is prepared once on the CPU, as tensors, and moved to the device one batch at a time (the d2l notes' advice).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class GradientSync:
         if cfg.hierarchical == "auto" and resumed_hierarchical is not None:
             self.choice = StrategyChoice(bool(resumed_hierarchical), "kept from the checkpoint this run resumes")
         else:
-            self.choice = choose(self.topology, cfg.hierarchical, probe_numel, device)
+            forced = {"auto": None, "true": True, "false": False}[cfg.hierarchical]
+            self.choice = choose(self.topology, forced, probe_numel, device)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
             cap, why = cfg.bucket_cap_mb, "comm.bucket_cap_mb"

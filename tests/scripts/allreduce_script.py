@@ -1,4 +1,4 @@
-"""A plain torchrun-compatible script (knows nothing of the launcher): the seeds' allreduce example.
+"""A plain torchrun-compatible script (knows nothing of the launcher): the d2l notes' allreduce example.
 Rank r contributes ones(2) * (r + 1) and writes the sum it receives to OUT_DIR/rank-<r>.txt."""
 
 import os
