@@ -1,4 +1,5 @@
-"""Data parallelism written by hand, in one process over a list of devices, as the d2l (Dive into Deep Learning) multi-GPU chapter teaches it.
+"""Data parallelism written by hand, in one process over a list of devices, as the d2l (Dive into Deep
+Learning) multi-GPU chapter teaches it.
 
 This is what DDP (and our reducer) automate across processes: split the batch, compute each shard's gradient
 on its own replica, sum the gradients (``allreduce_devices``: onto the first device, then broadcast back), and

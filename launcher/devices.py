@@ -1,4 +1,5 @@
-"""Devices, as the d2l (Dive into Deep Learning) GPU chapter teaches them: ``try_gpu(i)`` falls back to the CPU, ``try_all_gpus()`` never returns empty.
+"""Devices, as the d2l (Dive into Deep Learning) GPU chapter teaches them: ``try_gpu(i)`` falls back to the CPU,
+``try_all_gpus()`` never returns empty.
 
 A rank owns ``cuda:LOCAL_RANK`` when the job uses GPUs; the index is the one the program sees (after
 ``CUDA_VISIBLE_DEVICES``), not the physical GPU number.
