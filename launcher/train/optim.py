@@ -1,5 +1,6 @@
 """Optimiser and schedule from the config. The d2l notes' advice (more GPUs: larger batch and learning rate),
-made a switch: with ``optim.lr_scaling=linear`` the learning rate grows with the number of ranks, as the global batch does when each rank's batch is fixed."""
+made a switch: with ``optim.lr_scaling=linear`` the learning rate grows with the number of ranks, as the global
+batch does when each rank's batch is fixed."""
 
 from __future__ import annotations
 
