@@ -182,7 +182,7 @@ def test_bucket_cap_policy():
 def _policy_layouts(rank, world, out_dir):
     """Every rank measures the link and sizes buckets itself: the figures are agreed (max-reduced), so the
     layouts are identical; and training results do not depend on the layout beyond float tolerance."""
-    from launcher import dist as ldist
+    from launcher import ranks
 
     env = virtual_env(rank, world, 1)
     x, y = batch(32)
@@ -193,7 +193,7 @@ def _policy_layouts(rank, world, out_dir):
         for name, cap in caps.items():
             model = make_model()
             reducer = BucketedReducer(model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
-            layouts = ldist.all_gather_object((cap, reducer.layout()))
+            layouts = ranks.all_gather_object((cap, reducer.layout()))
             assert all(layout == layouts[0] for layout in layouts), layouts
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             for _step in range(5):
