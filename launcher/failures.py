@@ -1,9 +1,9 @@
 """The one report a failed job gives, in every mode: the root cause first, then the ranks that failed too.
 
-Why records, and not what the launcher sees: torch elastic reports one failed worker per node (with its spawn
-start method, the first in poll order: when two ranks exit within one 0.1 s monitor tick it names the lower
-local rank, usually a peer that failed a moment after the real cause), and each node's agent knows only its own
-workers. So:
+Why records, and not what the launcher sees: each node's agent knows only its own workers and their exit codes,
+not which error came first (with multiprocessing workers elastic even reported one worker per node, the first
+in poll order: when two ranks exited within one 0.1 s monitor tick it named the lower local rank, usually a peer
+that failed a moment after the real cause; our workers are now commands, as under torchrun). So:
 - every rank writes a failure record into the run dir (on a shared file system in every multi-node mode) the
   moment its error is first caught, before it tears its process group down (which is what makes its peers
   fail); from then on it ignores the launcher's stop signals (it is ending anyway, and a kill mid-write would
