@@ -6,33 +6,40 @@ POSIX file systems, NFS included), with permissions set explicitly rather than l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 FILE_MODE = 0o644  # readable by the team, writable by the owner only, whatever the umask
 
 
-def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE) -> Path:
-    """Replace ``path`` with ``data`` in one step; returns the path."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: int = FILE_MODE) -> Iterator[BinaryIO]:
+    """A binary file whose content replaces ``path`` in one step (fsync'd) when the block ends without an error;
+    on an error the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.fchmod(fd, mode)
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
-        os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    os.close(fd)
-    os.replace(tmp, path)
-    return path
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE) -> Path:
+    """Replace ``path`` with ``data`` in one step; returns the path."""
+    with atomic_file(path, mode) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:

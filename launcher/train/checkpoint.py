@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -23,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import ranks
+from ..files import atomic_file, write_atomic
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -55,17 +54,21 @@ def _sha256(path: Path) -> str:
 
 
 class _Writes:
-    """File wrapper for torch.save that keeps the OSError of a failed write (ENOSPC, EDQUOT, EIO)."""
+    """File wrapper for torch.save that hashes what it writes (the sha256 sidecar, without reading the file
+    back) and keeps the OSError of a failed write (ENOSPC, EDQUOT, EIO): torch's zip writer reports it as
+    "unexpected pos"."""
 
     def __init__(self, f: Any) -> None:
-        self.f, self.error = f, None
+        self.f, self.error, self.sha256 = f, None, hashlib.sha256()
 
     def write(self, data: bytes) -> int:
         try:
-            return self.f.write(data)
+            written = self.f.write(data)
         except OSError as exc:
             self.error = exc
             raise
+        self.sha256.update(memoryview(data)[:written])
+        return written
 
     def flush(self) -> None:
         try:
@@ -76,11 +79,11 @@ class _Writes:
 
 
 def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
-    """torch.save to a temp file beside ``path``, fsync, record its sha256, rename over ``path``."""
+    """torch.save through ``files.atomic_file`` (fsync, rename over ``path``); the sha256 sidecar is written
+    before the rename, so a checkpoint never appears without its digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as f:
             out = _Writes(f)
             try:
                 torch.save(dict(state, format_version=FORMAT_VERSION), out)
@@ -88,12 +91,8 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
                 if out.error is not None:
                     raise out.error from None
                 raise
-            f.flush()
-            os.fsync(f.fileno())
-        _digest_path(path).write_text(_sha256(Path(tmp)) + "\n")
-        os.replace(tmp, path)
+            write_atomic(_digest_path(path), out.sha256.hexdigest() + "\n")
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         if not path.exists():
             _digest_path(path).unlink(missing_ok=True)
         raise
