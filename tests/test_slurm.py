@@ -52,7 +52,8 @@ def slurm():
     try:
         yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf"}
     finally:
-        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh")], env=env, capture_output=True, timeout=120)
+        # --wipe: its state directory and the node names it added to /etc/hosts go too (the machine as found)
+        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
 
 
 def final_params(run_dir):
