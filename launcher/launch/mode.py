@@ -68,9 +68,13 @@ class StartedMode(BaseMode):
     """Already one rank of a job another launcher started (torchrun, srun): its layout decides."""
 
     in_process = True
+    source: ClassVar[str] = ""  # the DistEnv source that says this process was started so
     starter: ClassVar[str] = ""  # who started us, for messages
     layout_flags: ClassVar[str] = ""  # how the user sets the layout there
     store_host: ClassVar[str] = ""  # who hosts the rendezvous store
+
+    def detect(self, env: DistEnv, kind: str) -> bool:
+        return env.source == self.source
 
     def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
         given = {"nodes": cluster.nodes, "procs_per_node": cluster.procs_per_node}

@@ -19,12 +19,10 @@ if TYPE_CHECKING:
 
 class SlurmTaskMode(StartedMode):
     name = "slurm-task"
+    source = "slurm"
     starter = "srun"
     layout_flags = "-N/--ntasks-per-node"
     store_host = "rank 0 hosts the store"
-
-    def detect(self, env: DistEnv, kind: str) -> bool:
-        return env.source == "slurm"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         from .slurm import run_slurm_rank

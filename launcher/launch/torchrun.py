@@ -19,12 +19,10 @@ if TYPE_CHECKING:
 
 class TorchrunMode(StartedMode):
     name = "torchrun"
+    source = "elastic"
     starter = "torchrun"
     layout_flags = "--nnodes/--nproc_per_node"
     store_host = "torchrun's store"
-
-    def detect(self, env: DistEnv, kind: str) -> bool:
-        return env.source == "elastic"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         from ..rank import rank_main
