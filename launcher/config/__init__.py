@@ -10,6 +10,7 @@ from .schema import (
     OptimConfig,
     SimClusterConfig,
     SlurmClusterConfig,
+    SshClusterConfig,
     TrainConfig,
     register_configs,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "OptimConfig",
     "SimClusterConfig",
     "SlurmClusterConfig",
+    "SshClusterConfig",
     "TrainConfig",
     "freeze",
     "load_frozen",

@@ -14,8 +14,9 @@ from .errors import _check
 class ClusterConfig:
     """Where the job runs. Local when no cluster is chosen; ``+cluster=slurm|sim`` picks a subclass."""
 
-    kind: str = "local"  # set by the chosen cluster config: local | sim | slurm
+    kind: str = "local"  # set by the chosen cluster config: local | sim | slurm | ssh
     nodes: int = 1  # machines (or simulated nodes)
+    node_rank: Optional[int] = None  # by hand on each machine (nodes > 1 without +cluster=...): this machine's node
     gpus_per_node: Optional[int] = None  # 0 = CPU only; null = every visible GPU for a local run, 0 elsewhere
     procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU
     max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
@@ -26,6 +27,12 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
+        if self.node_rank is not None:
+            _check(
+                0 <= self.node_rank < self.nodes,
+                f"cluster.node_rank={self.node_rank} is out of range for cluster.nodes={self.nodes}; HINT: number "
+                f"the machines 0..{self.nodes - 1}, node 0 being cluster.master_addr",
+            )
         if self.gpus_per_node is not None:
             _check(
                 self.gpus_per_node >= 0,
@@ -141,3 +148,36 @@ class SlurmClusterConfig(ClusterConfig):
         )
         if self.mem_gb is not None:
             _check(self.mem_gb > 0, f"cluster.mem_gb={self.mem_gb} must be > 0")
+
+
+@dataclass
+class SshClusterConfig(ClusterConfig):
+    """``+cluster=ssh``: one elastic agent per machine, started over ssh from this (head) host; the run dir must be
+    on a file system every machine shares. ``nodes`` defaults to the number of hosts (a smaller value uses the
+    first ``nodes`` hosts)."""
+
+    kind: str = "ssh"
+    nodes: int = 0  # 0 = every listed host
+    hosts: list[str] = field(default_factory=list)  # [host1, host2, ...] as ssh reaches them (or hostfile)
+    hostfile: Optional[str] = None  # one host per line, optional "slots=N" (DeepSpeed/MPI style), # comments
+    master_addr: str = ""  # "" = the first host; the address every machine reaches node 0's store on
+    ssh_options: list[str] = field(default_factory=list)  # extra ssh arguments, e.g. [-p, "2222", -F, my_config]
+    python: str = ""  # "" = this interpreter's path (the same path must exist on every host)
+    env: list[str] = field(default_factory=list)  # more variables to forward: NAME, or PREFIX_* for a prefix
+    setup: list[str] = field(default_factory=list)  # shell lines run on each host before its agent (module load ...)
+    check_timeout_s: float = 30.0  # how long each host may take to answer the checks before anything starts
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(
+            self.node_rank is None,
+            "cluster.node_rank is for machines started by hand; +cluster=ssh numbers "
+            "the hosts in their order; HINT: drop cluster.node_rank",
+        )
+        _check(self.check_timeout_s > 0, f"cluster.check_timeout_s={self.check_timeout_s} must be > 0")
+        for name in self.env:
+            _check(
+                name.removesuffix("*").replace("_", "a").isalnum(),
+                f"cluster.env entry {name!r} is not a variable name; HINT: NAME, or PREFIX_* for every variable "
+                "starting with PREFIX_",
+            )

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..env import DistEnv
 from ..files import write_atomic
-from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig
+from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 
 FROZEN_NAME = "config.yaml"
 
@@ -18,6 +18,7 @@ CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {
     "local": ClusterConfig,
     "sim": SimClusterConfig,
     "slurm": SlurmClusterConfig,
+    "ssh": SshClusterConfig,
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig
+from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 from .errors import ConfigError, _check
 
 
@@ -193,3 +193,4 @@ def register_configs() -> None:
     cs.store(name="job_schema", node=JobConfig)
     cs.store(group="cluster", name="sim_schema", node=SimClusterConfig)
     cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
+    cs.store(group="cluster", name="ssh_schema", node=SshClusterConfig)

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
+import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -17,25 +21,40 @@ from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTime
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import JobConfig
-from ..failures import attempt_dir, exit_failure, record_exits
+from ..failures import STOP_CODES, attempt_dir, exit_failure, record_exits
 from ..failures import report as report_failures
 from ..rendezvous import listening_store
 
+GRACE_S = 5.0  # after one agent failed, the others' time to end on their own (the report follows within 10 s)
+
 
 def agent_config(
-    job: JobConfig, nnodes: int, endpoint: str, run_id: str, is_host: bool, local_addr: str, node: int = 0
+    job: JobConfig,
+    nnodes: int,
+    endpoint: str,
+    run_id: str,
+    local_addr: str,
+    node: int = 0,
+    fixed: bool = False,
 ) -> LaunchConfig:
-    """The elastic agent of one node: ``procs_per_node`` workers, c10d rendezvous at ``endpoint``."""
+    """The elastic agent of one node: ``procs_per_node`` workers; node 0's agent hosts the rendezvous store at
+    ``endpoint``.
+
+    ``fixed=False``: c10d rendezvous, elastic numbers the nodes (in the order of their addresses) and restarts
+    the workers ``cluster.max_restarts`` times. ``fixed=True`` (machines named by the user: ssh hosts, by hand):
+    static rendezvous, node ``node`` is group rank ``node`` (rank 0 on the first host, as listed), and the agent
+    does not restart (the ssh head restarts the whole job)."""
     c = job.cluster
+    join = max(1, round(c.join_timeout_s))
     return LaunchConfig(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=int(c.procs_per_node or 1),
         run_id=run_id,
-        rdzv_backend="c10d",
+        rdzv_backend="static" if fixed else "c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"join_timeout": max(1, round(c.join_timeout_s)), "is_host": is_host},
-        max_restarts=c.max_restarts,
+        rdzv_configs={"rank": node, "timeout": join} if fixed else {"join_timeout": join, "is_host": node == 0},
+        max_restarts=0 if fixed else c.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,
@@ -53,7 +72,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
     # (launcher.rendezvous.listening_store) instead of a second agent store that would listen on every interface.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    if config.rdzv_configs.get("is_host"):
+    if config.rdzv_configs.get("is_host") or config.rdzv_configs.get("rank") == 0:
         addr, port = config.rdzv_endpoint.rsplit(":", 1)
         _store = listening_store(addr, int(port))  # lives until the agent returns
         config.rdzv_endpoint = f"{addr}:{_store.port}"
@@ -93,3 +112,34 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
             print(f"launcher: node {node}: lost the rendezvous at {config.rdzv_endpoint} ({exc})", file=sys.stderr)
         return 1
     return 0
+
+
+def wait_agents(
+    agents: list[subprocess.Popen], stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate
+) -> tuple[list[int], int]:
+    """Wait for the agents of a several-node job; returns every exit code (node order) and the node that failed
+    first (-1: none did). After a failure the others get ``GRACE_S`` to end on their own (their collectives fail
+    fast once a peer is gone), then ``stop`` is applied to each one still running and they are waited for. An
+    agent stopped by a stop signal (exit 130 / 143) starts no grace period: the others are stopping too."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for node, agent in enumerate(agents):
+        threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
+    codes: list[int] = [0] * len(agents)
+    first, failed, remaining = -1, False, len(agents)
+    while remaining:
+        try:
+            node, code = done.get(timeout=GRACE_S if failed else None)
+        except queue.Empty:
+            print(f"launcher: stopping the agents still running {GRACE_S:.0f} s after the failure", file=sys.stderr)
+            for agent in agents:
+                if agent.poll() is None:
+                    stop(agent)
+            for node, agent in enumerate(agents):
+                codes[node] = agent.wait()
+            break
+        remaining -= 1
+        codes[node] = code
+        if code != 0 and first < 0:
+            first = node
+        failed = failed or code not in (0, *STOP_CODES)
+    return codes, first

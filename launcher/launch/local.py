@@ -76,5 +76,5 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         log.warning("cluster.gpu_select=free_memory: CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
     if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
-    config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], True, c.master_addr)
+    config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
     return run_agent(job, config)

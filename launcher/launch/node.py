@@ -1,21 +1,92 @@
-"""One simulated node's elastic agent: ``python -m launcher.launch.node RUN_DIR NNODES NODE ENDPOINT RUN_ID ADDR``.
+"""One node's elastic agent of a several-node job:
+``python -m launcher.launch.node RUN_DIR NNODES NODE ENDPOINT RUN_ID ADDR [--over-ssh]``.
 
-Started by the sim launcher, once per virtual node (inside the node's network namespace when there is one).
+Started once per node by the sim launcher (inside the node's network namespace when there is one) and by the
+ssh launcher on each host. The launcher that started the agents reports once for all nodes.
+
+``--over-ssh``: the head controls this agent through stdin (a line ``INT`` or ``TERM`` stops the job as that
+signal would; the end of input, when the head or its connection is gone, stops it as SIGTERM), and the workers'
+output goes through a pipe this agent copies to the ssh channel: when the channel breaks, lines are dropped
+(they are in the rank logs) instead of ranks failing on a broken pipe while they checkpoint. The head restarts
+the whole job itself (``cluster.max_restarts``), so this agent does not.
 """
 
 from __future__ import annotations
 
+import argparse
+import atexit
+import os
+import signal
 import sys
+import threading
 
 from ..config import load_frozen
 from .agent import agent_config, run_agent
 
 
+def stop_on_request() -> None:
+    """Turn the head's requests on stdin into one stop signal for this process (the elastic agent passes it on
+    to the workers)."""
+
+    def watch() -> None:
+        requested = signal.SIGTERM  # end of input: the head is gone
+        for line in sys.stdin:
+            if line.strip() in ("INT", "TERM"):
+                requested = signal.SIGINT if line.strip() == "INT" else signal.SIGTERM
+                break
+        os.kill(os.getpid(), requested)
+
+    threading.Thread(target=watch, name="stop-on-request", daemon=True).start()
+
+
+def relay_output() -> None:
+    """fds 1 and 2 (inherited by the workers) become pipes copied to the real ones by threads that survive a
+    broken channel; at exit the copies are drained."""
+    pumps = []
+    for fd in (1, 2):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        real = os.dup(fd)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+
+        def pump(read: int = read, real: int = real) -> None:
+            while chunk := os.read(read, 65536):
+                try:
+                    os.write(real, chunk)
+                except OSError:
+                    pass  # the channel is gone: keep draining so writers never block
+
+        thread = threading.Thread(target=pump, name=f"relay-{fd}", daemon=True)
+        thread.start()
+        pumps.append(thread)
+
+    def drain() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)  # our write ends close: each pump reads to the end
+        for thread in pumps:
+            thread.join(timeout=5)
+
+    atexit.register(drain)
+
+
 def main(argv: list[str]) -> int:
-    run_dir, nnodes, node, endpoint, run_id, addr = argv
-    job = load_frozen(run_dir)
-    config = agent_config(job, int(nnodes), endpoint, run_id, is_host=node == "0", local_addr=addr, node=int(node))
-    return run_agent(job, config, node=int(node), report=False)  # the sim launcher reports once for all nodes
+    parser = argparse.ArgumentParser(prog="python -m launcher.launch.node")
+    for name in ("run_dir", "nnodes", "node", "endpoint", "run_id", "addr"):
+        parser.add_argument(name)
+    parser.add_argument("--over-ssh", action="store_true")
+    args = parser.parse_args(argv)
+    if args.over_ssh:
+        relay_output()
+        stop_on_request()
+    job = load_frozen(args.run_dir)
+    node = int(args.node)
+    config = agent_config(job, int(args.nnodes), args.endpoint, args.run_id, args.addr, node, fixed=args.over_ssh)
+    return run_agent(job, config, node=node, report=False)
 
 
 if __name__ == "__main__":

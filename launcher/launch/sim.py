@@ -3,7 +3,7 @@
 Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WORLD_SIZE and the Topology is the
 one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
 (``ip netns exec``), gloo talks over the node's veth, and ``cluster.link_gbit`` shapes the links.
-When an agent fails, the others get ``GRACE_S`` to stop on their own (their collectives fail fast once a peer
+When an agent fails, the others get ``agent.GRACE_S`` to stop on their own (their collectives fail fast once a peer
 is gone), then are terminated; then one report for the whole job names the root cause across all nodes
 (``launcher.failures``).
 """
@@ -11,21 +11,20 @@ is gone), then are terminated; then one report for the whole job names the root 
 from __future__ import annotations
 
 import os
-import queue
 import subprocess
 import sys
-import threading
 import uuid
 
 from ..config import JobConfig, SimClusterConfig
 from ..env import DistEnv
+from ..failures import STOP_CODES
 from ..failures import report as report_failures
+from .agent import wait_agents
 from .mode import BaseMode
 from .netns import SimNetwork, check_netns_possible
 from .plan import LaunchPlan
 from .ports import free_port
 
-GRACE_S = 5.0  # the job's report must follow a failure within 10 s
 SIM_PORT = 29400  # inside fresh namespaces nothing else listens
 
 
@@ -71,35 +70,12 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
                 net.addr(node),
             ]
             agents.append(subprocess.Popen(cmd, env=env))
-        code, failed_node = wait_agents(agents)
-        if code not in (0, 130, 143) and not report_failures(job.run_dir, run_id):
+        codes, first = wait_agents(agents)
+        code = codes[first] if first >= 0 else 0
+        if code not in (0, *STOP_CODES) and not report_failures(job.run_dir, run_id):
             print(
-                f"launcher: node {failed_node}'s agent exited with code {code} (no rank recorded a failure; "
+                f"launcher: node {first}'s agent exited with code {code} (no rank recorded a failure; "
                 f"see {job.run_dir}/logs)",
                 file=sys.stderr,
             )
-    return code
-
-
-def wait_agents(agents: list[subprocess.Popen]) -> tuple[int, int]:
-    """(0, -1) when every agent succeeded; else the first failure's exit code and node, after the rest stopped
-    or were stopped."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    for node, agent in enumerate(agents):
-        threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
-    failure, failed_node, remaining = 0, -1, len(agents)
-    while remaining:
-        try:
-            node, code = done.get(timeout=GRACE_S if failure else None)
-        except queue.Empty:
-            print(f"launcher: stopping the agents still running {GRACE_S:.0f} s after the failure", file=sys.stderr)
-            for agent in agents:
-                if agent.poll() is None:
-                    agent.terminate()
-            for agent in agents:
-                agent.wait()
-            break
-        remaining -= 1
-        if code != 0 and not failure:
-            failure, failed_node = (code if code > 0 else 1), node
-    return failure, failed_node
+    return code if code >= 0 else 1

@@ -1,0 +1,68 @@
+"""What one host of an ssh job says about itself before anything starts (``+cluster=ssh``, run over ssh by the
+head): ``python -m launcher.launch.probe RUN_DIR TOKEN MASTER_ADDR PORT``.
+
+Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
+count, where it resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is
+there) and writable. With ``PORT`` other than "-" (only on the master host), the port the rendezvous will use:
+a free one when ``PORT`` is 0, else ``PORT`` checked free. Problems go into ``problems``; the exit code is 0
+whenever the JSON was printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+
+def token_path(run_dir: str | Path, token: str) -> Path:
+    return Path(run_dir) / f".ssh-check-{token}"
+
+
+def probe(run_dir: str, token: str, master_addr: str, port: str) -> dict:
+    facts: dict = {"host": socket.gethostname(), "problems": []}
+    problems: list[str] = facts["problems"]
+    connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
+    facts["addr"] = connection[2] if len(connection) == 4 else ""
+    shared = token_path(run_dir, token)
+    try:
+        if shared.read_text() != token:
+            raise OSError("its content differs")
+        mine = shared.with_name(f"{shared.name}-{facts['host']}-{os.getpid()}")
+        mine.write_text(token)
+        mine.unlink()
+    except OSError as exc:
+        problems.append(
+            f"the run dir {run_dir} is not the head's or not writable here ({exc.strerror or exc}); HINT: the run "
+            "dir must be on a file system every host shares (e.g. hydra.run.dir=/shared/runs/NAME)"
+        )
+    try:
+        master_ip = socket.gethostbyname(master_addr)
+    except OSError as exc:
+        problems.append(
+            f"cannot resolve cluster.master_addr={master_addr} ({exc}); HINT: set cluster.master_addr to an "
+            "address every host reaches"
+        )
+        master_ip = ""
+    if port != "-" and master_ip:
+        from .ports import port_in_use
+
+        if reason := port_in_use(master_ip, int(port)):
+            hint = "cluster.master_port=0 takes a free one" if port != "0" else "is it this host's own address?"
+            problems.append(f"cannot listen on {master_addr}:{port} here ({reason}); HINT: {hint}")
+        elif port == "0":
+            from .ports import free_port
+
+            facts["port"] = free_port(master_ip)
+        else:
+            facts["port"] = int(port)
+    from ..devices import gpu_count
+
+    facts["gpus"] = gpu_count()
+    return facts
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(*sys.argv[1:5])), flush=True)

@@ -1,0 +1,377 @@
+"""``+cluster=ssh``: one command on a head host (one of the hosts, or a login node that is none of them) runs a
+job on several machines, one torch elastic agent per host started over ssh (``launch/node.py``, the agent
+``+cluster=sim`` uses), rendezvous on the first host.
+
+What each host needs: passwordless ssh from the head (``BatchMode``: a password or host-key prompt is an error,
+never a hang), the same python path (``cluster.python``, default this interpreter's; ``cluster.setup`` lines run
+first, e.g. ``source venv/bin/activate``), and the run dir on a shared file system.
+
+Order of events:
+1. Before anything starts, every host is checked in parallel (``launch/probe.py`` over ssh, within
+   ``cluster.check_timeout_s``): ssh answers, python and the launcher import, the run dir is the head's and
+   writable, ``cluster.master_addr`` resolves, enough GPUs; the master host picks (or checks) the port. Every
+   failing host is named with its cause (exit 2).
+2. One agent per host. Forwarded to it: ``LAUNCHER_*``, ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES``,
+   ``PYTHONPATH``, ``OMP_NUM_THREADS`` and ``cluster.env``. Its output is streamed here, each line prefixed with
+   its host.
+3. The head controls each agent through its ssh stdin (``node.py --over-ssh``): Ctrl-C / SIGTERM here becomes the
+   same signal there (the ranks agree on a step, checkpoint, exit 130 / 143); the end of input (the head killed,
+   the connection dropped) stops the agent as SIGTERM would. An ssh session ending does not by itself end its
+   remote processes: this is what does.
+4. The first failure ends the job on every host (the others get ``GRACE_S``, then are stopped), then one report
+   names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255: the host or its
+   link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and restarts the job
+   on all of them from the newest checkpoint (the agents themselves do not restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+from omegaconf import DictConfig
+
+from ..config import ConfigError, JobConfig, SshClusterConfig
+from ..env import DistEnv
+from ..failures import STOP_CODES
+from ..failures import report as report_failures
+from .agent import wait_agents
+from .mode import BaseMode
+from .plan import LaunchPlan
+from .probe import token_path
+
+# Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+)
+SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
+FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
+FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
+NO_CWD, SETUP_FAILED, NOT_FOUND = 97, 96, 127  # exit codes of the remote shell prelude
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """``host [slots=N]`` per line (DeepSpeed / MPI hostfiles), ``#`` comments, blank lines ignored."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"cluster.hostfile={path!r} cannot be read ({exc.strerror or exc}); HINT: a file with one host per "
+            "line, optionally 'slots=N'"
+        ) from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        slots = None
+        for extra in fields[1:]:
+            key, _, value = extra.partition("=")
+            if key != "slots" or not value.isdigit() or int(value) < 1:
+                raise ConfigError(
+                    f"cluster.hostfile={path!r} line {number}: {extra!r} is not understood; HINT: lines are "
+                    "'HOST' or 'HOST slots=N' (N >= 1)"
+                )
+            slots = int(value)
+        hosts.append((fields[0], slots))
+    return hosts
+
+
+class SshMode(BaseMode):
+    name = "ssh"
+
+    def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
+        if cluster.hostfile and cluster.hosts:
+            raise ConfigError("cluster.hosts and cluster.hostfile are both set; HINT: give the hosts one way")
+        listed = parse_hostfile(cluster.hostfile) if cluster.hostfile else [(str(h), None) for h in cluster.hosts]
+        if not listed:
+            where = f"cluster.hostfile={cluster.hostfile!r} lists no host" if cluster.hostfile else "no hosts given"
+            raise ConfigError(f"+cluster=ssh: {where}; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH")
+        hosts = [host for host, _ in listed]
+        if dups := sorted({h for h in hosts if hosts.count(h) > 1}):
+            raise ConfigError(
+                f"cluster.hosts lists {', '.join(dups)} more than once; HINT: one entry per machine, "
+                "cluster.procs_per_node ranks run on each"
+            )
+        nodes = int(cluster.nodes) or len(hosts)
+        if nodes > len(hosts):
+            raise ConfigError(
+                f"cluster.nodes={nodes} but only {len(hosts)} host(s) are listed; HINT: list more hosts or omit "
+                "cluster.nodes (every listed host is used)"
+            )
+        used = listed[:nodes]
+        slots = {host: n for host, n in used if n is not None}
+        if cluster.procs_per_node is None and slots:
+            if len(set(slots.values())) > 1 or len(slots) < nodes:
+                raise ConfigError(
+                    f"the hostfile's slots differ ({', '.join(f'{h}: {n}' for h, n in slots.items())}); every node "
+                    f"runs the same number of ranks; HINT: set cluster.procs_per_node={min(slots.values())}"
+                )
+            cluster.procs_per_node = next(iter(slots.values()))
+        elif cluster.procs_per_node is not None:
+            for host, n in slots.items():
+                if cluster.procs_per_node > n:
+                    raise ConfigError(
+                        f"cluster.procs_per_node={cluster.procs_per_node} but the hostfile gives {host} slots={n}; "
+                        f"HINT: cluster.procs_per_node={n}, or raise its slots"
+                    )
+        cluster.hosts, cluster.nodes = [h for h, _ in used], nodes
+        cluster.master_addr = cluster.master_addr or used[0][0]
+        cluster.python = cluster.python or sys.executable
+        if shutil.which("ssh") is None:
+            raise ConfigError("+cluster=ssh needs the ssh client here; HINT: apt-get install openssh-client")
+        super().fill_defaults(cluster, env, gpus_visible)
+
+    def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
+        c = job.cluster
+        hosts = ", ".join(getattr(c, "hosts", []))
+        port = c.master_port or "a free port chosen there"
+        return f"store on {c.master_addr}:{port} (node 0's agent, the first host); agents started over ssh on {hosts}"
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        if not isinstance(job.cluster, SshClusterConfig):
+            raise TypeError(f"cluster.kind={job.cluster.kind!r}: the ssh launcher needs +cluster=ssh")
+        return launch_ssh(job, job.cluster)
+
+
+def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
+    code = 1
+    for attempt in range(c.max_restarts + 1):
+        try:
+            facts = check_hosts(job, c)
+        except ConfigError as exc:
+            if attempt == 0:
+                raise
+            print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
+            return code
+        code = run_agents(job, c, facts, uuid.uuid4().hex[:12])
+        if code == 0 or code in STOP_CODES or attempt == c.max_restarts:
+            return code
+        print(
+            f"launcher: restarting the job on every host from the newest checkpoint (restart {attempt + 1} of "
+            f"{c.max_restarts}, cluster.max_restarts)",
+            file=sys.stderr,
+        )
+    return code
+
+
+def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
+    return ["ssh", *c.ssh_options, *SSH_OPTIONS, host, shell]
+
+
+def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
+    prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
+    names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
+    return {k: v for k, v in sorted(os.environ.items()) if k in names or k.startswith(prefixes)}
+
+
+def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
+    """The script a host runs: this directory (shared file system), ``cluster.setup``, then ``argv`` with the
+    forwarded environment. Each step that can fail exits with its own code (``NO_CWD``, ``SETUP_FAILED``,
+    ``NOT_FOUND``)."""
+    cwd = shlex.quote(os.getcwd())
+    lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
+    if c.setup:
+        lines.append("{ " + " && ".join(c.setup) + f"; }} || exit {SETUP_FAILED}")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items())
+    lines.append(f"exec env {env} {shlex.join(argv)}")
+    return "\n".join(lines)
+
+
+def ssh_problem(stderr: str, host: str) -> str:
+    """ssh's own failure (exit 255), with the fix."""
+    said = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh failed without a message"
+    if "Permission denied" in said:
+        hint = f"passwordless ssh to {host} (ssh-copy-id {host}); the launcher never answers a password prompt"
+    elif "Host key verification failed" in said:
+        hint = f"ssh {host} once to accept its host key, or cluster.ssh_options=[-o,StrictHostKeyChecking=accept-new]"
+    else:
+        hint = f"is {host} up and reachable from here? (ssh {host} true)"
+    return f"ssh failed: {said}; HINT: {hint}"
+
+
+def check_host(job: JobConfig, c: SshClusterConfig, host: str, token: str, port: str) -> tuple[dict, list[str]]:
+    """One host's facts (``launch/probe.py``) and its problems."""
+    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, c.master_addr, port]
+    try:
+        out = subprocess.run(
+            ssh_command(c, host, remote_shell(c, argv)),
+            capture_output=True,
+            text=True,
+            timeout=c.check_timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {}, [
+            f"did not answer within {c.check_timeout_s:.0f} s (cluster.check_timeout_s); HINT: is it up and "
+            "reachable? (ssh -o BatchMode=yes HOST true)"
+        ]
+    said = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+    if out.returncode == SSH_LOST:
+        return {}, [ssh_problem(out.stderr, host)]
+    if out.returncode == NO_CWD:
+        return {}, [f"no directory {os.getcwd()} there; HINT: start the launcher from a directory every host shares"]
+    if out.returncode == SETUP_FAILED:
+        return {}, [f"cluster.setup failed there ({said}); HINT: try the lines with ssh {host}"]
+    if out.returncode == NOT_FOUND:
+        return {}, [
+            f"cluster.python={c.python} is not there ({said}); HINT: the same python must exist on every host: set "
+            "cluster.python, or cluster.setup to activate an environment"
+        ]
+    if "No module named" in out.stderr:
+        return {}, [
+            f"{c.python} cannot import the launcher there ({said}); HINT: install it on every host (pip install "
+            "-e .), or reach it through PYTHONPATH (forwarded) or cluster.setup"
+        ]
+    try:
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}, [f"the check failed (exit {out.returncode}): {said or out.stdout.strip()[-300:]}"]
+    problems = list(facts["problems"])
+    if (c.gpus_per_node or 0) > facts["gpus"]:
+        problems.append(
+            f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts['gpus']} GPU(s); HINT: "
+            f"cluster.gpus_per_node={facts['gpus']}"
+        )
+    return facts, problems
+
+
+def check_hosts(job: JobConfig, c: SshClusterConfig) -> list[dict]:
+    """Every host in parallel, before anything starts; a ``ConfigError`` names each failing host."""
+    token = uuid.uuid4().hex
+    marker = token_path(job.run_dir, token)
+    marker.write_text(token)
+    try:
+        with ThreadPoolExecutor(len(c.hosts)) as pool:
+            ports = [str(c.master_port) if node == 0 else "-" for node in range(len(c.hosts))]
+            results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, hp[1]), zip(c.hosts, ports)))
+    finally:
+        marker.unlink(missing_ok=True)
+    failing = [f"  {host}: {p}" for host, (_, problems) in zip(c.hosts, results) for p in problems]
+    if failing:
+        raise ConfigError(f"{len(failing)} problem(s) on the hosts, nothing started:\n" + "\n".join(failing))
+    return [facts for facts, _ in results]
+
+
+class RemoteAgent:
+    """One host's agent, through its ssh client: output streamed here with the host as prefix, stop requests
+    written to its stdin (``node.py --over-ssh``)."""
+
+    def __init__(self, host: str, cmd: list[str], lock: threading.Lock) -> None:
+        self.host = host
+        # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        self.pumps = [
+            threading.Thread(target=self._pump, args=(src, dst, lock), daemon=True)
+            for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+        ]
+        for pump in self.pumps:
+            pump.start()
+
+    def _pump(self, src: IO[bytes] | None, dst: IO[str], lock: threading.Lock) -> None:
+        assert src is not None
+        for line in iter(src.readline, b""):
+            with lock:
+                dst.write(f"[{self.host}] {line.decode(errors='replace')}")
+                dst.flush()
+
+    def request(self, what: str) -> None:
+        """``INT`` or ``TERM``: the agent stops its ranks as that signal would."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f"{what}\n".encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it has ended already
+
+    def finish(self) -> None:
+        for pump in self.pumps:
+            pump.join(timeout=5)
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+
+@contextlib.contextmanager
+def forwarding_stops(agents: list[RemoteAgent]) -> Iterator[list[int]]:
+    """While the job runs, SIGINT / SIGTERM here are forwarded to every agent (once); yields the signals got."""
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not got:
+            print(
+                f"launcher: {signal.Signals(signum).name}: stopping the job on every host (the ranks checkpoint)",
+                file=sys.stderr,
+            )
+            for agent in agents:
+                agent.request("INT" if signum == signal.SIGINT else "TERM")
+        got.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: str) -> int:
+    endpoint = f"{c.master_addr}:{facts[0]['port']}"
+    lock = threading.Lock()
+    agents: list[RemoteAgent] = []
+    with forwarding_stops(agents) as stops:
+        for node, host in enumerate(c.hosts):
+            addr = c.master_addr if node == 0 else (facts[node]["addr"] or host)
+            argv = [c.python, "-u", "-m", "launcher.launch.node", job.run_dir, str(c.nodes), str(node), endpoint]
+            argv += [run_id, addr, "--over-ssh"]
+            agents.append(RemoteAgent(host, ssh_command(c, host, remote_shell(c, argv)), lock))
+        if stops:  # a stop signal while the agents were being started
+            for agent in agents:
+                agent.request("INT" if stops[0] == signal.SIGINT else "TERM")
+        codes, first = wait_agents([a.proc for a in agents], stop=lambda proc: request_of(agents, proc, "TERM"))
+    for agent in agents:
+        agent.finish()
+    if stops:
+        return 128 + stops[0]
+    if first < 0:
+        return 0
+    for node, code in enumerate(codes):
+        if code == SSH_LOST:
+            print(
+                f"launcher: node {node} ({c.hosts[node]}): the ssh connection dropped while its ranks ran (exit 255): "
+                "the host or its link went down",
+                file=sys.stderr,
+            )
+    if not report_failures(job.run_dir, run_id) and SSH_LOST not in codes:
+        print(
+            f"launcher: node {first}'s agent on {c.hosts[first]} exited with code {codes[first]} (no rank recorded "
+            f"a failure; see {job.run_dir}/logs)",
+            file=sys.stderr,
+        )
+    return codes[first] if codes[first] in STOP_CODES else 1
+
+
+def request_of(agents: list[RemoteAgent], proc: subprocess.Popen, what: str) -> None:
+    next(a for a in agents if a.proc is proc).request(what)
