@@ -166,6 +166,8 @@ class SshClusterConfig(ClusterConfig):
     env: list[str] = field(default_factory=list)  # more variables to forward: NAME, or PREFIX_* for a prefix
     setup: list[str] = field(default_factory=list)  # shell lines run on each host before its agent (module load ...)
     check_timeout_s: float = 30.0  # how long each host may take to answer the checks before anything starts
+    heartbeat_timeout_s: float = 60.0  # a host stops its ranks after hearing nothing from the head this long
+    #                                    (its link is down, the head is suspended); the head writes every 5 s
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -175,6 +177,10 @@ class SshClusterConfig(ClusterConfig):
             "the hosts in their order; HINT: drop cluster.node_rank",
         )
         _check(self.check_timeout_s > 0, f"cluster.check_timeout_s={self.check_timeout_s} must be > 0")
+        _check(
+            self.heartbeat_timeout_s >= 15,
+            f"cluster.heartbeat_timeout_s={self.heartbeat_timeout_s} must be >= 15 (the head writes every 5 s)",
+        )
         for name in self.env:
             _check(
                 name.removesuffix("*").replace("_", "a").isalnum(),

@@ -85,10 +85,13 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
         )
 
 
-def default_run_name() -> str:
-    """Run dir name for ``hydra.run.dir``, the same on every rank that composes the config itself: torchrun's run
-    id, or the Slurm job id for srun tasks of a user's sbatch script (a requeued job finds its checkpoints);
-    else a timestamp."""
+def default_run_name(node_rank: int | None = None, master_addr: str = "", master_port: int = 0) -> str:
+    """Run dir name for ``hydra.run.dir``, the same on every rank (or machine) that composes the config itself:
+    torchrun's run id, the Slurm job id for srun tasks of a user's sbatch script (a requeued job finds its
+    checkpoints), node 0's address and port for machines started by hand (``cluster.node_rank``); else a
+    timestamp."""
+    if node_rank is not None:
+        return f"nodes-{master_addr}-{master_port}"
     env = DistEnv.resolve()
     if env.source == "elastic" and env.job_id:
         return f"torchrun-{env.job_id}"

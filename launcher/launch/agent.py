@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -101,17 +102,23 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         )
         return 1
     except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
-        print(
-            f"launcher: stopped by {exc.sigval.name}; the ranks wrote a checkpoint, run again with "
-            f"hydra.run.dir={job.run_dir} to continue",
-            file=sys.stderr,
-        )
+        if report:
+            print_stopped(128 + int(exc.sigval), job.run_dir)
         return 128 + int(exc.sigval)
     except RendezvousError as exc:  # the node hosting the rendezvous ended (its failure is in the job's report)
         if report:
             print(f"launcher: node {node}: lost the rendezvous at {config.rdzv_endpoint} ({exc})", file=sys.stderr)
         return 1
     return 0
+
+
+def print_stopped(code: int, run_dir: str) -> None:
+    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143)."""
+    print(
+        f"launcher: stopped by {signal.Signals(code - 128).name}; the ranks wrote a checkpoint, run again with "
+        f"hydra.run.dir={run_dir} to continue",
+        file=sys.stderr,
+    )
 
 
 def wait_agents(

@@ -1,5 +1,12 @@
 """Local mode (no cluster chosen): one elastic agent in this process spawns ``procs_per_node`` workers here.
 
+By hand on several machines (torchrun's multi-node form): on each machine
+``python -m launcher cluster.nodes=N cluster.node_rank=K cluster.master_addr=HOST cluster.master_port=P``, HOST
+being node 0's address as the others reach it. Node K's ranks are ``K * procs_per_node ...``; each machine's agent
+reports the failures it can see (all of them when the run dir is on a shared file system). The default run dir,
+``runs/nodes-HOST-P``, is the same on every machine, so a shared file system gives one run dir and running the
+same commands again resumes.
+
 - Rendezvous: c10d store listening on the loopback address only; port 0 takes a free port and holds it (no race
   between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
 - ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
@@ -12,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 import traceback
 import uuid
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -41,10 +50,22 @@ class LocalMode(BaseMode):
 
     def validate(self, job: JobConfig, env: DistEnv, gpus_visible: int) -> None:
         c = job.cluster
-        if c.nodes > 1:
+        if c.nodes > 1 and c.node_rank is None:
             raise ConfigError(
-                f"cluster.nodes={c.nodes} cannot run on one machine without a multi-node launcher; HINT: "
-                "+cluster=sim to simulate nodes here, +cluster=slurm, or torchrun on each node"
+                f"cluster.nodes={c.nodes} needs a launcher that starts every machine, or this machine's node rank; "
+                "HINT: +cluster=ssh cluster.hosts=[host1,host2] from one machine; or by hand on each machine "
+                f"cluster.node_rank=K (0..{c.nodes - 1}) cluster.master_addr=NODE0 cluster.master_port=PORT; "
+                "+cluster=sim to simulate nodes here; +cluster=slurm"
+            )
+        if c.nodes > 1 and (c.master_addr.startswith("127.") or c.master_addr == "localhost"):
+            raise ConfigError(
+                f"cluster.master_addr={c.master_addr} is this machine's loopback: the other machines cannot reach "
+                "it; HINT: cluster.master_addr=<node 0's name or address, as the other machines reach it>"
+            )
+        if c.nodes > 1 and not c.master_port:
+            raise ConfigError(
+                "cluster.master_port=0 (a free port) cannot be agreed by machines started by hand; HINT: give "
+                "every machine the same cluster.master_port, e.g. 29500"
             )
         if (c.gpus_per_node or 0) > gpus_visible:
             raise ConfigError(
@@ -54,6 +75,9 @@ class LocalMode(BaseMode):
 
     def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
         c = job.cluster
+        if c.nodes > 1:
+            host = "this machine" if c.node_rank == 0 else "node 0"
+            return f"store on {c.master_addr}:{c.master_port} ({host}); this machine is node {c.node_rank}, by hand"
         return f"c10d on {c.master_addr}:{c.master_port or 'free port held by the store'}"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
@@ -69,12 +93,18 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
             return 1
         return 0
     c = job.cluster
-    if c.master_port:
+    if c.master_port and not c.node_rank:  # node 0 (or the only one) hosts the store
         check_port(c.master_addr, c.master_port)
     if c.gpus_per_node and c.gpu_select == "free_memory":  # before any worker initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = by_free_memory(c.gpus_per_node)
         log.warning("cluster.gpu_select=free_memory: CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
     if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
+    if c.nodes > 1:  # by hand: the same launch id on every machine; an earlier run's records must not count
+        run_id = f"nodes-{c.master_port}"
+        shutil.rmtree(Path(job.run_dir) / "failures" / run_id, ignore_errors=True)
+        addr = c.master_addr if c.node_rank == 0 else socket.gethostname()
+        config = agent_config(job, c.nodes, f"{c.master_addr}:{c.master_port}", run_id, addr, c.node_rank, fixed=True)
+        return run_agent(job, config, node=int(c.node_rank or 0))
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
     return run_agent(job, config)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import select
 import signal
 import sys
 import threading
@@ -24,15 +25,25 @@ from ..config import load_frozen
 from .agent import agent_config, run_agent
 
 
-def stop_on_request() -> None:
+def stop_on_request(silent_s: float) -> None:
     """Turn the head's requests on stdin into one stop signal for this process (the elastic agent passes it on
-    to the workers)."""
+    to the workers). The head also writes a heartbeat line every few seconds: silence for ``silent_s`` (its link
+    or this host's is down, the head is suspended) stops the job as the end of input does."""
 
     def watch() -> None:
-        requested = signal.SIGTERM  # end of input: the head is gone
-        for line in sys.stdin:
-            if line.strip() in ("INT", "TERM"):
-                requested = signal.SIGINT if line.strip() == "INT" else signal.SIGTERM
+        requested, pending = signal.SIGTERM, b""
+        while True:
+            ready, _, _ = select.select([0], [], [], silent_s)
+            if not ready:
+                print(f"launcher: nothing from the head for {silent_s:.0f} s: stopping", file=sys.stderr, flush=True)
+                break
+            chunk = os.read(0, 4096)
+            if not chunk:  # end of input: the head or its connection is gone
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            stops = [line for line in lines if line in (b"INT", b"TERM")]  # other lines: heartbeats
+            if stops:
+                requested = signal.SIGINT if stops[0] == b"INT" else signal.SIGTERM
                 break
         os.kill(os.getpid(), requested)
 
@@ -80,10 +91,10 @@ def main(argv: list[str]) -> int:
         parser.add_argument(name)
     parser.add_argument("--over-ssh", action="store_true")
     args = parser.parse_args(argv)
+    job = load_frozen(args.run_dir)
     if args.over_ssh:
         relay_output()
-        stop_on_request()
-    job = load_frozen(args.run_dir)
+        stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
     node = int(args.node)
     config = agent_config(job, int(args.nnodes), args.endpoint, args.run_id, args.addr, node, fixed=args.over_ssh)
     return run_agent(job, config, node=node, report=False)

@@ -22,6 +22,11 @@ def port_in_use(addr: str, port: int) -> str | None:
 def check_port(addr: str, port: int) -> None:
     """A fixed port must be free now; say which and how to fix it instead of a clash at rendezvous."""
     reason = port_in_use(addr, port)
+    if reason and "assign requested address" in reason:
+        raise ConfigError(
+            f"cluster.master_addr={addr} is not an address of this machine ({reason}), and this machine hosts "
+            "the rendezvous store (node 0); HINT: run node 0 on the machine cluster.master_addr names"
+        )
     if reason:
         raise ConfigError(
             f"cluster.master_port={port} on {addr} is not free ({reason}); HINT: cluster.master_port=0 "

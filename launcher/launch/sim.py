@@ -19,7 +19,7 @@ from ..config import JobConfig, SimClusterConfig
 from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
-from .agent import wait_agents
+from .agent import print_stopped, wait_agents
 from .mode import BaseMode
 from .netns import SimNetwork, check_netns_possible
 from .plan import LaunchPlan
@@ -72,7 +72,9 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
             agents.append(subprocess.Popen(cmd, env=env))
         codes, first = wait_agents(agents)
         code = codes[first] if first >= 0 else 0
-        if code not in (0, *STOP_CODES) and not report_failures(job.run_dir, run_id):
+        if code in STOP_CODES:
+            print_stopped(code, job.run_dir)
+        elif code and not report_failures(job.run_dir, run_id):
             print(
                 f"launcher: node {first}'s agent exited with code {code} (no rank recorded a failure; "
                 f"see {job.run_dir}/logs)",

@@ -47,7 +47,7 @@ from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
-from .agent import wait_agents
+from .agent import print_stopped, wait_agents
 from .mode import BaseMode
 from .plan import LaunchPlan
 from .probe import token_path
@@ -64,6 +64,7 @@ SSH_OPTIONS = (
     "-o",
     "ServerAliveCountMax=3",
 )
+HEARTBEAT_S = 5.0  # the head writes to every agent this often (cluster.heartbeat_timeout_s)
 SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
 FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
 FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
@@ -298,7 +299,7 @@ class RemoteAgent:
                 dst.flush()
 
     def request(self, what: str) -> None:
-        """``INT`` or ``TERM``: the agent stops its ranks as that signal would."""
+        """``INT`` or ``TERM``: the agent stops its ranks as that signal would; ``PING``: a heartbeat."""
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(f"{what}\n".encode())
@@ -337,6 +338,26 @@ def forwarding_stops(agents: list[RemoteAgent]) -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def heartbeats(agents: list[RemoteAgent]) -> Iterator[None]:
+    """A line to every agent every ``HEARTBEAT_S``: an agent that hears nothing for ``cluster.heartbeat_timeout_s``
+    stops its ranks (its host cannot reach us, so nobody else would stop them)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            for agent in agents:
+                agent.request("PING")
+
+    thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: str) -> int:
     endpoint = f"{c.master_addr}:{facts[0]['port']}"
     lock = threading.Lock()
@@ -350,10 +371,12 @@ def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: s
         if stops:  # a stop signal while the agents were being started
             for agent in agents:
                 agent.request("INT" if stops[0] == signal.SIGINT else "TERM")
-        codes, first = wait_agents([a.proc for a in agents], stop=lambda proc: request_of(agents, proc, "TERM"))
+        with heartbeats(agents):
+            codes, first = wait_agents([a.proc for a in agents], stop=lambda proc: request_of(agents, proc, "TERM"))
     for agent in agents:
         agent.finish()
     if stops:
+        print_stopped(128 + stops[0], job.run_dir)
         return 128 + stops[0]
     if first < 0:
         return 0

@@ -1,0 +1,247 @@
+"""``+cluster=ssh`` and machines started by hand, on real machines: network namespaces with their own address,
+host name and sshd (scripts/ssh-hosts/start.sh), reached over ssh from this host as a user would.
+
+After every test no process of the job may be left on any machine (``ip netns pids``, the sshd excepted)."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, run_launcher
+from launcher.train.checkpoint import verify
+from test_root_cause import CASES, MESSAGES, expect_root_cause, job_args, run_watched
+
+PREFIX, SUBNET, BRIDGE = "lnchvm", "10.97.0", "lnchtestbr0"
+HOSTS = [f"{PREFIX}1", f"{PREFIX}2"]
+LEFT_S = 15.0  # the issue's bound: nothing of a job left on any machine this long after it ended
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the ssh test machines need root and iproute2"
+)
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    state = tmp_path_factory.mktemp("ssh-hosts")
+    env = {
+        **os.environ,
+        "SSH_HOSTS_PREFIX": PREFIX,
+        "SSH_HOSTS_SUBNET": SUBNET,
+        "SSH_HOSTS_BRIDGE": BRIDGE,
+        "SSH_HOSTS_STATE": str(state / "state"),
+    }
+    try:
+        subprocess.run([REPO / "scripts" / "ssh-hosts" / "start.sh"], env=env, check=True, timeout=300)
+        yield state / "state"
+    finally:
+        subprocess.run([REPO / "scripts" / "ssh-hosts" / "stop.sh"], env=env, capture_output=True, timeout=60)
+    assert not Path(f"/etc/netns/{HOSTS[0]}").exists()
+    assert BRIDGE not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+
+
+def job_processes(state: Path, sessions: bool = True) -> list[str]:
+    """Every process in the machines except their sshd listeners (and sshd's per-connection processes unless
+    ``sessions``)."""
+    sshd = {(state / f"{h}.sshd.pid").read_text().strip() for h in HOSTS}
+    pids = []
+    for host in HOSTS:
+        out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
+        pids += [p for p in out if p not in sshd]
+    found = [f"{p}: {command_line(p)}" for p in pids if Path(f"/proc/{p}").exists()]
+    return [f for f in found if sessions or not f.split(": ", 1)[1].startswith("sshd:")]
+
+
+def command_line(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "(ended)"
+
+
+def wait_nothing_left(state: Path, within_s: float = LEFT_S, sessions: bool = True) -> None:
+    deadline = time.monotonic() + within_s
+    while (left := job_processes(state, sessions)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running {within_s:.0f} s after the job ended:\n" + "\n".join(left)
+
+
+@pytest.fixture
+def ssh_args(machines):
+    """The job's ssh overrides; afterwards, nothing of it may be left on the machines."""
+    yield ["+cluster=ssh", f"cluster.hosts=[{','.join(HOSTS)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
+    try:
+        wait_nothing_left(machines)
+    finally:
+        for pid in job_processes(machines):  # the next test starts clean even after a failure here
+            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+
+
+def test_two_machines_train_the_default_job(ssh_args, tmp_path):
+    out = run_launcher(*ssh_args, "cluster.procs_per_node=2", run_dir=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["hosts"]) == (4, 2, HOSTS)
+    assert summary["test_accuracy"] >= 0.95, summary
+    assert f"[{HOSTS[0]}] [launcher] rank 0/4 (node 0/2" in out.stderr  # rank 0 on the first host, as listed
+    assert f"ranks 2-3 on {HOSTS[1]}" in out.stderr
+
+
+@pytest.mark.parametrize("kind,where", CASES)
+def test_failing_rank_on_the_second_machine_is_named(ssh_args, tmp_path, kind, where):
+    """Script (torchrun-style) and trainer, the fault before / between / inside a collective, on rank 3."""
+    args, env = job_args(kind, where, rank=3)
+    started = time.monotonic()
+    code, stderr, at = run_watched([*ssh_args, "cluster.procs_per_node=2", *args], tmp_path, env, timeout=60)
+    expect_root_cause(code, stderr, at, tmp_path, 3, MESSAGES[where][kind].format(r=3))
+    assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", stderr, re.M), stderr[-2000:]
+    assert time.monotonic() - started < 60
+
+
+def start_head(ssh_args: list[str], run_dir: Path, *overrides: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *ssh_args, *overrides],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(run_dir.parent / f"{run_dir.name}-head.log", "w"),
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+
+
+def wait_first_checkpoint(head: subprocess.Popen, run_dir: Path, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("checkpoints/step-*.pt")):
+        assert head.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+LONG = ("cluster.procs_per_node=2", "train.epochs=200", "train.checkpoint_every_steps=20")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_stop_signal_on_the_head_checkpoints_and_leaves_nothing(ssh_args, machines, tmp_path, sig, code):
+    """SIGTERM to the head, or Ctrl-C (SIGINT to its process group, as a terminal sends it): the ranks agree on a
+    step, write one checkpoint, the head exits 143 / 130, nothing is left on either machine within 15 s."""
+    run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
+    head = start_head(ssh_args, run_dir, *LONG)
+    try:
+        wait_first_checkpoint(head, run_dir, log)
+        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        (os.killpg if sig == signal.SIGINT else os.kill)(head.pid, sig)
+        stopped = time.monotonic()
+        assert head.wait(timeout=LEFT_S) == code, log.read_text()[-3000:]
+        wait_nothing_left(machines, LEFT_S - (time.monotonic() - stopped))
+    finally:
+        if head.poll() is None:
+            head.kill()
+    stderr = log.read_text()
+    assert f"launcher: stopped by {sig.name}; the ranks wrote a checkpoint" in stderr
+    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
+    assert last not in first, "no checkpoint at the stop"
+    assert re.search(rf"stopped at step {int(last.stem.split('-')[1])} on {sig.name}", stderr), stderr[-2000:]
+
+
+def test_head_killed_ends_the_job_on_every_machine(ssh_args, machines, tmp_path):
+    """SIGKILL on the head: no signal to forward, its ssh connections end; each machine's agent sees the end of
+    its input and stops its ranks (with a checkpoint)."""
+    run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
+    head = start_head(ssh_args, run_dir, *LONG)
+    try:
+        wait_first_checkpoint(head, run_dir, log)
+        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        head.kill()
+        head.wait()
+        wait_nothing_left(machines)
+    finally:
+        if head.poll() is None:
+            head.kill()
+    assert sorted(run_dir.glob("checkpoints/step-*.pt"))[-1] not in first, "the ranks did not checkpoint"
+
+
+def test_machine_whose_link_goes_down_is_named(ssh_args, machines, tmp_path):
+    """The second machine's link goes down mid-training: the head names it (its ssh connection dropped) within
+    comm.timeout_s plus a margin, stops the other machine, exits 1; the isolated machine stops its own ranks when
+    it has not heard from the head for cluster.heartbeat_timeout_s; the checkpoints stay intact."""
+    run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
+    head = start_head(ssh_args, run_dir, *LONG, "comm.timeout_s=20", "cluster.heartbeat_timeout_s=15")
+    try:
+        wait_first_checkpoint(head, run_dir, log)
+        subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "down"], check=True)
+        down = time.monotonic()
+        assert head.wait(timeout=20 + 30) == 1, log.read_text()[-3000:]
+        # the isolated machine: heartbeat silence (15 s), then its agent stops the ranks (<= 30 s to a kill); its
+        # sshd's session waits for TCP to give up on the dead connection (sshd's, not the job's)
+        wait_nothing_left(machines, 15 + 30 + 10 - (time.monotonic() - down), sessions=False)
+    finally:
+        subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "up"])
+        if head.poll() is None:
+            head.kill()
+    stderr = log.read_text()
+    assert f"launcher: node 1 ({HOSTS[1]}): the ssh connection dropped while its ranks ran" in stderr, stderr[-3000:]
+    for path in run_dir.glob("checkpoints/step-*.pt"):
+        verify(path)  # raises on a torn or corrupted file
+
+
+def test_bad_hosts_are_named_before_anything_starts(ssh_args, machines, tmp_path):
+    """One run, three bad hosts: unreachable, without our key, unknown; each named with its cause, exit 2."""
+    config = tmp_path / "ssh_config"
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
+    config.write_text(
+        f"Host nokey\n  HostName {SUBNET}.2\n  User root\n  IdentityFile {stranger}\n  IdentitiesOnly yes\n"
+        f"Host down\n  HostName {SUBNET}.99\n  ConnectTimeout 3\n" + (machines / "ssh_config").read_text()
+    )
+    args = [
+        "+cluster=ssh",
+        f"cluster.hosts=[{HOSTS[0]},nokey,down,no-such-host.invalid]",
+        f"cluster.ssh_options=[-F,{config},-o,StrictHostKeyChecking=no,-o,UserKnownHostsFile=/dev/null]",
+        "cluster.procs_per_node=1",
+    ]
+    out = run_launcher(*args, run_dir=tmp_path / "run", timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    err = out.stderr
+    assert "3 problem(s) on the hosts, nothing started:" in err, err
+    assert re.search(r"^  nokey: ssh failed: .*Permission denied.*HINT: passwordless ssh", err, re.M), err
+    assert re.search(r"^  down: ssh failed: .*(No route to host|timed out).*HINT: is down up", err, re.M), err
+    assert re.search(r"^  no-such-host.invalid: ssh failed: .*Could not resolve hostname", err, re.M), err
+    assert not list((tmp_path / "run").glob("logs/rank-*")), "a rank started"
+
+
+def test_wrong_python_is_named_on_every_host(ssh_args, tmp_path):
+    out = run_launcher(*ssh_args, "cluster.python=/opt/nowhere/python", run_dir=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    for host in HOSTS:
+        assert f"  {host}: cluster.python=/opt/nowhere/python is not there" in out.stderr, out.stderr
+
+
+def test_by_hand_on_each_machine(ssh_args, machines, tmp_path):
+    """torchrun's multi-node form without torchrun: the same command on each machine, its node rank apart."""
+    procs = []
+    for node, host in enumerate(HOSTS):
+        command = (
+            f"cd {REPO} && {sys.executable} -m launcher cluster.nodes=2 cluster.node_rank={node} "
+            f"cluster.master_addr={HOSTS[0]} cluster.master_port=29531 train.epochs=2 hydra.run.dir={tmp_path}"
+        )
+        procs.append(
+            subprocess.Popen(
+                ["ssh", "-F", f"{machines}/ssh_config", "-o", "BatchMode=yes", host, command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["world_size"], summary["hosts"]) == (4, HOSTS)
