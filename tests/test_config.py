@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import plan, run_launcher
+from helpers import REPO, plan, run_launcher
 from launcher.config import ConfigError
 
 CASES = [
@@ -19,7 +19,23 @@ CASES = [
     ),
     (["cluster.procs_per_node=3", "train.batch_size=64"], "HINT: use train.batch_size=66"),
     (["script=no/such/train.py"], "script='no/such/train.py' does not exist"),
-    (["cluster.nodes=2"], "HINT: +cluster=sim to simulate nodes here"),
+    (["cluster.nodes=2"], "HINT: +cluster=ssh cluster.hosts=[host1,host2] from one machine; or by hand"),
+    (["cluster.nodes=2", "cluster.node_rank=2"], "cluster.node_rank=2 is out of range for cluster.nodes=2"),
+    (
+        ["cluster.nodes=2", "cluster.node_rank=1", "cluster.master_port=29500"],
+        "cluster.master_addr=127.0.0.1 is this machine's loopback: the other machines cannot reach it",
+    ),
+    (
+        ["cluster.nodes=2", "cluster.node_rank=1", "cluster.master_addr=node0"],
+        "cluster.master_port=0 (a free port) cannot be agreed by machines started by hand; HINT: give every "
+        "machine the same cluster.master_port",
+    ),
+    (["+cluster=ssh"], "+cluster=ssh: no hosts given; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH"),
+    (["+cluster=ssh", "cluster.hosts=[a,b,a]"], "cluster.hosts lists a more than once"),
+    (["+cluster=ssh", "cluster.hosts=[a,b]", "cluster.nodes=3"], "cluster.nodes=3 but only 2 host(s) are listed"),
+    (["+cluster=ssh", "cluster.hostfile=/no/hosts"], "cluster.hostfile='/no/hosts' cannot be read"),
+    (["+cluster=ssh", "cluster.hosts=[a]", "cluster.env=[A-B]"], "cluster.env entry 'A-B' is not a variable name"),
+    (["+cluster=ssh", "cluster.hosts=[a]", "cluster.node_rank=0"], "HINT: drop cluster.node_rank"),
     (["model._target_=no.such.Net"], "model._target_='no.such.Net' cannot be imported"),
     (["data=idx"], "data.path=None is not a directory; HINT: data=idx data.path="),
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
@@ -100,3 +116,85 @@ def test_dry_run_prints_plan_and_starts_nothing(tmp_path):
     assert "layout      : 1 node(s) x 4 rank(s) = world size 4" in result.stdout
     assert "_target_: models.lenet.LeNet" in result.stdout
     assert not (tmp_path / "logs").exists() and not (tmp_path / "config.yaml").exists()
+
+
+def hostfile(tmp_path, text):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    return f"cluster.hostfile={path}"
+
+
+def test_ssh_hostfile_slots_comments_and_first_host_as_master(tmp_path):
+    job, p = plan("+cluster=ssh", hostfile(tmp_path, "# lab\nnode-a slots=4  # big one\n\nnode-b slots=4\n"))
+    assert (p.mode, p.nodes, p.procs_per_node) == ("ssh", 2, 4)
+    assert (job.cluster.hosts, job.cluster.master_addr) == (["node-a", "node-b"], "node-a")
+    job, p = plan("+cluster=ssh", "cluster.hosts=[a,b,c]", "cluster.nodes=2", "cluster.procs_per_node=1")
+    assert (job.cluster.hosts, p.world_size) == (["a", "b"], 2)  # the first nodes hosts
+
+
+@pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        ("a\nb slots=x\n", [], "line 2: 'slots=x' is not understood; HINT: lines are 'HOST' or 'HOST slots=N'"),
+        ("a cpus=2\n", [], "line 1: 'cpus=2' is not understood"),
+        ("# nothing\n", [], "lists no host"),
+        (
+            "a slots=4\nb slots=2\n",
+            [],
+            "the hostfile's slots differ (a: 4, b: 2); every node runs the same number "
+            "of ranks; HINT: set cluster.procs_per_node=2",
+        ),
+        ("a slots=2\n", ["cluster.procs_per_node=3"], "cluster.procs_per_node=3 but the hostfile gives a slots=2"),
+        ("a\n", ["cluster.hosts=[b]"], "cluster.hosts and cluster.hostfile are both set"),
+    ],
+)
+def test_ssh_hostfile_errors_name_the_line_and_fix(tmp_path, text, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        plan("+cluster=ssh", hostfile(tmp_path, text), *overrides)
+    assert message in str(info.value)
+
+
+def test_ssh_forwards_the_launchers_variables_and_quotes_them(monkeypatch):
+    from launcher.config import SshClusterConfig
+    from launcher.launch.ssh import forwarded_env, remote_shell
+
+    for name, value in {
+        "LAUNCHER_FAULT": "step=5,rank=3",
+        "NCCL_DEBUG": "INFO",
+        "MY_TOKEN": "a b'c",
+        "HOME": "/x",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "off",
+        "WANDB_DIR": "/w",
+    }.items():
+        monkeypatch.setenv(name, value)
+    c = SshClusterConfig(nodes=1, hosts=["a"], env=["MY_TOKEN", "WANDB_*"], setup=["source /v/bin/activate"])
+    env = forwarded_env(c)
+    assert {"LAUNCHER_FAULT", "NCCL_DEBUG", "MY_TOKEN", "OMP_NUM_THREADS", "WANDB_MODE", "WANDB_DIR"} <= set(env)
+    assert "HOME" not in env
+    shell = remote_shell(c, ["/py", "-m", "x"])
+    assert "MY_TOKEN='a b'\"'\"'c'" in shell and "{ source /v/bin/activate; } || exit 96" in shell
+    assert shell.splitlines()[-1].endswith(" /py -m x")
+
+
+def test_by_hand_default_run_dir_is_the_same_on_every_machine():
+    """Each machine composes its own config: the default run dir must agree (one dir on a shared file system)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launcher.config import register_configs, register_resolvers
+
+    register_resolvers()
+    register_configs()
+    dirs = set()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for node in (0, 1):
+            by_hand = [
+                f"cluster.node_rank={node}",
+                "cluster.nodes=2",
+                "cluster.master_addr=n0",
+                "cluster.master_port=5",
+            ]
+            cfg = compose("config", overrides=by_hand, return_hydra_config=True)
+            dirs.add(OmegaConf.select(cfg, "hydra.run.dir"))
+    assert dirs == {"runs/nodes-n0-5"}

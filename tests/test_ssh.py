@@ -173,15 +173,15 @@ def test_machine_whose_link_goes_down_is_named(ssh_args, machines, tmp_path):
     comm.timeout_s plus a margin, stops the other machine, exits 1; the isolated machine stops its own ranks when
     it has not heard from the head for cluster.heartbeat_timeout_s; the checkpoints stay intact."""
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
-    head = start_head(ssh_args, run_dir, *LONG, "comm.timeout_s=20", "cluster.heartbeat_timeout_s=15")
+    head = start_head(ssh_args, run_dir, *LONG, "comm.timeout_s=10", "cluster.heartbeat_timeout_s=15")
     try:
         wait_first_checkpoint(head, run_dir, log)
         subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "down"], check=True)
         down = time.monotonic()
-        assert head.wait(timeout=20 + 30) == 1, log.read_text()[-3000:]
+        assert head.wait(timeout=10 + 30) == 1, log.read_text()[-3000:]
         # the isolated machine: heartbeat silence (15 s), then its agent stops the ranks (<= 30 s to a kill); its
         # sshd's session waits for TCP to give up on the dead connection (sshd's, not the job's)
-        wait_nothing_left(machines, 15 + 30 + 10 - (time.monotonic() - down), sessions=False)
+        wait_nothing_left(machines, 15 + 10 + 15 - (time.monotonic() - down), sessions=False)
     finally:
         subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "up"])
         if head.poll() is None:
@@ -199,12 +199,13 @@ def test_bad_hosts_are_named_before_anything_starts(ssh_args, machines, tmp_path
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
     config.write_text(
         f"Host nokey\n  HostName {SUBNET}.2\n  User root\n  IdentityFile {stranger}\n  IdentitiesOnly yes\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
         f"Host down\n  HostName {SUBNET}.99\n  ConnectTimeout 3\n" + (machines / "ssh_config").read_text()
     )
     args = [
         "+cluster=ssh",
         f"cluster.hosts=[{HOSTS[0]},nokey,down,no-such-host.invalid]",
-        f"cluster.ssh_options=[-F,{config},-o,StrictHostKeyChecking=no,-o,UserKnownHostsFile=/dev/null]",
+        f"cluster.ssh_options=[-F,{config}]",
         "cluster.procs_per_node=1",
     ]
     out = run_launcher(*args, run_dir=tmp_path / "run", timeout=120)

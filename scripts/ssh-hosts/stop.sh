@@ -9,6 +9,7 @@ if [[ -f $STATE/hosts ]]; then
   while read -r name; do
     for pid in $(ip netns pids "$name" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
     ip netns del "$name" 2>/dev/null
+    ip link del "${name}h" 2>/dev/null   # the namespace may outlive its processes a while (orphaned sockets)
     rm -rf "/etc/netns/$name"
   done < "$STATE/hosts"
 fi
