@@ -101,10 +101,10 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     if c.nodes > 1:  # by hand: the same launch id on every machine; an earlier run's records must not count
-        run_id = f"nodes-{c.master_port}"
+        node, run_id = int(c.node_rank or 0), f"nodes-{c.master_port}"
         shutil.rmtree(Path(job.run_dir) / "failures" / run_id, ignore_errors=True)
-        addr = c.master_addr if c.node_rank == 0 else socket.gethostname()
-        config = agent_config(job, c.nodes, f"{c.master_addr}:{c.master_port}", run_id, addr, c.node_rank, fixed=True)
-        return run_agent(job, config, node=int(c.node_rank or 0))
+        addr = c.master_addr if node == 0 else socket.gethostname()
+        config = agent_config(job, c.nodes, f"{c.master_addr}:{c.master_port}", run_id, addr, node, fixed=True)
+        return run_agent(job, config, node=node)
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
     return run_agent(job, config)
