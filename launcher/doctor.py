@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,15 +112,18 @@ def node_pairs(nodes: int) -> list[tuple[int, int]]:
     return [(a, (a + 1) % nodes) for a in range(nodes)]
 
 
-def probe(env: DistEnv, device: torch.device) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+def probe(
+    env: DistEnv, device: torch.device, timeout_s: float | None = None
+) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
     """Collective: (node -> intra-node allreduce s, (node a, node b) -> leaders' allreduce s), on every rank."""
     from .comm import Topology  # the sync engine's groups: ranks of my node, leaders
 
-    with Topology.build(env) as topo:
+    with Topology.build(env, timeout_s=timeout_s) as topo:
         nodes = topo.layout.nodes
         intra = time_allreduce(topo.intra, device) if len(topo.node_ranks) > 1 else None
         pairs = node_pairs(len(nodes))
-        groups = [dist.new_group([nodes[a][0], nodes[b][0]]) for a, b in pairs]  # collective, same order
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        groups = [dist.new_group([nodes[a][0], nodes[b][0]], timeout=timeout) for a, b in pairs]  # collective
         mine: dict[tuple[int, int], float] = {}
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):
@@ -170,12 +174,17 @@ def verdict(intra: dict[int, float], links: dict[tuple[int, int], float], hosts:
 
 
 def run_doctor(
-    env: DistEnv, device: torch.device, run_dir: str, use_gpu: bool, log_report: bool = True
+    env: DistEnv,
+    device: torch.device,
+    run_dir: str,
+    use_gpu: bool,
+    log_report: bool = True,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
     logs the report unless the launcher prints it)."""
     facts = ranks.all_gather_object(rank_facts(env, use_gpu))
-    intra, links = probe(env, device)
+    intra, links = probe(env, device, timeout_s)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]
     problems += verdict(intra, links, hosts)

@@ -41,6 +41,10 @@ SLURM_VARS = {
     "restart_count": "SLURM_RESTART_COUNT",  # set in a requeued job
 }
 
+# Restarts done above the elastic agents: the ssh head restarts the whole job with new agents (their own count
+# starts at 0 again); added to TORCHELASTIC_RESTART_COUNT.
+HEAD_RESTARTS = "LAUNCHER_HEAD_RESTARTS"
+
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 20000
 
@@ -141,7 +145,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         hostname=socket.gethostname(),
         job_id=environ.get(v["run_id"], ""),
         agent_store=environ.get(v["agent_store"], "") == "True",
-        restart_count=_int(environ, v["restart_count"], 0),
+        restart_count=_int(environ, v["restart_count"], 0) + _int(environ, HEAD_RESTARTS, 0),
     )
 
 

@@ -72,7 +72,9 @@ def run_worker(
         if job.doctor or job.preflight:
             from .doctor import run_doctor
 
-            report = run_doctor(env, device, job.run_dir, use_gpu=device.type == "cuda", log_report=job.preflight)
+            report = run_doctor(
+                env, device, job.run_dir, device.type == "cuda", log_report=job.preflight, timeout_s=job.comm.timeout_s
+            )
             if job.doctor:
                 return report
         return Trainer(job, env, device, backend, group=group, stop=stop).fit()

@@ -3,6 +3,11 @@
 # (accounting, so sacct and submitit job states work), slurmctld and one slurmd per fake node (node1..nodeN),
 # everything under $LAUNCHER_SLURM_ROOT. Root and Debian (Slurm 22.05 packages, installed when missing).
 # Afterwards: source "$LAUNCHER_SLURM_ROOT/env.sh"  (sets SLURM_CONF).  Stop with slurm/stop-cluster.sh.
+#
+# LAUNCHER_SLURM_NETNS=1: each slurmd runs in its own network namespace (slurm-node<k>, address
+# $LAUNCHER_SLURM_SUBNET.<k> on a bridge whose host side, .254, is slurmctld's address) under its own host name
+# (UTS namespace), so a job's ranks on node2 reach node1 over a real link, as on a real cluster. Started with
+# nsenter --net (ip netns exec remounts /sys and slurmd's cgroup plugin then fails to initialise).
 set -euo pipefail
 
 ROOT=${LAUNCHER_SLURM_ROOT:-/tmp/launcher-slurm}
@@ -14,6 +19,9 @@ DBD_PORT=${LAUNCHER_SLURM_DBD_PORT:-16819}
 DB_PORT=${LAUNCHER_SLURM_DB_PORT:-13306}
 SLURMD_PORT=${LAUNCHER_SLURM_SLURMD_PORT:-17001}   # node k listens on SLURMD_PORT + k - 1
 CRED_EXPIRE=${LAUNCHER_SLURM_CRED_EXPIRE:-10}      # a requeued job restarts after this many seconds (default 120)
+NETNS=${LAUNCHER_SLURM_NETNS:-0}
+SUBNET=${LAUNCHER_SLURM_SUBNET:-10.96.0}
+BRIDGE=lnchslurmbr0
 
 need=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 if ! dpkg -s "${need[@]}" >/dev/null 2>&1; then
@@ -48,9 +56,19 @@ chmod 755 "$ROOT" "$ROOT/munge"   # munged wants every parent of its socket o+x
 SOCK=$ROOT/munge/munge.socket.2
 AUTH="socket=$SOCK,cred_expire=$CRED_EXPIRE"
 
+if ((NETNS)); then
+  CTLD_HOST="$(hostname -s)($SUBNET.254)"
+  NODE_LINES=$(for k in $(seq 1 "$NODES"); do
+    echo "NodeName=node$k NodeHostname=node$k NodeAddr=$SUBNET.$k Port=$((SLURMD_PORT + k - 1)) CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN"
+  done)
+else
+  CTLD_HOST=localhost
+  NODE_LINES="NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$SLURMD_PORT-$((SLURMD_PORT + NODES - 1))] CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN"
+fi
+
 cat > "$SLURM_CONF" <<CONF
 ClusterName=launcher
-SlurmctldHost=localhost
+SlurmctldHost=$CTLD_HOST
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -82,7 +100,7 @@ ReturnToService=2
 JobRequeue=1
 KillWait=5
 MinJobAge=600
-NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$SLURMD_PORT-$((SLURMD_PORT + NODES - 1))] CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN
+$NODE_LINES
 PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP
 CONF
 
@@ -104,10 +122,36 @@ CONF
 chmod 600 "$ROOT/etc/slurmdbd.conf"
 echo "export SLURM_CONF=$SLURM_CONF" > "$ROOT/env.sh"
 
-# Jobs see node names (node1, ...) as hosts: they must resolve (loopback). Marked, so stop --wipe removes them.
+# Jobs see node names (node1, ...) as hosts: they must resolve (loopback, or the namespace addresses). Marked,
+# so stop-cluster.sh removes them (rewritten in place: /etc/hosts may be a bind mount).
+kept=$(grep -v '# launcher-slurm$' /etc/hosts)
+printf '%s\n' "$kept" > /etc/hosts
 for k in $(seq 1 "$NODES"); do
-  getent hosts "node$k" >/dev/null || echo "127.0.0.1 node$k # launcher-slurm" >> /etc/hosts
+  if ((NETNS)); then
+    echo "$SUBNET.$k node$k # launcher-slurm" >> /etc/hosts
+  elif ! getent hosts "node$k" >/dev/null; then
+    echo "127.0.0.1 node$k # launcher-slurm" >> /etc/hosts
+  fi
 done
+
+if ((NETNS)); then  # a bridge (slurmctld's side: .254) and one namespace per node; stop-cluster.sh removes them
+  ip link show "$BRIDGE" >/dev/null 2>&1 || {
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$SUBNET.254/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+  }
+  for k in $(seq 1 "$NODES"); do
+    ns=slurm-node$k
+    echo "$ns" >> "$ROOT/run/netns"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip link add "lnchslurm${k}h" type veth peer name eth0 netns "$ns"
+    ip link set "lnchslurm${k}h" master "$BRIDGE" up
+    ip -n "$ns" addr add "$SUBNET.$k/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" route add default via "$SUBNET.254"
+  done
+fi
 
 [[ -f $ROOT/munge/munge.key ]] || mungekey -c -k "$ROOT/munge/munge.key" -b 1024
 chmod 600 "$ROOT/munge/munge.key"
@@ -136,8 +180,14 @@ until_ok 60 slurmdbd sacctmgr -n list cluster
 
 slurmctld
 until_ok 15 slurmctld bash -c "scontrol ping | grep -q 'is UP'"
-for k in $(seq 1 "$NODES"); do slurmd -N "node$k"; done
+for k in $(seq 1 "$NODES"); do
+  if ((NETNS)); then
+    unshare --uts sh -c "hostname node$k; exec nsenter --net=/run/netns/slurm-node$k slurmd -N node$k"
+  else
+    slurmd -N "node$k"
+  fi
+done
 until_ok 60 "idle nodes" bash -c "[[ \$(sinfo -h -N -t idle -o %N | sort -u | wc -l) -eq $NODES ]]"
 until_ok 30 "cluster registration" bash -c "sacctmgr -n -P list cluster format=cluster,controlport | grep -q '^launcher|$CTLD_PORT'"
 sinfo >&2
-echo "[slurm] up under $ROOT: source $ROOT/env.sh" >&2
+echo "[slurm] up under $ROOT$( ((NETNS)) && echo ", nodes in network namespaces on $SUBNET.0/24"): source $ROOT/env.sh" >&2

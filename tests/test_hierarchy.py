@@ -1,5 +1,7 @@
 """Topology and node-first allreduce on real gloo ranks, with virtual nodes (DistEnv says who shares a node)."""
 
+import time
+
 import pytest
 import torch
 
@@ -78,3 +80,22 @@ def _uneven(rank, world, out_dir):
 
 def test_uneven_layout(tmp_path):
     spawn_ranks(_uneven, 4, tmp_path)
+
+
+def _stuck_in_a_node_group(rank, world, out_dir, timeout_s):
+    env = virtual_env(rank, world, per_node=2)
+    with Topology.build(env, timeout_s=timeout_s) as topo:
+        if rank == 1:  # rank 0 (same node) never joins this allreduce: rank 1 must fail after timeout_s
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match="[Tt]imed out"):
+                torch.distributed.all_reduce(torch.ones(4), group=topo.intra)
+            (out_dir / "waited.txt").write_text(str(time.monotonic() - started))
+        torch.distributed.barrier()  # rank 0 stays in the group meanwhile (no "closed by peer" shortcut)
+
+
+def test_node_groups_time_out_with_the_jobs_timeout(tmp_path):
+    """torch gives new groups its own 30 min default; node-first steps must fail after comm.timeout_s as flat
+    ones do (a rank stuck in the intra-node step would otherwise hang its node for half an hour)."""
+    spawn_ranks(_stuck_in_a_node_group, 4, tmp_path, 3.0, timeout=60)
+    waited = float((tmp_path / "waited.txt").read_text())
+    assert 2.5 <= waited < 15, waited

@@ -20,7 +20,8 @@ from launcher.train.checkpoint import verify
 from test_root_cause import CASES, MESSAGES, expect_root_cause, job_args, run_watched
 
 PREFIX, SUBNET, BRIDGE = "lnchvm", "10.97.0", "lnchtestbr0"
-HOSTS = [f"{PREFIX}1", f"{PREFIX}2"]
+HOSTS = [f"{PREFIX}1", f"{PREFIX}2"]  # the jobs' machines; a third one joins the doctor's
+ALL = [*HOSTS, f"{PREFIX}3"]
 LEFT_S = 15.0  # the issue's bound: nothing of a job left on any machine this long after it ended
 
 pytestmark = pytest.mark.skipif(
@@ -37,6 +38,7 @@ def machines(tmp_path_factory):
         "SSH_HOSTS_SUBNET": SUBNET,
         "SSH_HOSTS_BRIDGE": BRIDGE,
         "SSH_HOSTS_STATE": str(state / "state"),
+        "SSH_HOSTS_N": str(len(ALL)),
     }
     try:
         subprocess.run([REPO / "scripts" / "ssh-hosts" / "start.sh"], env=env, check=True, timeout=300)
@@ -50,9 +52,9 @@ def machines(tmp_path_factory):
 def job_processes(state: Path, sessions: bool = True) -> list[str]:
     """Every process in the machines except their sshd listeners (and sshd's per-connection processes unless
     ``sessions``)."""
-    sshd = {(state / f"{h}.sshd.pid").read_text().strip() for h in HOSTS}
+    sshd = {(state / f"{h}.sshd.pid").read_text().strip() for h in ALL}
     pids = []
-    for host in HOSTS:
+    for host in ALL:
         out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
         pids += [p for p in out if p not in sshd]
     found = [f"{p}: {command_line(p)}" for p in pids if Path(f"/proc/{p}").exists()]
@@ -246,3 +248,70 @@ def test_by_hand_on_each_machine(ssh_args, machines, tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["hosts"]) == (4, HOSTS)
+
+
+def test_doctor_over_ssh_names_the_machine_with_the_slow_link(ssh_args, machines, tmp_path):
+    """Three machines, the third one's link shaped to 100 Mbit/s (both ways): the doctor names it."""
+    slow = ALL[2]
+    shape = ["tbf", "rate", "100mbit", "burst", "256kbit", "latency", "50ms"]
+    try:
+        subprocess.run(["ip", "netns", "exec", slow, "tc", "qdisc", "add", "dev", "eth0", "root", *shape], check=True)
+        subprocess.run(["tc", "qdisc", "add", "dev", f"{slow}h", "root", *shape], check=True)
+        out = run_launcher(
+            "doctor=true",
+            *ssh_args[:1],
+            f"cluster.hosts=[{','.join(ALL)}]",
+            *ssh_args[2:],
+            "cluster.procs_per_node=1",
+            run_dir=tmp_path,
+            timeout=180,
+        )
+    finally:
+        subprocess.run(["ip", "netns", "exec", slow, "tc", "qdisc", "del", "dev", "eth0", "root"])
+        subprocess.run(["tc", "qdisc", "del", "dev", f"{slow}h", "root"])
+    assert out.returncode == 1, out.stderr[-3000:]  # the doctor found a problem
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert [f"node 2 ({slow}) is slow" in p for p in report["problems"]] == [True], report["problems"]
+
+
+def test_first_host_whose_own_name_resolves_to_loopback(ssh_args, tmp_path):
+    """Debian maps a machine's own name to 127.0.1.1 there. The first host's store must still listen where the
+    others reach it (``launcher.rendezvous.bind_address`` listens on every interface for a NAME that resolves to
+    loopback): bound to 127.0.1.1, the second machine could not join. gloo needs its interface named then, as a
+    user would (GLOO_SOCKET_IFNAME, forwarded to every host)."""
+    hosts_file = Path(f"/etc/netns/{HOSTS[0]}/hosts")  # the first machine's /etc/hosts (bind-mounted: edit in place)
+    original = hosts_file.read_text()
+    hosts_file.write_text(f"127.0.1.1 {HOSTS[0]}\n{original}")
+    try:
+        out = run_launcher(
+            *ssh_args,
+            "cluster.procs_per_node=1",
+            "train.max_steps=5",
+            "cluster.join_timeout_s=20",
+            run_dir=tmp_path,
+            env={"GLOO_SOCKET_IFNAME": "eth0"},
+            timeout=120,
+        )
+    finally:
+        hosts_file.write_text(original)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["hosts"] == HOSTS
+
+
+def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_path):
+    """Rank 3 (second machine) fails at step 15 in the first attempt only: the head checks the hosts again,
+    restarts the job on both, it resumes from step 10's checkpoint and finishes."""
+    out = run_launcher(
+        *ssh_args,
+        "cluster.procs_per_node=2",
+        "cluster.max_restarts=1",
+        "train.max_steps=30",
+        "train.checkpoint_every_steps=10",
+        run_dir=tmp_path,
+        env={"LAUNCHER_FAULT": "step=15,rank=3,attempt=0"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "launcher: restarting the job on every host from the newest checkpoint (restart 1 of 1" in out.stderr
+    assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", out.stderr, re.M)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Optional, Protocol
 
 import torch
@@ -132,8 +133,10 @@ class Topology:
         return f"{self.num_nodes} node(s) ({sizes} ranks){extra}"
 
     @classmethod
-    def build(cls, env: DistEnv, backend: str | None = None) -> Topology:
-        """Collective: every rank of the default group must call it, in the same order as its other groups."""
+    def build(cls, env: DistEnv, backend: str | None = None, timeout_s: float | None = None) -> Topology:
+        """Collective: every rank of the default group must call it, in the same order as its other groups.
+        ``timeout_s`` bounds the sub-groups' collectives (give the default group's: torch gives new groups its
+        own 30 min default, not the default group's timeout, so a rank stuck in a node-first step would hang)."""
         if not dist.is_initialized():
             raise RuntimeError(
                 "Topology.build needs an initialised process group (see launcher.rendezvous.process_group)"
@@ -152,16 +155,19 @@ class Topology:
         node_ranks = layout.nodes[layout.node_of(env.rank)]
         inter_ranks = next(g for g in layout.inter_groups() if env.rank in g)
         # new_group is collective over the default group: every rank creates every group, in one order.
-        intra = _groups([list(n) for n in layout.nodes], env.rank, backend)
-        intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend)
-        inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        intra = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
+        intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
+        inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend, timeout)
         return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks)
 
 
-def _groups(members: list[list[int]], rank: int, backend: str | None) -> dist.ProcessGroup | None:
+def _groups(
+    members: list[list[int]], rank: int, backend: str | None, timeout: timedelta | None
+) -> dist.ProcessGroup | None:
     mine = None
     for ranks in members:
-        group = dist.new_group(ranks, backend=backend, use_local_synchronization=False)
+        group = dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=False)
         if rank in ranks:
             mine = group
     return mine

@@ -1,5 +1,5 @@
 """One node's elastic agent of a several-node job:
-``python -m launcher.launch.node RUN_DIR NNODES NODE ENDPOINT RUN_ID ADDR [--over-ssh]``.
+``python -m launcher.launch.node RUN_DIR NNODES NODE ENDPOINT RUN_ID ADDR [--over-ssh] [--restarts N]``.
 
 Started once per node by the sim launcher (inside the node's network namespace when there is one) and by the
 ssh launcher on each host. The launcher that started the agents reports once for all nodes.
@@ -22,6 +22,7 @@ import sys
 import threading
 
 from ..config import load_frozen
+from ..env import HEAD_RESTARTS
 from .agent import agent_config, run_agent
 
 
@@ -90,8 +91,10 @@ def main(argv: list[str]) -> int:
     for name in ("run_dir", "nnodes", "node", "endpoint", "run_id", "addr"):
         parser.add_argument(name)
     parser.add_argument("--over-ssh", action="store_true")
+    parser.add_argument("--restarts", type=int, default=0, help="the job's restarts so far (by the ssh head)")
     args = parser.parse_args(argv)
     job = load_frozen(args.run_dir)
+    os.environ[HEAD_RESTARTS] = str(args.restarts)  # the workers' DistEnv.restart_count (faults' attempt=)
     if args.over_ssh:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))

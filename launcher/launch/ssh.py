@@ -165,7 +165,7 @@ def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
                 raise
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
-        code = run_agents(job, c, facts, uuid.uuid4().hex[:12])
+        code = run_agents(job, c, facts, uuid.uuid4().hex[:12], attempt)
         if code == 0 or code in STOP_CODES or attempt == c.max_restarts:
             return code
         print(
@@ -358,7 +358,7 @@ def heartbeats(agents: list[RemoteAgent]) -> Iterator[None]:
         thread.join()
 
 
-def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: str) -> int:
+def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: str, attempt: int = 0) -> int:
     endpoint = f"{c.master_addr}:{facts[0]['port']}"
     lock = threading.Lock()
     agents: list[RemoteAgent] = []
@@ -366,7 +366,7 @@ def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: s
         for node, host in enumerate(c.hosts):
             addr = c.master_addr if node == 0 else (facts[node]["addr"] or host)
             argv = [c.python, "-u", "-m", "launcher.launch.node", job.run_dir, str(c.nodes), str(node), endpoint]
-            argv += [run_id, addr, "--over-ssh"]
+            argv += [run_id, addr, "--over-ssh", "--restarts", str(attempt)]
             agents.append(RemoteAgent(host, ssh_command(c, host, remote_shell(c, argv)), lock))
         if stops:  # a stop signal while the agents were being started
             for agent in agents:

@@ -44,7 +44,7 @@ class GradientSync:
         resumed_cap_mb: Optional[float] = None,
     ) -> None:
         self.model = model
-        self.topology = Topology.build(env)
+        self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_CAP_MB) * MB)) // 4)
         if cfg.hierarchical == "auto" and resumed_hierarchical is not None:
