@@ -1,7 +1,10 @@
 """``+cluster=slurm`` against a real Slurm (munge, slurmdbd, slurmctld, two slurmd on this host).
 
-The cluster is started once per session with slurm/start-cluster.sh and stopped at the end. Where it cannot be
-started (not root, not Debian) the tests skip and say why; on CI's machine it must start.
+The cluster is started with slurm/start-cluster.sh and stopped after its tests, twice: with both slurmd in this
+host's network stack ("one-host"), then each in its own network namespace and host name ("netns",
+``LAUNCHER_SLURM_NETNS=1``: a rank on node2 reaches node1's store over a real link). The tests in ``NETNS_TOO``
+run on both, the others on the first only. Where it cannot be started (not root, not Debian) the tests skip and
+say why; on CI's machine it must start.
 """
 
 import json
@@ -39,18 +42,36 @@ def _cannot_start() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def slurm():
+NETNS_TOO = {
+    "test_two_nodes_two_tasks_train",
+    "test_slurm_env_reaches_an_unchanged_torchrun_script",
+    "test_preemption_twice_requeues_and_resumes_bit_identical",
+    "test_sweep_submits_one_job_per_point",
+}
+
+
+@pytest.fixture(autouse=True)
+def _netns_only_for_some(request):
+    callspec = getattr(request.node, "callspec", None)
+    if callspec and callspec.params.get("slurm") == "netns" and request.node.originalname not in NETNS_TOO:
+        pytest.skip("runs on the one-host cluster only (NETNS_TOO lists the tests run on both)")
+
+
+@pytest.fixture(scope="session", params=["one-host", "netns"])
+def slurm(request):
     reason = _cannot_start()
     if reason:
         pytest.skip(reason)
-    env = {**os.environ, "LAUNCHER_SLURM_ROOT": SLURM_ROOT}
+    if request.param == "netns" and shutil.which("ip") is None:
+        pytest.skip("Slurm nodes in network namespaces need iproute2")
+    netns = "1" if request.param == "netns" else "0"
+    env = {**os.environ, "LAUNCHER_SLURM_ROOT": SLURM_ROOT, "LAUNCHER_SLURM_NETNS": netns}
     started = subprocess.run(
         [str(REPO / "slurm" / "start-cluster.sh")], env=env, capture_output=True, text=True, timeout=600
     )
     assert started.returncode == 0, f"local Slurm did not start:\n{started.stderr[-3000:]}"
     try:
-        yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf"}
+        yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf", "LAUNCHER_SLURM_NETNS": netns}
     finally:
         # --wipe: its state directory and the node names it added to /etc/hosts go too (the machine as found)
         subprocess.run([str(REPO / "slurm" / "stop-cluster.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
@@ -70,6 +91,8 @@ def test_two_nodes_two_tasks_train(slurm, tmp_path):
     assert "epoch 0 step 22: test accuracy" in result.stderr  # rank 0's log, streamed while waiting
     assert "on node1 via slurm" in (tmp_path / "logs" / "rank-1.log").read_text()
     assert "on node2 via slurm" in (tmp_path / "logs" / "rank-3.log").read_text()
+    if slurm["LAUNCHER_SLURM_NETNS"] == "1":  # each node its own host name and network stack
+        assert summary["hosts"] == ["node1", "node2"], summary
 
 
 def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):

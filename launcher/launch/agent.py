@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from torch.distributed import DistError
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
@@ -105,6 +106,14 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         if report:
             print_stopped(128 + int(exc.sigval), job.run_dir)
         return 128 + int(exc.sigval)
+    except DistError as exc:  # static rendezvous (fixed nodes): the store did not gather every node in time
+        print(
+            f"launcher: node {node}: the rendezvous store at {config.rdzv_endpoint} did not gather "
+            f"{config.min_nodes} nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s): "
+            f"{str(exc).splitlines()[0]}; HINT: did every node start, and can it reach that address?",
+            file=sys.stderr,
+        )
+        return 1
     except RendezvousError as exc:  # the node hosting the rendezvous ended (its failure is in the job's report)
         if report:
             print(f"launcher: node {node}: lost the rendezvous at {config.rdzv_endpoint} ({exc})", file=sys.stderr)
