@@ -144,6 +144,7 @@ def test_ssh_hostfile_slots_comments_and_first_host_as_master(tmp_path):
             "the hostfile's slots differ (a: 4, b: 2); every node runs the same number "
             "of ranks; HINT: set cluster.procs_per_node=2",
         ),
+        ("a slots=2\nb\n", [], "the hostfile's slots differ (a: 2, b: none)"),
         ("a slots=2\n", ["cluster.procs_per_node=3"], "cluster.procs_per_node=3 but the hostfile gives a slots=2"),
         ("a\n", ["cluster.hosts=[b]"], "cluster.hosts and cluster.hostfile are both set"),
     ],

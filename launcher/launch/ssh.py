@@ -124,9 +124,10 @@ class SshMode(BaseMode):
         slots = {host: n for host, n in used if n is not None}
         if cluster.procs_per_node is None and slots:
             if len(set(slots.values())) > 1 or len(slots) < nodes:
+                given = ", ".join(f"{h}: {n if n is not None else 'none'}" for h, n in used)
                 raise ConfigError(
-                    f"the hostfile's slots differ ({', '.join(f'{h}: {n}' for h, n in slots.items())}); every node "
-                    f"runs the same number of ranks; HINT: set cluster.procs_per_node={min(slots.values())}"
+                    f"the hostfile's slots differ ({given}); every node runs the same number of ranks; HINT: set "
+                    f"cluster.procs_per_node={min(slots.values())}"
                 )
             cluster.procs_per_node = next(iter(slots.values()))
         elif cluster.procs_per_node is not None:
@@ -271,6 +272,15 @@ def check_hosts(job: JobConfig, c: SshClusterConfig) -> list[dict]:
     failing = [f"  {host}: {p}" for host, (_, problems) in zip(c.hosts, results) for p in problems]
     if failing:
         raise ConfigError(f"{len(failing)} problem(s) on the hosts, nothing started:\n" + "\n".join(failing))
+    unused = {
+        host: facts["gpus"] for host, (facts, _) in zip(c.hosts, results) if facts["gpus"] and not c.gpus_per_node
+    }
+    if unused:
+        print(
+            f"launcher: warning: {', '.join(f'{h} has {n}' for h, n in unused.items())} GPU(s) but "
+            f"cluster.gpus_per_node=0: training on the CPU; HINT: cluster.gpus_per_node={min(unused.values())}",
+            file=sys.stderr,
+        )
     return [facts for facts, _ in results]
 
 
