@@ -40,19 +40,6 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
-def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """In-place broadcast from ``src``; identity when alone."""
-    if is_initialized() and get_world_size() > 1:
-        dist.broadcast(tensor, src=src)
-    return tensor
-
-
-def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
-    """Rank ``src``'s buffers (batch-norm statistics) on every rank."""
-    for buffer in module.buffers():
-        broadcast_(buffer, src=src)
-
-
 def all_gather_object(obj: object) -> list:
     """Every rank's ``obj``, in rank order (a one-element list when alone)."""
     if not (is_initialized() and get_world_size() > 1):

@@ -81,7 +81,8 @@ class CommConfig:
     bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = bucketed: sized from the measured link
     #                                        (launcher/comm/policy.py), ddp: torch's 25 MB
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
-    find_unused_parameters: bool = False  # bucketed: reduce parameters that got no gradient instead of failing
+    find_unused_parameters: bool = False  # reduce parameters that got no gradient instead of failing (as DDP's)
+    broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long, named
     trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first

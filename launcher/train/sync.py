@@ -17,7 +17,6 @@ from ..comm.reducer import MB, BucketedReducer
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
 from ..env import DistEnv
-from ..ranks import broadcast_buffers
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +66,18 @@ class GradientSync:
                 first_bucket_mb=min(cfg.first_bucket_mb, cap),
                 hierarchical=self.choice.hierarchical,
                 find_unused_parameters=cfg.find_unused_parameters,
+                broadcast_buffers=cfg.broadcast_buffers,
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
         else:
             cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_CAP_MB
             ddp = DistributedDataParallel(
-                model, device_ids=[device] if device.type == "cuda" else None, bucket_cap_mb=cap
+                model,
+                device_ids=[device] if device.type == "cuda" else None,
+                bucket_cap_mb=cap,
+                find_unused_parameters=cfg.find_unused_parameters,
+                broadcast_buffers=cfg.broadcast_buffers,
             )
             if self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
@@ -95,11 +99,6 @@ class GradientSync:
     def exposed_s(self) -> Optional[float]:
         """Time the last backward waited for communication after its own work was done (bucketed only)."""
         return self.reducer.last_wait_s if self.reducer is not None else None
-
-    def sync_buffers(self) -> None:
-        """Rank 0's buffers (batch-norm statistics) everywhere; DDP does it in every forward already."""
-        if self.reducer is not None:
-            broadcast_buffers(self.model)
 
     def close(self) -> None:
         if self.reducer is not None:

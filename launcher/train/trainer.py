@@ -202,7 +202,6 @@ class Trainer(Checkpointing):
                 first.register_hook(lambda grad: fault.fire())
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
-        self.sync.sync_buffers()
         with trace.span("forward", "step"):
             loss = F.cross_entropy(self.sync.module(x), y)
         with trace.span("backward", "step"):
