@@ -40,6 +40,13 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Rank ``src``'s buffers (batch-norm statistics) on every rank."""
+    if is_initialized() and get_world_size() > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=src)
+
+
 def all_gather_object(obj: object) -> list:
     """Every rank's ``obj``, in rank order (a one-element list when alone)."""
     if not (is_initialized() and get_world_size() > 1):
