@@ -74,8 +74,13 @@ def test_trace_shows_buckets_overlapping_backward(tmp_path):
         assert len(backward) == 3 and len(spans[rank, "step", "forward"]) == 3
         buckets = spans[rank, "buckets", "bucket"]
         assert len(buckets) % 3 == 0 and len(buckets) >= 6  # several buckets per step
-        # communication overlaps computation: some bucket starts before its step's backward ends
-        assert any(b_start < end for start, end in backward for b_start, _ in buckets if start <= b_start)
+        # communication overlaps computation: in every step a bucket starts while autograd still computes, i.e.
+        # before "wait for buckets" (which begins when autograd's work ends, and holds the launches of leftovers)
+        ends = spans[rank, "step", "wait"]
+        assert len(ends) == 3
+        for (start, _), (autograd_done, _) in zip(backward, ends):
+            early = [b for b, _ in buckets if start <= b < autograd_done]
+            assert early, f"rank {rank}: no bucket started during the backward pass at {start}"
 
 
 def test_doctor_locally(tmp_path):

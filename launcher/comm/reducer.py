@@ -312,6 +312,11 @@ class BucketedReducer:
             self.launched += 1
 
     def _finalize(self) -> None:
+        """Queued to run when autograd's work for this backward ends: its trace span starts at that moment."""
+        with trace.span("wait for buckets", "step"):
+            self._finish_backward()
+
+    def _finish_backward(self) -> None:
         self._armed = False
         unseen = [(b, i, p) for b in self.buckets if b.pending for i, p in enumerate(b.params) if id(p) not in b.seen]
         if unseen and not self.find_unused_parameters:
@@ -330,15 +335,14 @@ class BucketedReducer:
         # now, on another during backward; the default group must see one order on every rank
         used = self._start_used_map() if self.find_unused_parameters else None
         start = time.perf_counter()
-        with trace.span("wait for buckets", "step"):
-            for bucket in self.buckets:
-                if bucket.future is not None:
-                    result = bucket.future.wait()
-                    if bucket.sparse:
-                        bucket.params[0].grad = result[0]
-                bucket.future = None  # no reference to the backend's work outlives the step
-            if used is not None:
-                self._apply_used_map(used.wait()[0], kept)
+        for bucket in self.buckets:
+            if bucket.future is not None:
+                result = bucket.future.wait()
+                if bucket.sparse:
+                    bucket.params[0].grad = result[0]
+            bucket.future = None  # no reference to the backend's work outlives the step
+        if used is not None:
+            self._apply_used_map(used.wait()[0], kept)
         self._used.clear()
         self.last_wait_s = time.perf_counter() - start
 
