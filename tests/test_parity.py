@@ -49,8 +49,24 @@ def _train_and_dump(rank, world, out_dir, per_node):
     torch.save({"params": trainer.model.state_dict(), "summary": summary.to_json()}, out_dir / f"params-{rank}.pt")
 
 
-LAYOUTS = {"1x2": (2, 2), "2x2": (4, 2)}
-BASELINE = {}
+LAYOUTS = {"1x2": (2, 2), "1x1": (1, 1), "2x2": (4, 2)}
+JOB = ("train.max_steps=40", "train.log_every_steps=5", "model=mlp", "comm.bucket_cap_mb=0.05")
+
+
+def train_layout(tmp_path, layout, *overrides):
+    """Freeze the job for ``layout`` and train it on real gloo ranks; every rank's results."""
+    world, per_node = LAYOUTS[layout]
+    run = tmp_path / "run"
+    job, _ = plan(*JOB, *overrides, f"cluster.procs_per_node={world}", run_dir=run)
+    freeze(job, run)
+    spawn_ranks(_train_and_dump, world, tmp_path, per_node)
+    return [torch.load(tmp_path / f"params-{r}.pt") for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """The independent reference: one process, the full global batch each step (no reducer at all)."""
+    return train_layout(tmp_path_factory.mktemp("single"), "1x1")[0]["params"]
 
 
 @pytest.mark.parametrize(
@@ -63,22 +79,10 @@ BASELINE = {}
         ("bucketed", "2x2", "auto"),
     ],
 )
-def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, layout, hierarchical):
-    world, per_node = LAYOUTS[layout]
+def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, single_process, reducer, layout, hierarchical):
+    world = LAYOUTS[layout][0]
     run = tmp_path / "run"
-    job, _ = plan(
-        "train.max_steps=40",
-        "train.log_every_steps=5",
-        "model=mlp",
-        f"comm.reducer={reducer}",
-        f"comm.hierarchical={hierarchical}",
-        "comm.bucket_cap_mb=0.05",
-        f"cluster.procs_per_node={world}",
-        run_dir=run,
-    )
-    freeze(job, run)
-    spawn_ranks(_train_and_dump, world, tmp_path, per_node)
-    results = [torch.load(tmp_path / f"params-{r}.pt") for r in range(world)]
+    results = train_layout(tmp_path, layout, f"comm.reducer={reducer}", f"comm.hierarchical={hierarchical}")
     for r in range(1, world):
         for name, value in results[0]["params"].items():
             assert torch.equal(value, results[r]["params"][name]), f"{name} differs on rank {r}"
@@ -90,7 +94,6 @@ def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, reducer, lay
         r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0], losses
-    # every reducer and strategy computes the same training, up to float summation order
-    baseline = BASELINE.setdefault(layout, results[0]["params"])
+    # every reducer, layout and strategy trains what one process on the full batch trains (up to float order)
     for name, value in results[0]["params"].items():
-        torch.testing.assert_close(value, baseline[name], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(value, single_process[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
