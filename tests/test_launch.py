@@ -28,6 +28,17 @@ SUMMARY_KEYS = {
 }
 
 
+def assert_trained_once_up_to(run_dir, step):
+    """The resume trained only the remaining steps: no train step up to ``step`` (the checkpoint it resumed from)
+    was logged twice (a run that ignored the checkpoint would log them again; metrics.jsonl is appended to)."""
+    steps = [
+        r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
+    ]
+    again = sorted({s for s in steps if s <= step and steps.count(s) > 1})
+    assert not again, f"steps {again} were trained again after resuming from step {step}: {steps}"
+    assert max(steps) > step, steps
+
+
 def final_state(run_dir):
     path = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
     return torch.load(path, weights_only=True)
@@ -80,6 +91,7 @@ def test_failing_rank_is_named_and_resume_is_bit_identical(tmp_path, uninterrupt
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000020.pt") and summary["steps"] == 30
+    assert_trained_once_up_to(tmp_path, 20)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
@@ -90,6 +102,7 @@ def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt")
+    assert_trained_once_up_to(tmp_path, 10)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
@@ -201,6 +214,7 @@ def test_killed_rank_with_restarts_resumes(tmp_path, uninterrupted):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith("step-00000010.pt")
+    assert_trained_once_up_to(tmp_path, 10)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
@@ -227,4 +241,5 @@ def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupt
     resumed = run_launcher(*SHORT, run_dir=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith(f"step-{stop_step:08d}.pt")
+    assert_trained_once_up_to(tmp_path, stop_step)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
