@@ -50,6 +50,7 @@ from .config import ConfigError, check_resumable, freeze, register_configs, regi
 from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit
+from .files import no_world_writable_files
 from .launch import plan_job
 from .plot import plot_all
 from .summary import RunSummary
@@ -195,6 +196,7 @@ def check_output_dir(args: list[str]) -> None:
 
 
 def main() -> None:
+    no_world_writable_files()  # before Hydra creates the run dir
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "plot":
         raise SystemExit(plot_command(sys.argv[2:]))

@@ -44,3 +44,9 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE) -> 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     return write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def no_world_writable_files() -> None:
+    """From now on this process (and what it starts) creates nothing others may write: the run dir holds
+    checkpoints that resume jobs. Only the "others" write bit is masked; a site's group-write policy stays."""
+    os.umask(os.umask(0) | 0o002)

@@ -106,11 +106,29 @@ def test_stuck_rank_is_detected_and_named(tmp_path):
     assert elapsed < 90
 
 
-def test_run_dir_is_not_world_writable(tmp_path):
-    result = run_launcher("train.max_steps=5", "train.log_every_steps=5", run_dir=tmp_path)
-    assert result.returncode == 0, result.stderr
-    loose = [str(p) for p in [tmp_path, *tmp_path.rglob("*")] if p.stat().st_mode & 0o002]
-    assert not loose
+def test_run_dir_is_not_world_writable_even_under_umask_000(tmp_path):
+    """Every kind of file a run writes (config, logs, checkpoints, metrics, trace, plots, failure records,
+    Hydra's own), the launcher started with umask 000: none may be writable by others."""
+    run = tmp_path / "run"
+    previous = os.umask(0)
+    try:
+        result = run_launcher(
+            "train.max_steps=5",
+            "train.log_every_steps=5",
+            "comm.trace=true",
+            "comm.trace_steps=1",
+            run_dir=run,
+            env={"LAUNCHER_FAULT": "step=5,rank=1"},
+        )
+    finally:
+        os.umask(previous)
+    assert result.returncode == 1, result.stderr  # the fault: failure records too
+    written = [run, *run.rglob("*")]
+    names = {p.name for p in written}
+    expected = {"config.yaml", "hydra.yaml", "metrics.jsonl", "trace.json", "rank-1.log", "rank-1.json", "error.json"}
+    assert expected <= names, expected - names
+    loose = [f"{p} {oct(p.stat().st_mode)}" for p in written if p.stat().st_mode & 0o002]
+    assert not loose, loose
 
 
 def _mount_tmpfs(path, options):

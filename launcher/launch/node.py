@@ -23,6 +23,7 @@ import threading
 
 from ..config import load_frozen
 from ..env import HEAD_RESTARTS
+from ..files import no_world_writable_files
 from .agent import agent_config, run_agent
 
 
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--over-ssh", action="store_true")
     parser.add_argument("--restarts", type=int, default=0, help="the job's restarts so far (by the ssh head)")
     args = parser.parse_args(argv)
+    no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
     job = load_frozen(args.run_dir)
     os.environ[HEAD_RESTARTS] = str(args.restarts)  # the workers' DistEnv.restart_count (faults' attempt=)
     if args.over_ssh:
