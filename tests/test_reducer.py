@@ -182,6 +182,20 @@ def test_bucket_cap_policy():
     assert bucket_cap_mb(fast, 0.5 * MB) == 1.0  # a small model: one bucket
 
 
+def wide_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
+    )
+
+
 def _policy_layouts(rank, world, out_dir):
     """Every rank measures the link and sizes buckets itself: the figures are agreed (max-reduced), so the
     layouts are identical; and training results do not depend on the layout beyond float tolerance."""
@@ -191,13 +205,16 @@ def _policy_layouts(rank, world, out_dir):
     x, y = batch(32)
     with Topology.build(env) as topo:
         link = measure_link(topo, False, torch.device("cpu"), reps=3)
-        caps = {"policy": bucket_cap_mb(link, 20 * MB), "one bucket": 100.0, "per parameter": 1e-6}
+        model_bytes = sum(p.numel() * 4 for p in wide_model().parameters())  # 6.5 MB: the policy splits it
+        caps = {"policy": bucket_cap_mb(link, model_bytes), "one bucket": 100.0, "per parameter": 1e-6}
         finals = {}
         for name, cap in caps.items():
-            model = make_model()
+            model = wide_model()
             reducer = BucketedReducer(model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
             layouts = ranks.all_gather_object((cap, reducer.layout()))
             assert all(layout == layouts[0] for layout in layouts), layouts
+            if name == "policy":  # several buckets, so "policy" is not the one-bucket layout under another name
+                assert len(reducer.buckets) >= 3, reducer.describe()
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             for _step in range(5):
                 reducer.zero_grad()
