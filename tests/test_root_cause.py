@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
+from launcher.launch.ports import free_port, port_in_use
 
 REPEAT = int(os.environ.get("LAUNCHER_STRESS", "1"))
 SCRIPT = REPO / "tests" / "scripts" / "fail_script.py"
@@ -91,8 +92,10 @@ CASES = [(kind, where) for kind in ("script", "trainer") for where in ("before",
 @pytest.mark.parametrize("kind,where", CASES)
 def test_local_names_the_failing_rank(tmp_path, kind, where, repeat):
     args, env = job_args(kind, where, rank=1)
-    code, stderr, at = run_watched(args, tmp_path, env)
+    port = free_port("127.0.0.1")  # fixed, to check that the failure released it
+    code, stderr, at = run_watched([*args, f"cluster.master_port={port}"], tmp_path, env)
     expect_root_cause(code, stderr, at, tmp_path, 1, MESSAGES[where][kind].format(r=1))
+    assert port_in_use("127.0.0.1", port) is None, f"the rendezvous port {port} is still taken after the failure"
 
 
 @pytest.mark.parametrize("repeat", range(REPEAT))
