@@ -110,7 +110,16 @@ def test_torchrun_entry_runs_the_same_worker(tmp_path, uninterrupted):
     result = run_launcher(
         *SHORT,
         run_dir=tmp_path,
-        module=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher"),
+        # --log-dir: torchrun's default is a new torchelastic_* directory in the temp dir, left behind
+        module=(
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            f"--log-dir={tmp_path}/torchrun",
+            "-m",
+            "launcher",
+        ),
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
