@@ -5,6 +5,7 @@ One object, one interface, so the training loop has no reducer branches."""
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Optional
 
 import torch
@@ -72,13 +73,15 @@ class GradientSync:
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
         else:
             cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_CAP_MB
-            ddp = DistributedDataParallel(
-                model,
-                device_ids=[device] if device.type == "cuda" else None,
-                bucket_cap_mb=cap,
-                find_unused_parameters=cfg.find_unused_parameters,
-                broadcast_buffers=cfg.broadcast_buffers,
-            )
+            with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers (older ones lack the new name)
+                warnings.simplefilter("ignore", FutureWarning)
+                ddp = DistributedDataParallel(
+                    model,
+                    device_ids=[device] if device.type == "cuda" else None,
+                    bucket_cap_mb=cap,
+                    find_unused_parameters=cfg.find_unused_parameters,
+                    broadcast_buffers=cfg.broadcast_buffers,
+                )
             if self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
