@@ -49,7 +49,7 @@ from omegaconf import DictConfig
 from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
 from .devices import gpu_count
 from .env import DistEnv
-from .exiting import end_process_at_exit
+from .exiting import end_process_at_exit, settle_exit_code
 from .files import no_world_writable_files
 from .launch import plan_job
 from .plot import plot_all
@@ -224,4 +224,5 @@ def main() -> None:
         # that is a configuration error, exit code 2, like our own checks.
         if not entered and exc.code not in (0, None):
             raise SystemExit(EXIT_CONFIG) from None
+        settle_exit_code(exc.code)  # a rank that ran in this process ends the process with this code
         raise

@@ -26,6 +26,14 @@ def end_process_at_exit(code: int) -> None:
     _EXIT_CODE = code
 
 
+def settle_exit_code(code: object) -> None:
+    """The process's final exit code, once known (a sweep decides it after its jobs): if a rank ran in this
+    process and asked to end without teardown, it ends with this code."""
+    global _EXIT_CODE
+    if _EXIT_CODE is not None:
+        _EXIT_CODE = code if isinstance(code, int) else (0 if code is None else 1)
+
+
 def _end() -> None:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig
 from ..env import DistEnv
+from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
 from ..worker import run_worker
 from .agent import agent_config, run_agent
@@ -86,6 +87,9 @@ class LocalMode(BaseMode):
 
 def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     if plan.world_size == 1:
+        # the rank runs here: end the process without interpreter teardown, as every rank does (exiting.py);
+        # its exit code is settled by the caller once known (a sweep runs several jobs)
+        end_process_at_exit(0)
         try:
             run_worker(job, DistEnv(hostname=socket.gethostname()))
         except Exception:
