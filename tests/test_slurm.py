@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -262,3 +263,35 @@ def test_taken_store_port_is_named():
             r" is taken on node1: .*HINT: resubmit with cluster.master_port=",
         ):
             check_store_port(env, derived=True)
+
+
+def test_no_wait_returns_after_submitting_and_the_job_still_runs(slurm, tmp_path):
+    result = run_launcher(*TWO_BY_TWO, *SHORT, "cluster.wait=false", run_dir=tmp_path, env=slurm, timeout=120)
+    assert result.returncode == 0, result.stderr
+    job_id = re.search(r"submitted Slurm job (\d+)", result.stderr).group(1)
+    assert "done:" not in result.stderr  # it did not wait
+    env = {**os.environ, **slurm}
+    deadline = time.monotonic() + 240
+    while subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"Slurm job {job_id} still queued or running"
+        time.sleep(1)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["world_size"] == 4
+
+
+def test_preemption_beyond_max_requeues_stops_with_the_checkpoint_and_the_fix(slurm, tmp_path):
+    result = run_launcher(
+        *TWO_BY_TWO,
+        *SHORT,
+        "cluster.max_requeues=0",
+        run_dir=tmp_path,
+        timeout=300,
+        env={**slurm, "LAUNCHER_FAULT": "step=15,rank=1,signal=USR2"},
+    )
+    assert result.returncode == 1, result.stderr
+    assert (
+        "not requeued: cluster.max_requeues=0 reached. HINT: resubmit with "
+        f"hydra.run.dir={tmp_path} to resume from the checkpoint" in result.stderr
+    ), result.stderr[-3000:]
+    stopped_at = int(re.search(r"stopped at step (\d+)", result.stderr).group(1))
+    assert (tmp_path / "checkpoints" / f"step-{stopped_at:08d}.pt").is_file()
