@@ -63,16 +63,18 @@ def test_namespaces_with_shaped_link_and_cleanup(tmp_path):
         "+cluster=sim",
         "cluster.procs_per_node=2",
         "cluster.netns=true",
-        "cluster.link_gbit=1",
-        "comm.hierarchical=true",
+        "cluster.link_gbit=0.2",
+        "comm.hierarchical=auto",
         "comm.reducer=bucketed",
         *SHORT,
         run_dir=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert "network namespaces on 10.99.0.0/24, links shaped to 1.0 Gbit/s" in result.stderr
+    assert "network namespaces on 10.99.0.0/24, links shaped to 0.2 Gbit/s" in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["world_size"], summary["nodes"], summary["hierarchical"]) == (4, 2, True)
+    # auto measured both on the slow link: node-first sends half the bytes across it and must win
+    assert (summary["world_size"], summary["nodes"], summary["hierarchical"]) == (4, 2, True), summary
+    assert summary["hierarchical_reason"].startswith("measured"), summary["hierarchical_reason"]
     assert namespaces() == before  # everything created was removed
     assert not any(p.startswith("lnch") for p in os.listdir("/etc/netns")) if os.path.isdir("/etc/netns") else True
 
