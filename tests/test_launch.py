@@ -252,3 +252,18 @@ def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupt
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith(f"step-{stop_step:08d}.pt")
     assert_trained_once_up_to(tmp_path, stop_step)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
+
+
+def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path):
+    """The bucket cap measured at the first start is kept in the checkpoint: a resumed run reduces in the same
+    buckets (the same summation order), however the link measures now."""
+    job = ("model=mlp", "model.hidden=1024", "comm.reducer=bucketed", "train.checkpoint_every_steps=10")
+    first = run_launcher(*job, "train.max_steps=10", run_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    layout = re.search(
+        r"gradient sync  bucketed, cap [\d.]+ MB \(([^)]*)\)[^:]*: (\d+ bucket\(s\) \[[^\]]*\])", first.stderr
+    )
+    assert layout and int(layout.group(2).split()[0]) >= 2, first.stderr[-2000:]  # several buckets
+    resumed = run_launcher(*job, "train.max_steps=20", run_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"(kept from the checkpoint this run resumes): {layout.group(2)}" in resumed.stderr, resumed.stderr[-2000:]

@@ -81,3 +81,23 @@ def test_initial_weights_checksum_names_the_ranks_that_differ(tmp_path):
 def test_extra_sbatch_refuses_keys_the_launcher_derives(key):
     with pytest.raises(ConfigError, match=rf"cluster.extra_sbatch sets \['{key}'\], which the launcher derives"):
         plan("+cluster=slurm", f"+cluster.extra_sbatch.{key}=1")
+
+
+@pytest.mark.parametrize("allowed, done", [(0, 0), (2, 2)])
+def test_a_preemption_beyond_max_requeues_is_not_requeued_and_says_how_to_resume(tmp_path, allowed, done):
+    """The requeue decision rank 0 takes after the stop checkpoint (the requeue itself runs in
+    test_slurm.py::test_preemption_twice_requeues_and_resumes_bit_identical)."""
+    import json
+
+    from launcher.env import DistEnv
+    from launcher.launch.slurm import requeue
+
+    job, _ = plan("+cluster=slurm", f"cluster.max_requeues={allowed}", run_dir=tmp_path)
+    if done:
+        (tmp_path / "requeues.json").write_text(json.dumps({"count": done}))
+    with pytest.raises(RuntimeError) as info:
+        requeue(job, DistEnv(job_id="17", source="slurm"), RuntimeError("stopped at step 15 on SIGUSR2"))
+    assert str(info.value) == (
+        f"stopped at step 15 on SIGUSR2; not requeued: cluster.max_requeues={allowed} reached. HINT: resubmit with "
+        f"hydra.run.dir={tmp_path} to resume from the checkpoint"
+    )

@@ -112,3 +112,13 @@ def test_doctor_names_the_node_behind_a_slow_link(tmp_path):
     assert "is slow: its links take" in report["problems"][0]
     assert "PROBLEM node 2 (" in result.stderr
     assert namespaces() == before
+
+
+def test_doctor_names_a_single_slow_link():
+    """Four nodes, every link fast but 1-2: the link is named, no node is blamed (each has fast links too)."""
+    from launcher.doctor import verdict
+
+    links = {(a, b): 1e-3 for a in range(4) for b in range(a + 1, 4)}
+    links[(1, 2)] = 9e-3
+    problems = verdict({}, links, {n: f"host{n}" for n in range(4)})
+    assert problems == ["link node 1 (host1) - node 2 (host2) is slow: 9.0 ms vs 1.0 ms median (> 2x)"], problems
