@@ -354,7 +354,9 @@ class BucketedReducer:
         if bucket.sparse:
             if grad is None:  # a sparse allreduce needs a tensor: an empty one of the parameter's shape
                 p.grad = torch.sparse_coo_tensor(
-                    torch.empty(1, 0, dtype=torch.long), torch.empty(0, *p.shape[1:]), p.shape
+                    torch.empty(1, 0, dtype=torch.long, device=p.device),
+                    torch.empty(0, *p.shape[1:], dtype=p.dtype, device=p.device),
+                    p.shape,
                 )
             return grad
         view = bucket.views[slot]
@@ -370,7 +372,8 @@ class BucketedReducer:
 
     def _start_used_map(self) -> Future:
         """The "used since the last synchronised backward" map, summed over ranks (flat, asynchronously)."""
-        flags = torch.tensor([float(id(p) in self._used) for b in self.buckets for p in b.params])
+        params = [p for b in self.buckets for p in b.params]
+        flags = torch.tensor([float(id(p) in self._used) for p in params], device=params[0].device)  # nccl: GPU
         return dist.all_reduce(flags, async_op=True).get_future()
 
     def _apply_used_map(self, used: torch.Tensor, kept: dict[int, object]) -> None:
