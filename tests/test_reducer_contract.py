@@ -288,6 +288,63 @@ def no_sync_accumulation(kind, topo, rank):
     return train(Engine(kind, mlp(), topo), micro=3)
 
 
+def deep_mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+
+
+def overlapped_training(kind, topo, rank, make_optimizer, steps=8):
+    """Forward overlap vs DDP + the plain optimizer and an LR schedule: each step's loss (the forward after a
+    step runs on the parameters its pre-hooks updated) and, after flush(), the parameters. Small buckets and chunks:
+    several of each, some still in flight at the next forward."""
+    model = deep_mlp()
+    if kind == "ddp":
+        engine = Engine("ddp", model, topo)
+    opt = make_optimizer(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    if kind != "ddp":
+        reducer = BucketedReducer(
+            model,
+            topo,
+            hierarchical=kind == "hierarchical",
+            bucket_cap_mb=0.004,
+            first_bucket_mb=0.001,
+            optimizer=opt,
+            chunk_mb=0.002,
+        )
+        assert reducer.overlap == "forward" and len(reducer.buckets) >= 3, reducer.describe()
+        engine = Engine.__new__(Engine)
+        engine.kind, engine.model, engine.wrapped = kind, model, model
+    history = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = data(rank, step)
+        loss = F.cross_entropy(engine(x), y)
+        loss.backward()
+        if kind == "ddp":
+            opt.step()
+        else:
+            reducer.step()
+        sched.step()
+        history.append({"loss": loss.detach().clone()})
+    if kind != "ddp":
+        reducer.flush()
+    history.append({f"param {n}": p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+@scenario
+def forward_overlap_sgd_momentum_weight_decay(kind, topo, rank):
+    return overlapped_training(
+        kind, topo, rank, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)
+    )
+
+
+@scenario
+def forward_overlap_adamw(kind, topo, rank):
+    return overlapped_training(kind, topo, rank, lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1))
+
+
 # ---------------------------------------------------------------------------------------------------- verdicts
 # DDP raises where ours must too; where DDP is silently wrong ours raises (its DDP run is not compared).
 RAISES = {"unused_parameters_raise": r"unused_head\.(bias|weight)"}

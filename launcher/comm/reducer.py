@@ -28,6 +28,23 @@
 - A model whose parameters changed after the reducer was built (a layer added or replaced) is refused at its next
   forward: DDP would train the new parameters without reducing them, the ranks silently diverging.
 
+Forward overlap (``optimizer=`` given; ``overlap="forward"``, the default then): ``loss.backward()`` returns
+without waiting; ``reducer.step()`` replaces ``optimizer.step()`` and updates each bucket's parameters the moment
+its allreduce has completed: at once for buckets already done, else just before the first module that holds them
+runs its next forward (a forward pre-hook per module; the model's own forward post-hook applies whatever is left).
+The tail of communication then hides behind the optimizer and the next forward. Buckets travel in chunks
+(``chunk_mb``) through a scheduler that sends the chunk the next forward needs soonest first (the first layers'
+buckets, which backward produces last); what it may send at each bucket event is a byte allowance every rank
+derives from the same measurement (the first ``WARMUP_STEPS`` synchronised passes run as in the backward mode,
+their event times and link rate agreed by one allreduce), so every rank launches the same chunks in the same
+order. Each update is one ``optimizer.step()`` over that bucket's parameters with the hyperparameters (learning
+rate...) recorded when ``step()`` was called: the same step as one optimizer over all parameters, for optimizers
+that update each parameter on its own (``PER_PARAMETER_OPTIMIZERS``). Gradients belong to the reducer from
+backward to their update, which consumes them: ``.grad`` is None meanwhile and after, as after ``zero_grad()``.
+``flush()`` applies everything (before evaluation, checkpoints, the end). A parameter must be read by the module that holds it (or after it):
+one read earlier in the forward would see its old value, which autograd then reports as a tensor "modified by an
+inplace operation" in backward (``overlap="backward"`` is the fix).
+
 The README's "Our reducer vs torch DDP" table lists each behaviour with its parity test.
 """
 
@@ -35,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -50,6 +68,35 @@ from .collectives import start_allreduce
 from .topology import Topology
 
 MB = 1024 * 1024
+OVERLAPS = ("forward", "backward")
+WARMUP_STEPS = 2  # synchronised passes measured (and run as in the backward mode) before the forward overlap
+SLACK_CHUNKS = 2  # chunks the allowance may run ahead of the link: a few in flight, the queue stays short
+
+# optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
+# parameters is exactly the full step restricted to that subset
+PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adagrad,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+    torch.optim.Adadelta,
+    torch.optim.Rprop,
+)
+
+
+def forward_overlap_refusal(optimizer: torch.optim.Optimizer | None, find_unused_parameters: bool) -> str | None:
+    """Why the forward overlap cannot run with these settings, or None when it can."""
+    if optimizer is None:
+        return "no optimizer handed to the reducer (backward returns with averaged gradients)"
+    if find_unused_parameters:
+        return "find_unused_parameters: the used-parameters map comes after every bucket"
+    if type(optimizer) not in PER_PARAMETER_OPTIMIZERS:
+        return f"{type(optimizer).__name__} is not known to update each parameter on its own"
+    return None
 
 
 def plan_buckets(
@@ -82,9 +129,11 @@ class _Bucket:
     views: list[torch.Tensor]
     buffer: torch.Tensor
     pending: int = 0
-    future: Future | None = None
+    futures: list[Future] = field(default_factory=list)  # the allreduces in flight (one per chunk)
     seen: set = field(default_factory=set)
     sparse: bool = False  # one parameter with sparse gradients: reduced by a sparse allreduce, not in ``buffer``
+    chunks: list[torch.Tensor] = field(default_factory=list)  # forward overlap: the buffer in ~chunk_mb pieces
+    update: bool = False  # forward overlap: step() was called, this bucket's optimizer update is still to run
 
 
 def sparse_parameters(model: nn.Module) -> set[int]:
@@ -125,7 +174,25 @@ class BucketedReducer:
         hierarchical: bool = False,
         find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        overlap: str | None = None,
+        chunk_mb: float = 1.0,
     ) -> None:
+        """``overlap``: None = "forward" where the settings allow it (else "backward", why in
+        ``overlap_reason``); "forward" asked for where they do not is a ValueError."""
+        if overlap not in (None, *OVERLAPS):
+            raise ValueError(f"overlap={overlap!r}; HINT: 'forward', 'backward' or None (forward where possible)")
+        if chunk_mb <= 0:
+            raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
+        refusal = forward_overlap_refusal(optimizer, find_unused_parameters)
+        if overlap == "forward" and refusal is not None:
+            raise ValueError(
+                f"overlap='forward' cannot run here: {refusal}; HINT: pass the optimizer (SGD, AdamW, ...) as "
+                "BucketedReducer(..., optimizer=opt), or use overlap='backward'"
+            )
+        self.optimizer = optimizer
+        self.overlap = overlap or ("backward" if refusal else "forward")
+        self.overlap_reason = refusal if self.overlap == "backward" and overlap is None else None
         self.topology = topology
         self.hierarchical = hierarchical
         self.find_unused_parameters = find_unused_parameters
@@ -180,6 +247,11 @@ class BucketedReducer:
                 self._where[id(p)] = (index, len(views) - 1)
                 self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_grad, me)))
             self.buckets.append(_Bucket(ps, views, buffer))
+        forward = self.overlap == "forward"
+        for bucket in self.buckets:
+            if forward and not bucket.sparse:
+                per_chunk = max(1, int(chunk_mb * MB) // bucket.buffer.element_size())
+                bucket.chunks = list(bucket.buffer.split(per_chunk))
         self._sync = True
         self._armed = False
         self._next = 0
@@ -189,6 +261,21 @@ class BucketedReducer:
         self.launched = 0  # bucket allreduces started so far
         self._hooks.append(model.register_forward_pre_hook(functools.partial(_before_forward, me)))
         self._hooks.append(model.register_forward_hook(functools.partial(_after_forward, me)))
+        # forward overlap
+        self._pool: list[tuple[int, int]] = []  # (bucket, chunk) ready to send, the next forward's needs first
+        self._sent = 0  # bytes launched in this backward
+        self._allowance: list[float] | None = None  # bytes each bucket event may have launched in total
+        self._events: list[float] = []  # warm-up: seconds from the first bucket event to each, then to the end
+        self._synced = 0  # synchronised backward passes so far
+        self._unclaimed = False  # buckets in flight that no step() has claimed yet
+        self._hparams: list[dict] = []  # each param group's hyperparameters when step() was called
+        self._waited = 0.0  # seconds waited for buckets since the last step()
+        if forward:
+            for module in model.modules():  # each module waits for the buckets that hold its own parameters
+                mine = {self._where[id(q)][0] for q in module.parameters(recurse=False) if id(q) in self._where}
+                if mine:
+                    hook = functools.partial(_before_module, me, tuple(sorted(mine)))
+                    self._hooks.append(module.register_forward_pre_hook(hook))
 
     # ------------------------------------------------------------------ public
     def layout(self) -> list[tuple[int, float]]:
@@ -197,7 +284,37 @@ class BucketedReducer:
 
     def describe(self) -> str:
         sizes = ", ".join(f"{mb:.2f}" for _, mb in self.layout())
-        return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}"
+        overlap = f"{self.overlap} overlap" + (f" ({self.overlap_reason})" if self.overlap_reason else "")
+        return (
+            f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}, {overlap}"
+        )
+
+    def step(self) -> None:
+        """The optimizer step, in place of ``optimizer.step()``. Forward overlap: the buckets whose allreduce has
+        completed are updated now, the others just before their modules' next forward (or at ``flush()``), each
+        with the hyperparameters of this call (an LR scheduler may step right after)."""
+        if self.optimizer is None:
+            raise RuntimeError("step() needs the optimizer: BucketedReducer(..., optimizer=opt); else optimizer.step()")
+        if not self._unclaimed:  # backward overlap, a warm-up pass, or gradients already waited for
+            self.optimizer.step()
+            return
+        self._unclaimed = False
+        self._hparams = [
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "params"}
+            for g in self.optimizer.param_groups
+        ]
+        claimed = [i for i, b in enumerate(self.buckets) if b.futures]
+        for i in claimed:
+            self.buckets[i].update = True
+        self._apply([i for i in claimed if all(f.done() for f in self.buckets[i].futures)])
+        self.last_wait_s, self._waited = self._waited, 0.0
+
+    def flush(self) -> None:
+        """Every bucket reduced and every pending update applied: before anything that reads all parameters or
+        gradients at once (evaluation elsewhere, a checkpoint, gradient clipping, the end of training)."""
+        if self._unclaimed:
+            self._keep_unclaimed()
+        self._complete([i for i, b in enumerate(self.buckets) if b.update])
 
     def close(self) -> None:
         """Remove the gradient and forward hooks (the model trains on without this reducer, e.g. under another)."""
@@ -207,6 +324,8 @@ class BucketedReducer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for bucket in self.buckets:
+            if bucket.update or bucket.futures:  # forward overlap: the reducer's until applied (.grad is None)
+                continue
             if set_to_none or bucket.sparse:
                 for p in bucket.params:
                     p.grad = None
@@ -233,6 +352,8 @@ class BucketedReducer:
                 f"{', '.join(gone) or '-'}): their gradients would not be reduced; HINT: finish building the model "
                 "(or load its final form) before creating the reducer, or create a new reducer after the change"
             )
+        if self._unclaimed:  # a backward not followed by step(): its gradients are kept, as without overlap
+            self._keep_unclaimed()
         if self.broadcast_buffers and self._sync_buffers and self._model_buffers and self.world_size > 1:
             with torch.no_grad():
                 for buffer in self._model_buffers:
@@ -241,10 +362,23 @@ class BucketedReducer:
     def _after_forward(self) -> None:
         # DDP's rule: the next forward broadcasts buffers when this one ran with gradients, synchronised
         self._sync_buffers = torch.is_grad_enabled() and self._sync
+        self._complete([i for i, b in enumerate(self.buckets) if b.update])  # parameters no module claimed
+
+    def _before_module(self, indices: tuple[int, ...]) -> None:
+        self._complete([i for i in indices if self.buckets[i].update])
 
     def _on_grad(self, param: nn.Parameter) -> None:
         index, slot = self._where[id(param)]
         bucket = self.buckets[index]
+        if bucket.update:  # a backward without a forward since step(): the update first (it consumes the old)
+            fresh_grad = param.grad
+            self._complete([index])
+            param.grad = fresh_grad
+        elif self._unclaimed:  # a second backward without step(): the first one's gradients accumulate
+            fresh_grad = param.grad
+            self._keep_unclaimed()
+            if fresh_grad is not None and not bucket.sparse:
+                bucket.views[slot].add_(fresh_grad)
         if param.grad is not None:
             self._used.add(id(param))
         if bucket.sparse:
@@ -268,6 +402,8 @@ class BucketedReducer:
             param.grad = view
         else:
             view.div_(self.world_size)
+        if self._scheduled:  # forward overlap: the gradient is the reducer's until its update
+            param.grad = None
         bucket.seen.add(id(param))
         bucket.pending -= 1
         if bucket.pending == 0:
@@ -288,28 +424,64 @@ class BucketedReducer:
     def _arm(self) -> None:
         self._armed = True
         self._next = 0
+        self._sent = 0
+        self._events = []
         for bucket in self.buckets:
-            bucket.pending, bucket.future = len(bucket.params), None
+            bucket.pending = len(bucket.params)
             bucket.seen.clear()
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 
+    @property
+    def _scheduled(self) -> bool:
+        """This pass sends chunks by priority and returns without waiting (forward overlap, after warm-up)."""
+        return self.overlap == "forward" and self._synced >= WARMUP_STEPS
+
     def _launch_ready(self) -> None:
+        """Bucket events, strictly in index order (the same sequence on every rank)."""
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
-            bucket = self.buckets[self._next]
-            if bucket.sparse:
-                bucket.future = _sparse_allreduce(bucket.params[0], self.world_size)
-            else:
-                bucket.future = start_allreduce(bucket.buffer, self.topology, self.hierarchical)
-            if (tracer := trace.active()) is not None:  # comm.trace: the bucket's allreduce on the timeline
-                name, start = f"bucket {self._next}", time.perf_counter_ns()
-                mb = round(bucket.buffer.numel() * bucket.buffer.element_size() / MB, 3)
-
-                def done(_: object, n: str = name, t: int = start, m: float = mb, rec=tracer.record) -> None:
-                    rec(n, "buckets", t, time.perf_counter_ns(), mb=m)
-
-                bucket.future.then(done)
+            index, bucket = self._next, self.buckets[self._next]
             self._next += 1
             self.launched += 1
+            if self.overlap == "backward" or bucket.sparse:
+                self._launch(index, bucket.buffer, sparse=bucket.sparse)
+                continue
+            self._events.append(time.perf_counter())
+            # this bucket holds earlier layers than any already ready: the next forward needs it first
+            self._pool[:0] = [(index, c) for c in range(len(bucket.chunks))]
+            self._pump(final=self._next == len(self.buckets))
+
+    def _pump(self, final: bool) -> None:
+        """Send pooled chunks, most urgent first, while this event's allowance lasts (everything when final or
+        during warm-up). Depends only on the event index and agreed numbers: every rank sends the same chunks."""
+        allowance = math.inf
+        if self._scheduled and not final and self._allowance is not None:
+            allowance = self._allowance[self._next - 1]
+        while self._pool:
+            index, c = self._pool[0]
+            chunk = self.buckets[index].chunks[c]
+            size = chunk.numel() * chunk.element_size()
+            if self._sent + size > allowance:
+                break
+            self._pool.pop(0)
+            self._sent += size
+            self._launch(index, chunk, chunk=c)
+
+    def _launch(self, index: int, tensor: torch.Tensor, sparse: bool = False, chunk: int | None = None) -> None:
+        bucket = self.buckets[index]
+        if sparse:
+            future = _sparse_allreduce(bucket.params[0], self.world_size)
+        else:
+            future = start_allreduce(tensor, self.topology, self.hierarchical)
+        bucket.futures.append(future)
+        if (tracer := trace.active()) is not None:  # comm.trace: the allreduce on the timeline
+            start = time.perf_counter_ns()
+            extra = {} if chunk is None else {"chunk": chunk}
+            mb = round(tensor.numel() * tensor.element_size() / MB, 3)
+
+            def done(_: object, n: str = f"bucket {index}", t: int = start, rec=tracer.record) -> None:
+                rec(n, "buckets", t, time.perf_counter_ns(), mb=mb, **extra)
+
+            future.then(done)
 
     def _finalize(self) -> None:
         """Queued to run when autograd's work for this backward ends: its trace span starts at that moment."""
@@ -334,17 +506,95 @@ class BucketedReducer:
         # after the buckets: on a rank whose unused parameter held a bucket back, that bucket was launched just
         # now, on another during backward; the default group must see one order on every rank
         used = self._start_used_map() if self.find_unused_parameters else None
+        scheduled = self._scheduled
+        self._synced += 1
+        if scheduled:  # forward overlap: step() and the next forward wait, bucket by bucket
+            self._unclaimed = True
+            self.last_wait_s = 0.0
+            return
         start = time.perf_counter()
-        for bucket in self.buckets:
-            if bucket.future is not None:
-                result = bucket.future.wait()
-                if bucket.sparse:
-                    bucket.params[0].grad = result[0]
-            bucket.future = None  # no reference to the backend's work outlives the step
+        self._wait(range(len(self.buckets)))
         if used is not None:
             self._apply_used_map(used.wait()[0], kept)
         self._used.clear()
         self.last_wait_s = time.perf_counter() - start
+        self._waited = 0.0
+        if self.overlap == "forward" and self._events:
+            self._events.append(time.perf_counter())
+            if self._synced == WARMUP_STEPS:
+                self._agree_allowance()
+
+    def _agree_allowance(self) -> None:
+        """From the last warm-up pass (everything sent at once): when each bucket event came and when the last
+        allreduce ended, the slowest rank's (one allreduce), hence the link's rate while backward computes and
+        the bytes it can carry until each next event. Every rank computes the same allowances from these."""
+        times = torch.tensor([t - self._events[0] for t in self._events[1:]], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        *gaps, end = times.tolist()
+        total = sum(c.numel() * c.element_size() for b in self.buckets for c in b.chunks)
+        rate = total / max(end, 1e-6)
+        slack = SLACK_CHUNKS * max((c.numel() * c.element_size() for b in self.buckets for c in b.chunks), default=0)
+        self._allowance = [rate * t + slack for t in gaps] + [math.inf]
+
+    def _wait(self, indices: Sequence[int] | range) -> None:
+        """Wait for these buckets' allreduces (gradients averaged in place; sparse ones bound to ``.grad``)."""
+        start = time.perf_counter()
+        for index in indices:
+            bucket = self.buckets[index]
+            if not bucket.futures:
+                continue
+            with trace.span(f"wait for bucket {index}", "step") if self._scheduled else contextlib.nullcontext():
+                for future in bucket.futures:
+                    result = future.wait()
+            if bucket.sparse:
+                bucket.params[0].grad = result[0]
+            bucket.futures = []  # no reference to the backend's work outlives the step
+        self._waited += time.perf_counter() - start
+
+    def _complete(self, indices: Sequence[int]) -> None:
+        """Forward overlap: wait for these buckets, then run their optimizer update."""
+        if indices:
+            self._wait(indices)
+            self._apply(indices)
+
+    def _keep_unclaimed(self) -> None:
+        """Buckets in flight that no step() claimed: wait, and leave their averaged gradients in ``.grad``."""
+        waiting = [i for i, b in enumerate(self.buckets) if b.futures]
+        self._wait(waiting)
+        self._bind_grads(waiting)
+        self._unclaimed = False
+
+    def _bind_grads(self, indices: Sequence[int] | range) -> None:
+        for index in indices:
+            bucket = self.buckets[index]
+            if not bucket.sparse:
+                for slot, p in enumerate(bucket.params):
+                    p.grad = bucket.views[slot]
+
+    def _apply(self, indices: Sequence[int]) -> None:
+        """One ``optimizer.step()`` over these buckets' parameters (their allreduces done), with the
+        hyperparameters recorded by ``step()``; the other parameters are left out of the groups meanwhile."""
+        assert self.optimizer is not None
+        ids = {id(p) for index in indices for p in self.buckets[index].params}
+        self._bind_grads(indices)
+        groups = self.optimizer.param_groups
+        saved = [dict(g) for g in groups]
+        try:
+            for group, hparams in zip(groups, self._hparams):
+                group.update(hparams)
+                group["params"] = [p for p in group["params"] if id(p) in ids]
+            with trace.span(f"optimizer, {len(indices)} bucket(s)", "step") if indices else contextlib.nullcontext():
+                self.optimizer.step()
+        finally:
+            for group, before in zip(groups, saved):
+                group.clear()
+                group.update(before)
+        for index in indices:
+            bucket = self.buckets[index]
+            bucket.update = False
+            for p in bucket.params:  # consumed: .grad is None after the update, as after zero_grad()
+                p.grad = None
 
     def _contribute_unused(self, bucket: _Bucket, slot: int, p: nn.Parameter) -> object:
         """A parameter without a gradient in this synchronised pass contributes what its ``.grad`` holds (the
@@ -397,6 +647,14 @@ def _sparse_allreduce(param: nn.Parameter, world_size: int) -> Future:
     assert param.grad is not None
     grad = param.grad.coalesce() / world_size
     return dist.all_reduce(grad, async_op=True).get_future()
+
+
+def _before_module(
+    reducer_ref: weakref.ref[BucketedReducer], indices: tuple[int, ...], module: nn.Module, args: object
+) -> None:
+    reducer = reducer_ref()
+    if reducer is not None:
+        reducer._before_module(indices)
 
 
 def _before_forward(reducer_ref: weakref.ref[BucketedReducer], module: nn.Module, args: object) -> None:
