@@ -6,6 +6,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import pytest
+
 from test_sim import namespaces, needs_netns
 
 from helpers import REPO, run_launcher
@@ -81,6 +83,40 @@ def test_trace_shows_buckets_overlapping_backward(tmp_path):
         for (start, _), (autograd_done, _) in zip(backward, ends):
             early = [b for b, _ in buckets if start <= b < autograd_done]
             assert early, f"rank {rank}: no bucket started during the backward pass at {start}"
+
+
+@pytest.mark.parametrize("overlap", ["forward", "backward"])
+def test_trace_shows_buckets_in_flight_into_the_next_forward(tmp_path, overlap):
+    """Forward overlap: the first layers' bucket (sent last) is still in flight when the next step's forward
+    begins; its update waits in that forward. Backward overlap: every bucket is done before backward returns."""
+    result = run_launcher(
+        "train.max_steps=8",
+        "train.checkpoint_every_steps=0",
+        "model=mlp",
+        "model.hidden=2048",  # a 6 MB first layer: its allreduce outlasts the optimizer step
+        "comm.reducer=bucketed",
+        "comm.bucket_cap_mb=1",
+        f"comm.overlap={overlap}",
+        "comm.trace=true",
+        "comm.trace_steps=5",
+        run_dir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"flat, {overlap} overlap;" in result.stderr
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    for rank in (0, 1):
+        mine = [e for e in events if e["ph"] == "X" and e["pid"] == rank]
+        forwards = [e["ts"] for e in mine if tracks[rank, e["tid"]] == "step" and e["name"] == "forward"]
+        buckets = [(e["ts"], e["ts"] + e["dur"]) for e in mine if tracks[rank, e["tid"]] == "buckets"]
+        assert len(forwards) == 5 and buckets
+        crossing = [(f, b) for f in forwards for b in buckets if b[0] < f < b[1]]
+        if overlap == "forward":
+            assert crossing, f"rank {rank}: no bucket in flight when a forward began"
+            waits = [e for e in mine if e["name"].startswith("await bucket")]
+            assert waits, f"rank {rank}: no forward waited for a bucket"
+        else:
+            assert not crossing, f"rank {rank}: buckets still in flight at a forward: {crossing}"
 
 
 def test_doctor_locally(tmp_path):

@@ -41,9 +41,9 @@ order. Each update is one ``optimizer.step()`` over that bucket's parameters wit
 rate...) recorded when ``step()`` was called: the same step as one optimizer over all parameters, for optimizers
 that update each parameter on its own (``PER_PARAMETER_OPTIMIZERS``). Gradients belong to the reducer from
 backward to their update, which consumes them: ``.grad`` is None meanwhile and after, as after ``zero_grad()``.
-``flush()`` applies everything (before evaluation, checkpoints, the end). A parameter must be read by the module that holds it (or after it):
-one read earlier in the forward would see its old value, which autograd then reports as a tensor "modified by an
-inplace operation" in backward (``overlap="backward"`` is the fix).
+``flush()`` applies everything (before evaluation, checkpoints, the end). A parameter must be read by the module
+that holds it (or after it): one read earlier in the forward would see its old value, which autograd then reports
+as a tensor "modified by an inplace operation" in backward (``overlap="backward"`` is the fix).
 
 The README's "Our reducer vs torch DDP" table lists each behaviour with its parity test.
 """
@@ -544,7 +544,7 @@ class BucketedReducer:
             bucket = self.buckets[index]
             if not bucket.futures:
                 continue
-            with trace.span(f"wait for bucket {index}", "step") if self._scheduled else contextlib.nullcontext():
+            with trace.span(f"await bucket {index}", "step") if self._scheduled else contextlib.nullcontext():
                 for future in bucket.futures:
                     result = future.wait()
             if bucket.sparse:

@@ -85,6 +85,9 @@ class CommConfig:
     broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long, named
+    overlap: str = "forward"  # forward: bucketed updates each bucket as soon as it is reduced, hiding the tail of
+    #                           communication behind the optimizer and the next forward (where the run allows it:
+    #                           the banner names what disables it) | backward: wait for every bucket in backward
     trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
     trace_steps: int = 5
 
@@ -101,6 +104,7 @@ class CommConfig:
                 f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized from the measured link)",
             )
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
+        _check(self.overlap in ("forward", "backward"), f"comm.overlap={self.overlap!r}; HINT: forward or backward")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
         _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")

@@ -45,6 +45,7 @@ class Checkpointing:
     def save(self) -> None:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         self._phase = f"the checkpoint at step {self.pos.step}"
+        self.sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
         rngs = ranks.all_gather_object(rng_state())
         if self.env.is_main:
             path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)

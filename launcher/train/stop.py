@@ -52,6 +52,7 @@ class StopRequest:
         self._wakeup: Optional[tuple[socket.socket, socket.socket]] = None
         self._lock = threading.Lock()
         self._held = False  # failing: stop signals ignored (``hold``)
+        self._asked: Optional[tuple] = None  # agreed(pipelined=True): the question in flight
 
     def install(self, *signums: int) -> StopRequest:
         self._signums = signums
@@ -135,11 +136,20 @@ class StopRequest:
         sys.stderr.flush()
         os._exit(128 + signum)
 
-    def agreed(self, device: torch.device) -> bool:
-        """Collective: True on every rank if any rank was signalled (the grace timer stops: we are leaving)."""
+    def agreed(self, device: torch.device, pipelined: bool = False) -> bool:
+        """Collective: True on every rank if any rank was signalled (the grace timer stops: we are leaving).
+        ``pipelined``: this step's question is sent without waiting and the previous step's answer returned (the
+        stop comes one step later, on every rank alike): a blocking collective here would wait behind the buckets
+        still in flight under the forward overlap and hide nothing."""
         flag = torch.tensor([1.0 if self.signum else 0.0], device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+            if pipelined:
+                previous, self._asked = self._asked, (work, flag)
+                if previous is None:
+                    return False
+                work, flag = previous
+            work.wait()
         stopping = bool(flag.item())
         if stopping:
             with self._lock:

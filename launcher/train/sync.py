@@ -40,6 +40,7 @@ class GradientSync:
         env: DistEnv,
         device: torch.device,
         cfg: CommConfig,
+        optimizer: torch.optim.Optimizer,
         resumed_hierarchical: Optional[bool] = None,
         resumed_cap_mb: Optional[float] = None,
     ) -> None:
@@ -68,6 +69,8 @@ class GradientSync:
                 hierarchical=self.choice.hierarchical,
                 find_unused_parameters=cfg.find_unused_parameters,
                 broadcast_buffers=cfg.broadcast_buffers,
+                optimizer=optimizer,
+                overlap=None if cfg.overlap == "forward" else "backward",  # forward where the settings allow it
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
@@ -86,6 +89,8 @@ class GradientSync:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
             layout = f"torch DDP, bucket cap {cap:g} MB"
+            if cfg.overlap == "forward":
+                layout += ", backward overlap (comm.reducer=ddp: torch DDP waits for its buckets in backward)"
         self.description = f"{layout}; {self.choice.describe()}; topology {self.topology.describe()}"
         log.debug("gradient sync: %s", self.description)
 
@@ -98,6 +103,23 @@ class GradientSync:
             self.reducer.zero_grad()  # keeps .grad as views into the buckets
         else:
             optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def overlaps_forward(self) -> bool:
+        """Buckets may still be in flight after the optimizer step (their updates run at the next forward)."""
+        return self.reducer is not None and self.reducer.overlap == "forward"
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.overlaps_forward:
+            assert self.reducer is not None
+            self.reducer.step()
+        else:
+            optimizer.step()
+
+    def flush(self) -> None:
+        """Every pending update applied: before evaluation, a checkpoint, the end (forward overlap)."""
+        if self.reducer is not None and self.reducer.overlap == "forward":
+            self.reducer.flush()
 
     def exposed_s(self) -> Optional[float]:
         """Time the last backward waited for communication after its own work was done (bucketed only)."""

@@ -64,11 +64,13 @@ class Trainer(Checkpointing):
         self._resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         kept = self._resume_state or {}
+        self.optimizer = build_optimizer(job.optim, model, world)
         self.sync = GradientSync(
             model,
             env,
             device,
             job.comm,
+            self.optimizer,
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
         )
@@ -78,7 +80,6 @@ class Trainer(Checkpointing):
         self.steps_per_epoch = len(self.train_loader)
         schedule_steps = t.epochs * self.steps_per_epoch  # the schedule spans the epochs; max_steps only stops early
         self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
-        self.optimizer = build_optimizer(job.optim, model, world)
         self.scheduler = build_scheduler(job.optim, self.optimizer, schedule_steps)
         self.pos = Position()
         self.resumed_from: Optional[str] = None
@@ -187,7 +188,7 @@ class Trainer(Checkpointing):
         saved = bool(every) and self.pos.step % every == 0
         if saved:
             self.save()
-        if self.stop is not None and self.stop.agreed(self.device):
+        if self.stop is not None and self.stop.agreed(self.device, pipelined=self.sync.overlaps_forward):
             if not saved:
                 self.save()
             raise Preempted(self.pos.step, self.stop.signum or 0)
@@ -206,11 +207,11 @@ class Trainer(Checkpointing):
             loss = F.cross_entropy(self.sync.module(x), y)
         with trace.span("backward", "step"):
             loss.backward()
+        with trace.span("optimizer", "step"):
+            self.sync.step(self.optimizer)  # forward overlap: buckets still in flight are updated at the next forward
+            self.scheduler.step()
         if (exposed := self.sync.exposed_s()) is not None:
             self._exposed_s += exposed
-        with trace.span("optimizer", "step"):
-            self.optimizer.step()
-            self.scheduler.step()
         return loss
 
     def _trace_window(self, trained_steps: int, end: bool = False) -> None:
@@ -255,6 +256,7 @@ class Trainer(Checkpointing):
     def _evaluate(self, epoch: int) -> float:
         """Accuracy on the held-out split; logged and written to the metrics."""
         self._phase = f"the evaluation after epoch {epoch}"
+        self.sync.flush()
         self.sync.module.eval()
         loss, accuracy = evaluate(self.model, self.test_loader, self.device)
         self.metrics.write(
