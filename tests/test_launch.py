@@ -254,9 +254,10 @@ def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupt
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
-def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path):
+def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path, tmp_path_factory):
     """The bucket cap measured at the first start is kept in the checkpoint: a resumed run reduces in the same
-    buckets (the same summation order), however the link measures now."""
+    buckets (the same summation order), however the link measures now. With the forward overlap (the default):
+    the checkpoint holds the fully updated state, so the resumed run ends bit-identical to an uninterrupted one."""
     job = ("model=mlp", "model.hidden=1024", "comm.reducer=bucketed", "train.checkpoint_every_steps=10")
     first = run_launcher(*job, "train.max_steps=10", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -267,3 +268,10 @@ def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path):
     resumed = run_launcher(*job, "train.max_steps=20", run_dir=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"(kept from the checkpoint this run resumes): {layout.group(2)}" in resumed.stderr, resumed.stderr[-2000:]
+    assert ", forward overlap;" in resumed.stderr
+    whole = tmp_path_factory.mktemp("whole")
+    cap = torch.load(tmp_path / "checkpoints" / "step-00000010.pt", weights_only=True)["bucket_cap_mb"]
+    again = run_launcher(*job, "train.max_steps=20", f"comm.bucket_cap_mb={cap!r}", run_dir=whole)
+    assert again.returncode == 0, again.stderr
+    assert layout.group(2) in again.stderr
+    assert_same_training_state(final_state(tmp_path), final_state(whole))
