@@ -1,19 +1,23 @@
 """Overlap benchmark: does our reducer hide communication at its DEFAULTS where the link is the bottleneck?
 
-    sudo python bench/overlap.py [--steps 12] [--json PATH]
+    sudo python bench/overlap.py [--steps 8] [--json PATH]
 
 Two network namespaces, one gloo rank each, joined by a 1 Gbit link (tbf, burst 2mbit: with a burst under ~64 KB
 tbf splits every segment and the CPU becomes the bottleneck). A 6 x Linear(1024, 1024) MLP (25 MB of gradients).
 The batch is calibrated so that computation (forward + backward) takes about as long as one allreduce of all
-gradients ("1x"), then twice as long ("2x"). Variants, interleaved step by step so drift hits all alike (each step
-timed behind a barrier as the slower rank's; medians):
+gradients ("1x"), then twice as long ("2x"). Every step is forward + backward + an SGD step (momentum). Variants
+are interleaved so drift hits all alike: each takes RUN consecutive steps (timed together behind a barrier as the
+slower rank's, so a tail left in flight by one step is paid by the next or by the barrier), then the next variant;
+medians of the per-step times:
 
-  compute-only   forward + backward, no communication          -> compute_ms
-  comm-only      one allreduce of a 25 MB buffer                -> comm_ms
+  compute-only   forward + backward + optimizer, no communication   -> compute_ms
+  comm-only      one allreduce of a 25 MB buffer                     -> comm_ms
   no-overlap     backward, then the gradients flattened and allreduced at once
   ddp-default    torch DDP at its defaults (25 MB buckets)
   ddp-2mb        torch DDP with bucket_cap_mb=2 (hand-tuned: one bucket per layer)
-  ours-default   BucketedReducer at the launcher's defaults (cap from launcher/comm/policy.py)
+  ours-backward  BucketedReducer, cap from launcher/comm/policy.py, waiting for every bucket in backward
+  ours-default   BucketedReducer at the launcher's defaults: the optimizer handed over, forward overlap (each
+                 bucket's update when it is reduced, the next forward waiting per layer, chunks by priority)
 
 exposed_ratio = (step_ms - compute_ms) / comm_ms: 1.0 hides nothing, 0.0 hides everything.
 """
@@ -42,7 +46,8 @@ from launcher.rendezvous import process_group
 
 PORT = 29613
 WIDTH, DEPTH = 1024, 6
-VARIANTS = ("compute-only", "comm-only", "no-overlap", "ddp-default", "ddp-2mb", "ours-default")
+VARIANTS = ("compute-only", "comm-only", "no-overlap", "ddp-default", "ddp-2mb", "ours-backward", "ours-default")
+RUN = 4  # consecutive steps of one variant per timed repetition
 
 
 def mlp() -> nn.Module:
@@ -55,13 +60,21 @@ def mlp() -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def step_fn(model: nn.Module, x: torch.Tensor, after_backward=None):
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+
+def step_fn(model: nn.Module, x: torch.Tensor, step, after_backward=None, steps: int = RUN):
+    """``steps`` training steps; ``step`` is the optimizer's (or the reducer's) step."""
+
     def run() -> None:
-        for p in model.parameters():
-            p.grad = None
-        model(x).pow(2).mean().backward()
-        if after_backward is not None:
-            after_backward()
+        for _ in range(steps):
+            for p in model.parameters():
+                p.grad = None
+            model(x).pow(2).mean().backward()
+            if after_backward is not None:
+                after_backward()
+            step()
 
     return run
 
@@ -75,7 +88,11 @@ def worker(args: argparse.Namespace) -> None:
         params = list(plain.parameters())
         model_bytes = sum(p.numel() * p.element_size() for p in params)
         flat = torch.zeros(model_bytes // 4)
-        comm_only = lambda: dist.all_reduce(flat)  # noqa: E731
+        plain_opt = sgd(plain)
+
+        def comm_only() -> None:
+            for _ in range(RUN):
+                dist.all_reduce(flat)
 
         # calibrate: seconds per sample of forward + backward, and one allreduce of all gradients
         def median_of(fn, reps=5) -> float:
@@ -90,8 +107,16 @@ def worker(args: argparse.Namespace) -> None:
             return t.item()
 
         probe_batch = 64
-        per_sample = median_of(step_fn(plain, torch.randn(probe_batch, WIDTH))) / probe_batch
-        comm_s = median_of(comm_only)
+        per_sample = median_of(step_fn(plain, torch.randn(probe_batch, WIDTH), plain_opt.step, steps=1)) / probe_batch
+        comm_s = median_of(comm_only) / RUN
+        # the CPU-work bound: CPU seconds (every thread of this process, user + system: gloo's sums and copies, the
+        # TCP stack, tbf) one allreduce costs. With both cores busy computing, each of them delays computation.
+        dist.barrier()
+        cpu0 = time.process_time()
+        comm_only()
+        cpu = torch.tensor([(time.process_time() - cpu0) / RUN], dtype=torch.float64)
+        dist.all_reduce(cpu, op=dist.ReduceOp.MAX)
+        comm_cpu_s = cpu.item()
         link = measure_link(topo, False, device)  # what the trainer measures at start-up
         cap = bucket_cap_mb(link, model_bytes)
 
@@ -103,26 +128,31 @@ def worker(args: argparse.Namespace) -> None:
         for factor in (1, 2):
             batch = max(1, round(factor * comm_s / per_sample))
             for _ in range(2):  # compute does not scale exactly with the batch: measure where we land, rescale
-                landed = median_of(step_fn(plain, torch.randn(batch, WIDTH)), reps=3)
+                landed = median_of(step_fn(plain, torch.randn(batch, WIDTH), plain_opt.step, steps=1), reps=3)
                 batch = max(1, round(batch * factor * comm_s / landed))
             x = torch.randn(batch, WIDTH, generator=torch.Generator().manual_seed(1))
             ddp_default = DistributedDataParallel(mlp())
             ddp_2mb = DistributedDataParallel(mlp(), bucket_cap_mb=2)
-            ours_model = mlp()
-            ours = BucketedReducer(ours_model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
-
+            back_model, ours_model = mlp(), mlp()
+            back_opt, ours_opt = sgd(back_model), sgd(ours_model)
+            policy = {"bucket_cap_mb": cap, "first_bucket_mb": min(1.0, cap)}
+            back = BucketedReducer(back_model, topo, optimizer=back_opt, overlap="backward", **policy)
+            ours = BucketedReducer(ours_model, topo, optimizer=ours_opt, **policy)
+            assert ours.overlap == "forward", ours.describe()
             variants = {
-                "compute-only": step_fn(plain, x),
+                "compute-only": step_fn(plain, x, plain_opt.step),
                 "comm-only": comm_only,
-                "no-overlap": step_fn(plain, x, no_overlap),
-                "ddp-default": step_fn(ddp_default, x),
-                "ddp-2mb": step_fn(ddp_2mb, x),
-                "ours-default": step_fn(ours_model, x),
+                "no-overlap": step_fn(plain, x, plain_opt.step, no_overlap),
+                "ddp-default": step_fn(ddp_default, x, sgd(ddp_default).step),
+                "ddp-2mb": step_fn(ddp_2mb, x, sgd(ddp_2mb).step),
+                "ours-backward": step_fn(back_model, x, back.step),
+                "ours-default": step_fn(ours_model, x, ours.step),
             }
-            medians = interleaved_medians(variants, args.steps)
+            medians = {k: v / RUN for k, v in interleaved_medians(variants, args.steps).items()}
             compute_ms, comm_ms = medians["compute-only"] * 1e3, medians["comm-only"] * 1e3
             for name in VARIANTS:
                 step_ms = medians[name] * 1e3
+                vs_ddp = medians[name] / medians["ddp-2mb"]
                 results.append(
                     {
                         "variant": name,
@@ -132,9 +162,13 @@ def worker(args: argparse.Namespace) -> None:
                         "compute_ms": compute_ms,
                         "comm_ms": comm_ms,
                         "exposed_ratio": (step_ms - compute_ms) / comm_ms,
+                        "step_vs_ddp_2mb": vs_ddp,
+                        "comm_cpu_ms": comm_cpu_s * 1e3,
                     }
                 )
+            ours.flush()
             ours.close()
+            back.close()
         if env.rank == 0:
             print(
                 json.dumps(
@@ -150,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8, help=f"timed runs of {RUN} steps per variant")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,22 +196,29 @@ def main() -> None:
     rows = result["rows"]
     print(
         f"# overlap benchmark: 2 namespaces x 1 gloo rank, 1 Gbit tbf burst 2mbit, {DEPTH} x Linear({WIDTH}, "
-        f"{WIDTH}) ({WIDTH * WIDTH * DEPTH * 4 / MB:.0f} MB of gradients), {args.steps} interleaved steps (medians); "
-        f"{machine()}"
+        f"{WIDTH}) ({WIDTH * WIDTH * DEPTH * 4 / MB:.0f} MB of gradients), {args.steps} interleaved runs of {RUN} "
+        f"steps (medians); {machine()}"
     )
     print(
         f"# our defaults: cap {result['policy']['cap_mb']:.2f} MB ({result['policy']['link']}): "
         f"{result['policy']['layout']}"
     )
+    cpu_ms, comm_ms = rows[0]["comm_cpu_ms"], rows[0]["comm_ms"]
+    print(
+        f"# CPU work of one allreduce of all gradients: {cpu_ms:.0f} ms of process CPU time per rank = "
+        f"{cpu_ms / rows[0]['comm_ms']:.2f} x its {comm_ms:.0f} ms: with both cores computing, that much of every "
+        "step's communication cannot hide (the CPU-work bound on exposed / comm)"
+    )
     print(
         table(
-            ["compute", "batch", "variant", "step ms", "compute ms", "comm ms", "exposed / comm"],
+            ["compute", "batch", "variant", "step ms", "/ ddp-2mb", "compute ms", "comm ms", "exposed / comm"],
             [
                 [
                     f"{r['factor']}x comm",
                     r["batch"],
                     r["variant"],
                     r["step_ms"],
+                    r["step_vs_ddp_2mb"],
                     r["compute_ms"],
                     r["comm_ms"],
                     r["exposed_ratio"],
@@ -191,7 +232,20 @@ def main() -> None:
             json.dumps(
                 {
                     "rows": [
-                        {k: r[k] for k in ("variant", "batch", "step_ms", "compute_ms", "comm_ms", "exposed_ratio")}
+                        {
+                            k: r[k]
+                            for k in (
+                                "factor",
+                                "variant",
+                                "batch",
+                                "step_ms",
+                                "step_vs_ddp_2mb",
+                                "compute_ms",
+                                "comm_ms",
+                                "exposed_ratio",
+                                "comm_cpu_ms",
+                            )
+                        }
                         for r in rows
                     ]
                 },
