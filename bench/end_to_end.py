@@ -1,4 +1,4 @@
-"""End-to-end benchmark: training throughput of each reducer and strategy on a simulated 2-node cluster.
+"""End-to-end benchmark: training throughput of each reducer, strategy and overlap on a simulated 2-node cluster.
 
     sudo python bench/end_to_end.py [--link-gbit 1] [--steps 30] [--json PATH]
 
@@ -21,16 +21,18 @@ from pathlib import Path
 from common import machine, table
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = [
-    ("ddp", "false"),
-    ("ddp", "true"),
-    ("bucketed", "false"),
-    ("bucketed", "true"),
-    ("bucketed", "auto"),
+VARIANTS = [  # (comm.reducer, comm.hierarchical, comm.overlap)
+    ("ddp", "false", "backward"),
+    ("ddp", "true", "backward"),
+    ("bucketed", "false", "backward"),
+    ("bucketed", "false", "forward"),
+    ("bucketed", "true", "backward"),
+    ("bucketed", "true", "forward"),
+    ("bucketed", "auto", "forward"),
 ]
 
 
-def run(reducer: str, hierarchical: str, args: argparse.Namespace, run_dir: Path) -> dict:
+def run(reducer: str, hierarchical: str, overlap: str, args: argparse.Namespace, run_dir: Path) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -50,6 +52,7 @@ def run(reducer: str, hierarchical: str, args: argparse.Namespace, run_dir: Path
         "train.eval_every_epochs=100",
         f"comm.reducer={reducer}",
         f"comm.hierarchical={hierarchical}",
+        f"comm.overlap={overlap}",
         f"hydra.run.dir={run_dir}",
     ]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -62,6 +65,7 @@ def run(reducer: str, hierarchical: str, args: argparse.Namespace, run_dir: Path
     return {
         "reducer": reducer,
         "hierarchical": hierarchical,
+        "overlap": overlap,
         "used_hierarchical": summary["hierarchical"],
         "samples_per_s": statistics.median(r["samples_per_s"] for r in windows),
         "step_ms": statistics.median(r["step_s"] for r in windows) * 1e3,
@@ -79,14 +83,19 @@ def main() -> None:
         raise SystemExit("bench/end_to_end.py creates network namespaces: run it as root")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (reducer, hierarchical) in enumerate(VARIANTS):
-            results.append(run(reducer, hierarchical, args, Path(tmp) / str(i)))
-            print(f"# {reducer} hierarchical={hierarchical}: {results[-1]['samples_per_s']:.0f} samples/s", flush=True)
+        for i, (reducer, hierarchical, overlap) in enumerate(VARIANTS):
+            results.append(run(reducer, hierarchical, overlap, args, Path(tmp) / str(i)))
+            print(
+                f"# {reducer} hierarchical={hierarchical} overlap={overlap}: "
+                f"{results[-1]['samples_per_s']:.0f} samples/s",
+                flush=True,
+            )
     anchor = results[0]["samples_per_s"]
     rows = [
         [
             r["reducer"],
             r["hierarchical"],
+            r["overlap"],
             r["used_hierarchical"],
             r["samples_per_s"],
             r["samples_per_s"] / anchor,
@@ -99,7 +108,9 @@ def main() -> None:
         f"# end to end: +cluster=sim, 2 namespaces x 2 ranks, link {args.link_gbit} Gbit/s, MLP 1024x6 "
         f"(~24 MB grads), global batch 128, {args.steps} steps; {machine()}"
     )
-    print(table(["reducer", "hierarchical", "used", "samples/s", "/ ddp flat", "step ms", "exposed ms"], rows))
+    print(
+        table(["reducer", "hierarchical", "overlap", "used", "samples/s", "/ ddp flat", "step ms", "exposed ms"], rows)
+    )
     if args.json:
         args.json.write_text(json.dumps({"rows": results}, indent=2))
 

@@ -7,7 +7,6 @@ import sys
 from collections import defaultdict
 
 import pytest
-
 from test_sim import namespaces, needs_netns
 
 from helpers import REPO, run_launcher

@@ -69,7 +69,8 @@ from .topology import Topology
 
 MB = 1024 * 1024
 OVERLAPS = ("forward", "backward")
-WARMUP_STEPS = 2  # synchronised passes measured (and run as in the backward mode) before the forward overlap
+WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first
+#                  (new connections, cold caches: measured 4x slower) are timed for the scheduler's allowances
 SLACK_CHUNKS = 2  # chunks the allowance may run ahead of the link: a few in flight, the queue stays short
 
 # optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
@@ -265,7 +266,8 @@ class BucketedReducer:
         self._pool: list[tuple[int, int]] = []  # (bucket, chunk) ready to send, the next forward's needs first
         self._sent = 0  # bytes launched in this backward
         self._allowance: list[float] | None = None  # bytes each bucket event may have launched in total
-        self._events: list[float] = []  # warm-up: seconds from the first bucket event to each, then to the end
+        self._events: list[float] = []  # warm-up: each bucket event's time, then the end of its allreduces
+        self._timed: list[list[float]] = []  # warm-up: per timed pass, seconds from the first event to each, the end
         self._synced = 0  # synchronised backward passes so far
         self._unclaimed = False  # buckets in flight that no step() has claimed yet
         self._hparams: list[dict] = []  # each param group's hyperparameters when step() was called
@@ -519,19 +521,22 @@ class BucketedReducer:
         self._used.clear()
         self.last_wait_s = time.perf_counter() - start
         self._waited = 0.0
-        if self.overlap == "forward" and self._events:
+        if self.overlap == "forward" and self._events and 1 < self._synced <= WARMUP_STEPS:
             self._events.append(time.perf_counter())
+            self._timed.append([t - self._events[0] for t in self._events[1:]])
             if self._synced == WARMUP_STEPS:
                 self._agree_allowance()
 
     def _agree_allowance(self) -> None:
-        """From the last warm-up pass (everything sent at once): when each bucket event came and when the last
-        allreduce ended, the slowest rank's (one allreduce), hence the link's rate while backward computes and
-        the bytes it can carry until each next event. Every rank computes the same allowances from these."""
-        times = torch.tensor([t - self._events[0] for t in self._events[1:]], dtype=torch.float64)
+        """From the timed warm-up passes (everything sent at once): when each bucket event came and when the last
+        allreduce ended, the slowest rank's (one allreduce); of the passes, the one whose allreduces ended first
+        (an underestimated rate would leave the link idle during backward). Hence the link's rate while backward
+        computes and the bytes it can carry until each next event. Every rank computes the same allowances."""
+        times = torch.tensor(self._timed, dtype=torch.float64)
+        self._timed = []
         if self.world_size > 1:
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        *gaps, end = times.tolist()
+        *gaps, end = times[int(times[:, -1].argmin())].tolist()
         total = sum(c.numel() * c.element_size() for b in self.buckets for c in b.chunks)
         rate = total / max(end, 1e-6)
         slack = SLACK_CHUNKS * max((c.numel() * c.element_size() for b in self.buckets for c in b.chunks), default=0)
