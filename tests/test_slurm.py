@@ -129,10 +129,12 @@ def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
     faults = "step=15,rank=1,signal=USR2,attempt=0;step=30,rank=2,signal=USR2,attempt=1"
     result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=preempted, timeout=500, env={**slurm, "LAUNCHER_FAULT": faults})
     assert result.returncode == 0, result.stderr
-    for step, n in ((15, 1), (30, 2)):
+    # the ranks agree one step after the signal: under the forward overlap (comm.reducer=bucketed) the per-step
+    # stop question is answered at the next step, so it does not wait behind the buckets in flight
+    for step, n in ((16, 1), (31, 2)):
         assert f"stopped at step {step}" in result.stderr and f"requeued ({n}/3)" in result.stderr
     summary = json.loads((preempted / "summary.json").read_text())
-    assert summary["resumed_from"].endswith("step-00000030.pt") and summary["steps"] == 40
+    assert summary["resumed_from"].endswith("step-00000031.pt") and summary["steps"] == 40
     a, b = final_params(reference), final_params(preempted)
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs after requeue"

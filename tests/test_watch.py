@@ -21,7 +21,10 @@ def test_banner_summary_table_curves_and_preflight(tmp_path):
     # the preflight report, then the banner, then the table
     assert "doctor: 2 rank(s) on 1 node(s)" in err and "no problems found" in err
     assert "  devices        ranks 0-1 on " in err and ": cpu" in err
-    assert "  gradient sync  torch DDP, bucket cap 25 MB; flat allreduce" in err
+    assert (
+        "  gradient sync  torch DDP, bucket cap 25 MB, backward overlap (comm.reducer=ddp: torch DDP waits for its "
+        "buckets in backward); flat allreduce" in err
+    )
     assert "  batch          64 global = 32 per rank x 2; 12 steps" in err
     assert err.index("doctor: 2 rank(s)") < err.index("  devices ") < err.index("done: 12 steps")
     table = err[err.index("done: 12 steps") :]
