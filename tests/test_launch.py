@@ -197,14 +197,45 @@ def test_resume_into_a_different_job_is_refused(tmp_path):
     other = run_launcher("train.max_steps=5", "model=mlp", "cluster.procs_per_node=1", run_dir=tmp_path)
     assert other.returncode == 2
     assert (
-        "holds checkpoints of a different job (world size: 2 -> 1; model._target_: 'models.lenet.LeNet' -> "
-        "'models.mlp.MLP'" in other.stderr
+        "holds checkpoints of a different job (model._target_: 'models.lenet.LeNet' -> 'models.mlp.MLP'"
+        in other.stderr
     )
     assert (
         "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
     )
+    # another world size is fine, another global batch is not
+    per_rank = run_launcher("train.batch_size_per_rank=32", "cluster.procs_per_node=1", run_dir=tmp_path)
+    assert per_rank.returncode == 2
+    assert (
+        "holds checkpoints of a different job (global batch: 64 -> 32 (world size 2 -> 1; train.batch_size=64 "
+        "train.batch_size_per_rank=null keeps it))" in per_rank.stderr
+    )
     forced = run_launcher("train.max_steps=5", "cluster.procs_per_node=1", "train.resume=force", run_dir=tmp_path)
     assert forced.returncode == 0, forced.stderr
+
+
+def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_path_factory):
+    """4 ranks for 10 steps, resumed on 2 ranks to step 20, vs 4 ranks throughout: each global batch holds the
+    same samples whatever the world size (rank r takes positions r, r + W, ... of the epoch's permutation, so a
+    global batch is one contiguous block of it), so only float32 summation order differs (per-rank means of 16 vs 32
+    samples, averaged over 4 vs 2 ranks): ~1e-7 relative per step, grown by 10 steps of SGD with momentum; the
+    tolerance (rtol 1e-4, atol 1e-5) is 100x what that gives and far below what one different sample would."""
+    job = ("train.checkpoint_every_steps=10", "train.log_every_steps=5")
+    first = run_launcher(*job, "train.max_steps=10", "cluster.procs_per_node=4", run_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    resumed = run_launcher(*job, "train.max_steps=20", "cluster.procs_per_node=2", run_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming a 4-rank checkpoint on 2 ranks: global batch 64 as before, the same samples from step 10" in (
+        resumed.stderr
+    )
+    assert_trained_once_up_to(tmp_path, 10)
+    whole = tmp_path_factory.mktemp("four-ranks")
+    again = run_launcher(*job, "train.max_steps=20", "cluster.procs_per_node=4", run_dir=whole)
+    assert again.returncode == 0, again.stderr
+    a, b = final_state(tmp_path), final_state(whole)
+    assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 4
+    for name in a["model"]:
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_killed_rank_is_named_with_its_signal(tmp_path):

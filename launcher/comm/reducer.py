@@ -319,7 +319,8 @@ class BucketedReducer:
         self._complete([i for i, b in enumerate(self.buckets) if b.update])
 
     def close(self) -> None:
-        """Remove the gradient and forward hooks (the model trains on without this reducer, e.g. under another)."""
+        """Remove the gradient and forward hooks (the model trains on without this reducer, e.g. under another).
+        Updates still pending under the forward overlap are dropped: ``flush()`` first to keep them."""
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -447,7 +448,7 @@ class BucketedReducer:
             if self.overlap == "backward" or bucket.sparse:
                 self._launch(index, bucket.buffer, sparse=bucket.sparse)
                 continue
-            self._events.append(time.perf_counter())
+            self._events.append(time.perf_counter())  # one per dense bucket: the allowances' index
             # this bucket holds earlier layers than any already ready: the next forward needs it first
             self._pool[:0] = [(index, c) for c in range(len(bucket.chunks))]
             self._pump(final=self._next == len(self.buckets))
@@ -457,7 +458,7 @@ class BucketedReducer:
         during warm-up). Depends only on the event index and agreed numbers: every rank sends the same chunks."""
         allowance = math.inf
         if self._scheduled and not final and self._allowance is not None:
-            allowance = self._allowance[self._next - 1]
+            allowance = self._allowance[len(self._events) - 1]
         while self._pool:
             index, c = self._pool[0]
             chunk = self.buckets[index].chunks[c]
@@ -505,6 +506,7 @@ class BucketedReducer:
         for bucket in self.buckets:
             bucket.pending = 0
         self._launch_ready()
+        self._pump(final=True)  # whatever is still pooled (the last bucket may have been a sparse one)
         # after the buckets: on a rank whose unused parameter held a bucket back, that bucket was launched just
         # now, on another during backward; the default group must see one order on every rank
         used = self._start_used_map() if self.find_unused_parameters else None

@@ -63,7 +63,8 @@ def _flat(tree: object, prefix: str = "") -> dict[str, object]:
 
 def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
     """Before anything starts: ``train.resume=auto`` into a run dir whose checkpoints come from a different job
-    (another world size, model or data) is refused, with the differing keys named."""
+    (another model, data, optimizer or global batch) is refused, with the differing keys named. Another world size
+    with the same global batch resumes (the same samples per step, the same schedule)."""
     run_dir = Path(run_dir)
     old_path = run_dir / FROZEN_NAME
     if job.train.resume != "auto" or not old_path.is_file() or not any(run_dir.glob("checkpoints/step-*.pt")):
@@ -76,8 +77,10 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
         if key.startswith(RESUME_KEYS) and old.get(key) != new.get(key)
     ]
     world = lambda c: c.get("cluster.nodes", 1) * (c.get("cluster.procs_per_node") or 1)  # noqa: E731
-    if world(old) != world(new):
-        diffs.insert(0, f"world size: {world(old)} -> {world(new)}")
+    batch = lambda c: (c.get("train.batch_size_per_rank") or 0) * world(c) or c.get("train.batch_size")  # noqa: E731
+    if batch(old) != batch(new):  # another world size is fine (the trajectory does not depend on it), not this
+        fix = f"train.batch_size={batch(old)} train.batch_size_per_rank=null keeps it"
+        diffs.insert(0, f"global batch: {batch(old)} -> {batch(new)} (world size {world(old)} -> {world(new)}; {fix})")
     if diffs:
         raise ConfigError(
             f"{run_dir} holds checkpoints of a different job ({'; '.join(diffs)}); HINT: use a new hydra.run.dir, "

@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .. import ranks
-from ..devices import rng_state, set_rng_state
+from ..devices import rng_state, seed_all, set_rng_state
 from . import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,18 @@ class Checkpointing:
         self.scheduler.load_state_dict(state["scheduler"])
         self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
         rngs = state.get("rng") or []
-        if len(rngs) == self.env.world_size:
+        saved_world = state.get("world_size", len(rngs))
+        if saved_world == self.env.world_size and len(rngs) == saved_world:
             set_rng_state(rngs[self.env.rank])
+        else:  # another world size: every rank's stream restarts from (seed, rank, step), the saved ones are dropped
+            seed_all(self.job.train.seed + self.env.rank + 1_000_003 * self.pos.step)
         self.resumed_from = str(path)
+        if saved_world != self.env.world_size:
+            log.info(
+                "resuming a %d-rank checkpoint on %d ranks: global batch %d as before, the same samples from step %d",
+                saved_world,
+                self.env.world_size,
+                self.global_batch,
+                self.pos.step,
+            )
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())

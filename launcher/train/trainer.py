@@ -63,7 +63,10 @@ class Trainer(Checkpointing):
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
+        # (on another world size both are measured again: the layout of ranks and links changed)
         kept = self._resume_state or {}
+        if kept.get("world_size", world) != world:
+            kept = {}
         self.optimizer = build_optimizer(job.optim, model, world)
         self.sync = GradientSync(
             model,
