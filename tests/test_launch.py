@@ -197,8 +197,7 @@ def test_resume_into_a_different_job_is_refused(tmp_path):
     other = run_launcher("train.max_steps=5", "model=mlp", "cluster.procs_per_node=1", run_dir=tmp_path)
     assert other.returncode == 2
     assert (
-        "holds checkpoints of a different job (model._target_: 'models.lenet.LeNet' -> 'models.mlp.MLP'"
-        in other.stderr
+        "holds checkpoints of a different job (model._target_: 'models.lenet.LeNet' -> 'models.mlp.MLP'" in other.stderr
     )
     assert (
         "HINT: use a new hydra.run.dir, train.resume=never to start over there, or train.resume=force" in other.stderr
