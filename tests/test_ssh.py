@@ -185,9 +185,10 @@ def test_machine_whose_link_goes_down_is_named(ssh_args, machines, tmp_path):
         subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "down"], check=True)
         down = time.monotonic()
         assert head.wait(timeout=10 + 30) == 1, log.read_text()[-3000:]
-        # the isolated machine: heartbeat silence (15 s), then its agent stops the ranks (<= 30 s to a kill); its
-        # sshd's session waits for TCP to give up on the dead connection (sshd's, not the job's)
-        wait_nothing_left(machines, 15 + 10 + 15 - (time.monotonic() - down), sessions=False)
+        # the isolated machine: heartbeat silence (15 s), then its agent stops the ranks (torch elastic: SIGTERM,
+        # SIGKILL after 30 s), plus 10 s of margin; its sshd's session waits for TCP to give up on the dead
+        # connection (sshd's, not the job's)
+        wait_nothing_left(machines, 15 + 30 + 10 - (time.monotonic() - down), sessions=False)
     finally:
         subprocess.run(["ip", "-n", HOSTS[1], "link", "set", "eth0", "up"])
         if head.poll() is None:

@@ -26,6 +26,8 @@ from ..env import HEAD_RESTARTS
 from ..files import no_world_writable_files
 from .agent import agent_config, run_agent
 
+HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
+
 
 def stop_on_request(silent_s: float) -> None:
     """Turn the head's requests on stdin into one stop signal for this process (the elastic agent passes it on
@@ -37,10 +39,12 @@ def stop_on_request(silent_s: float) -> None:
         while True:
             ready, _, _ = select.select([0], [], [], silent_s)
             if not ready:
+                HEAD_GONE.set()
                 print(f"launcher: nothing from the head for {silent_s:.0f} s: stopping", file=sys.stderr, flush=True)
                 break
             chunk = os.read(0, 4096)
             if not chunk:  # end of input: the head or its connection is gone
+                HEAD_GONE.set()
                 break
             *lines, pending = (pending + chunk).split(b"\n")
             stops = [line for line in lines if line in (b"INT", b"TERM")]  # other lines: heartbeats
@@ -54,22 +58,28 @@ def stop_on_request(silent_s: float) -> None:
 
 def relay_output() -> None:
     """fds 1 and 2 (inherited by the workers) become pipes copied to the real ones by threads that survive a
-    broken channel; at exit the copies are drained."""
+    broken channel; at exit the copies are drained. A channel that stops draining (the link is down: sshd's buffers
+    fill and TCP has not given up yet) must not block the agent or the workers on a write: the real fds are
+    non-blocking, and once the head is gone (``HEAD_GONE``) what cannot be written is dropped."""
     pumps = []
     for fd in (1, 2):
         sys.stdout.flush()
         sys.stderr.flush()
         real = os.dup(fd)
+        os.set_blocking(real, False)
         read, write = os.pipe()
         os.dup2(write, fd)
         os.close(write)
 
         def pump(read: int = read, real: int = real) -> None:
             while chunk := os.read(read, 65536):
-                try:
-                    os.write(real, chunk)
-                except OSError:
-                    pass  # the channel is gone: keep draining so writers never block
+                while chunk and not HEAD_GONE.is_set():
+                    try:
+                        chunk = chunk[os.write(real, chunk) :]
+                    except BlockingIOError:
+                        select.select([], [real], [], 1.0)
+                    except OSError:
+                        break  # the channel is gone: keep draining so writers never block
 
         thread = threading.Thread(target=pump, name=f"relay-{fd}", daemon=True)
         thread.start()
