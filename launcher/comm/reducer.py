@@ -56,7 +56,6 @@ import math
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -64,105 +63,22 @@ from torch import nn
 from torch.futures import Future
 
 from . import trace
+from .buckets import (
+    MB,
+    Bucket,
+    check_same_model,
+    forward_overlap_refusal,
+    plan_buckets,
+    sparse_allreduce,
+    sparse_parameters,
+)
 from .collectives import start_allreduce
 from .topology import Topology
 
-MB = 1024 * 1024
 OVERLAPS = ("forward", "backward")
 WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first
 #                  (new connections, cold caches: measured 4x slower) are timed for the scheduler's allowances
 SLACK_CHUNKS = 2  # chunks the allowance may run ahead of the link: a few in flight, the queue stays short
-
-# optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
-# parameters is exactly the full step restricted to that subset
-PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
-    torch.optim.SGD,
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adagrad,
-    torch.optim.Adamax,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    torch.optim.RMSprop,
-    torch.optim.Adadelta,
-    torch.optim.Rprop,
-)
-
-
-def forward_overlap_refusal(optimizer: torch.optim.Optimizer | None, find_unused_parameters: bool) -> str | None:
-    """Why the forward overlap cannot run with these settings, or None when it can."""
-    if optimizer is None:
-        return "no optimizer handed to the reducer (backward returns with averaged gradients)"
-    if find_unused_parameters:
-        return "find_unused_parameters: the used-parameters map comes after every bucket"
-    if type(optimizer) not in PER_PARAMETER_OPTIMIZERS:
-        return f"{type(optimizer).__name__} is not known to update each parameter on its own"
-    return None
-
-
-def plan_buckets(
-    sizes_bytes: Sequence[int], keys: Sequence[object], first_cap_bytes: float, cap_bytes: float
-) -> list[list[int]]:
-    """Group consecutive items (already in reverse registration order) into buckets: a bucket closes once it
-    holds at least its cap (``first_cap_bytes`` for the first, ``cap_bytes`` after), as torch DDP's do, so a
-    layer's bias and weight travel together; an item never splits, a new ``key`` (dtype, device) starts a new
-    bucket. Returns lists of item indices."""
-    buckets: list[list[int]] = []
-    filled, cap, open_ = 0.0, first_cap_bytes, False
-    for i, (size, key) in enumerate(zip(sizes_bytes, keys)):
-        if open_ and keys[buckets[-1][0]] != key:
-            open_ = False
-        if not open_:
-            if buckets:
-                cap = cap_bytes
-            buckets.append([])
-            filled, open_ = 0.0, True
-        buckets[-1].append(i)
-        filled += size
-        if filled >= cap:
-            open_ = False
-    return buckets
-
-
-@dataclass
-class _Bucket:
-    params: list[nn.Parameter]
-    views: list[torch.Tensor]
-    buffer: torch.Tensor
-    pending: int = 0
-    futures: list[Future] = field(default_factory=list)  # the allreduces in flight (one per chunk)
-    seen: set = field(default_factory=set)
-    sparse: bool = False  # one parameter with sparse gradients: reduced by a sparse allreduce, not in ``buffer``
-    chunks: list[torch.Tensor] = field(default_factory=list)  # forward overlap: the buffer in ~chunk_mb pieces
-    update: bool = False  # forward overlap: step() was called, this bucket's optimizer update is still to run
-
-
-def sparse_parameters(model: nn.Module) -> set[int]:
-    """ids of the parameters whose gradients are sparse (as DDP finds them: embeddings with ``sparse=True``)."""
-    return {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
-        for p in m.parameters(recurse=False)
-    }
-
-
-def check_same_model(model: nn.Module) -> None:
-    """Every rank must hold the same parameters and buffers, in one order: name the first difference."""
-    mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
-    mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    for rank, theirs in enumerate(everyone):
-        for i in range(max(len(theirs), len(everyone[0]))):
-            ours = everyone[0][i] if i < len(everyone[0]) else None
-            other = theirs[i] if i < len(theirs) else None
-            if ours != other:
-                show = lambda e: f"{e[0]} {e[1]!r} {list(e[2])} {e[3]}" if e else "nothing"  # noqa: E731
-                raise ValueError(
-                    f"rank {rank}'s model differs from rank 0's at entry {i}: {show(other)} there, {show(ours)} on "
-                    "rank 0; HINT: build the same model on every rank (the same code and config) before the reducer"
-                )
 
 
 class BucketedReducer:
@@ -221,7 +137,7 @@ class BucketedReducer:
             first_bucket_mb * MB,
             bucket_cap_mb * MB,
         )
-        self.buckets: list[_Bucket] = []
+        self.buckets: list[Bucket] = []
         # The parameters' hooks reach the reducer through a weak reference: a hook held in C++ autograd state
         # is invisible to Python's garbage collector, and a strong one would keep the reducer, its topology and
         # so the process groups (with their gloo threads) alive until interpreter exit, where those threads
@@ -234,7 +150,7 @@ class BucketedReducer:
             if id(ps[0]) in sparse:
                 self._where[id(ps[0])] = (index, 0)
                 self._hooks.append(ps[0].register_post_accumulate_grad_hook(functools.partial(_on_grad, me)))
-                self.buckets.append(_Bucket(ps, [], torch.empty(0, dtype=ps[0].dtype), sparse=True))
+                self.buckets.append(Bucket(ps, [], torch.empty(0, dtype=ps[0].dtype), sparse=True))
                 continue
             buffer = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
             views, offset = [], 0
@@ -247,7 +163,7 @@ class BucketedReducer:
                 offset += p.numel()
                 self._where[id(p)] = (index, len(views) - 1)
                 self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(_on_grad, me)))
-            self.buckets.append(_Bucket(ps, views, buffer))
+            self.buckets.append(Bucket(ps, views, buffer))
         forward = self.overlap == "forward"
         for bucket in self.buckets:
             if forward and not bucket.sparse:
@@ -412,7 +328,7 @@ class BucketedReducer:
         if bucket.pending == 0:
             self._launch_ready()
 
-    def _on_sparse_grad(self, bucket: _Bucket, param: nn.Parameter) -> None:
+    def _on_sparse_grad(self, bucket: Bucket, param: nn.Parameter) -> None:
         if not self._sync:
             return  # autograd accumulates the sparse gradients in .grad
         if not self._armed:
@@ -472,7 +388,7 @@ class BucketedReducer:
     def _launch(self, index: int, tensor: torch.Tensor, sparse: bool = False, chunk: int | None = None) -> None:
         bucket = self.buckets[index]
         if sparse:
-            future = _sparse_allreduce(bucket.params[0], self.world_size)
+            future = sparse_allreduce(bucket.params[0], self.world_size)
         else:
             future = start_allreduce(tensor, self.topology, self.hierarchical)
         bucket.futures.append(future)
@@ -603,7 +519,7 @@ class BucketedReducer:
             for p in bucket.params:  # consumed: .grad is None after the update, as after zero_grad()
                 p.grad = None
 
-    def _contribute_unused(self, bucket: _Bucket, slot: int, p: nn.Parameter) -> object:
+    def _contribute_unused(self, bucket: Bucket, slot: int, p: nn.Parameter) -> object:
         """A parameter without a gradient in this synchronised pass contributes what its ``.grad`` holds (the
         sum of ``no_sync`` micro-steps, or an old gradient never zeroed; zeros if none), as DDP's do. Returns what
         to restore if no rank used it (DDP keeps such a ``.grad`` untouched)."""
@@ -647,13 +563,6 @@ class BucketedReducer:
                 else:
                     bucket.views[slot].copy_(old)  # type: ignore[arg-type]
                     p.grad = bucket.views[slot]
-
-
-def _sparse_allreduce(param: nn.Parameter, world_size: int) -> Future:
-    """Average a sparse gradient over all ranks (gloo's sparse allreduce returns a new tensor)."""
-    assert param.grad is not None
-    grad = param.grad.coalesce() / world_size
-    return dist.all_reduce(grad, async_op=True).get_future()
 
 
 def _before_module(

@@ -110,15 +110,15 @@ class GradientSync:
         return self.reducer is not None and self.reducer.overlap == "forward"
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.overlaps_forward:
-            assert self.reducer is not None
+        """The optimizer step: the reducer's when it holds the optimizer (forward overlap or not)."""
+        if self.reducer is not None and self.reducer.optimizer is not None:
             self.reducer.step()
         else:
             optimizer.step()
 
     def flush(self) -> None:
         """Every pending update applied: before evaluation, a checkpoint, the end (forward overlap)."""
-        if self.reducer is not None and self.reducer.overlap == "forward":
+        if self.reducer is not None:
             self.reducer.flush()
 
     def exposed_s(self) -> Optional[float]:
