@@ -12,13 +12,20 @@ slowest rank's, median over steps:
   bucketed    launcher.comm.BucketedReducer, same cap (first bucket 1 MB)
   bucketed-zeroed  the same, but zero_grad(set_to_none=False): autograd adds into zeroed bucket views
 exposed = step - compute (communication the step waited for).
+
+``--profile`` adds, for ddp and bucketed, when each bucket's allreduce was launched and when backward returned
+(ms after backward began, medians over the steps), and the main-thread time our gradient hooks took: where the
+per-step difference between the two goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
+import torch.distributed as dist
 from common import interleaved_medians, machine, run_ranks, table
 from torch import nn
 from torch.nn import functional as F
@@ -64,7 +71,56 @@ def bench(env, args) -> dict:
             "bucketed-zeroed": lambda: step(views_model, lambda: views.zero_grad(set_to_none=False)),
         }
         medians = interleaved_medians(variants, args.steps)
-        return {"medians": medians, "params": numel, "layout": ours.describe()}
+        profile = launch_profile(ddp, ours, ours_model, x, target, args.steps) if args.profile else None
+        return {"medians": medians, "params": numel, "layout": ours.describe(), "profile": profile}
+
+
+def launch_profile(ddp, ours, ours_model, x, target, steps: int) -> dict:
+    """Per variant: bucket launch offsets and backward's return, ms after backward began (medians over steps);
+    for ours also the main-thread ms inside the gradient hooks per step."""
+    marks: list[float] = []
+    hook_s = [0.0]
+
+    def timed_allreduce(_, bucket):  # DDP's default hook, in Python, with a timestamp (4 calls per step)
+        marks.append(time.perf_counter())
+        fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, timed_allreduce)
+    launch, on_grad = ours._launch, ours._on_grad
+
+    def timed_launch(*a, **k):
+        marks.append(time.perf_counter())
+        return launch(*a, **k)
+
+    def timed_on_grad(param):
+        t = time.perf_counter()
+        on_grad(param)
+        hook_s[0] += time.perf_counter() - t
+
+    ours._launch, ours._on_grad = timed_launch, timed_on_grad
+    variants = {"ddp": (ddp, lambda: ddp.zero_grad(set_to_none=True)), "bucketed": (ours_model, ours.zero_grad)}
+    rows: dict[str, list[list[float]]] = {name: [] for name in variants}
+    hooks: list[float] = []
+    for _ in range(steps):  # interleaved, as the medians above
+        for name, (module, zero) in variants.items():
+            marks.clear()
+            hook_s[0] = 0.0
+            dist.barrier()
+            begin = time.perf_counter()
+            zero()
+            out = F.mse_loss(module(x), target)
+            start = time.perf_counter()
+            out.backward()
+            end = time.perf_counter()
+            rows[name].append([(start - begin) * 1e3] + [(t - start) * 1e3 for t in marks] + [(end - start) * 1e3])
+            if name == "bucketed":
+                hooks.append(hook_s[0] * 1e3)
+    result = {
+        name: {"offsets": [statistics.median(col) for col in zip(*rs)], "hooks_ms": None} for name, rs in rows.items()
+    }
+    result["bucketed"]["hooks_ms"] = statistics.median(hooks)
+    return result
 
 
 def main() -> None:
@@ -74,6 +130,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--profile", action="store_true", help="bucket launch times and our hooks' cost")
     args = parser.parse_args()
     result = run_ranks(bench, 2, args)
     m = result["medians"]
@@ -102,6 +159,15 @@ def main() -> None:
         f"bucketed / ddp = {m['bucketed'] / m['ddp']:.3f}   bucketed / no-overlap = "
         f"{m['bucketed'] / m['no-overlap']:.3f}"
     )
+    if result["profile"]:
+        print("# profile (rank 0, medians): zero_grad + forward ms, then ms after backward began: launches | return")
+        for name, p in result["profile"].items():
+            before, *launches, end = p["offsets"]
+            extra = f"   gradient hooks {p['hooks_ms']:.1f} ms/step" if p["hooks_ms"] is not None else ""
+            print(
+                f"{name:9} zero_grad+forward {before:5.1f} | launches {' '.join(f'{t:6.1f}' for t in launches)} "
+                f"| returned {end:6.1f}{extra}"
+            )
 
 
 if __name__ == "__main__":
