@@ -1,4 +1,4 @@
-"""Ending a rank process without interpreter teardown: ``end_process_at_exit``."""
+"""Ending processes: a rank without interpreter teardown (``end_process_at_exit``); a process's children."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 _EXIT_CODE: Optional[int] = None
@@ -42,3 +43,16 @@ def _end() -> None:
         except (OSError, ValueError):
             pass
     os._exit(_EXIT_CODE or 0)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

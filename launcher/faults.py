@@ -3,8 +3,9 @@
 ``LAUNCHER_FAULT="step=K[,rank=R][,signal=SIG|,stall][,target=parent][,backward][,attempt=A][;...more faults]"``
 
 - rank R (default 0) raises at optimiser step K; ``signal=USR2|KILL|TERM|INT`` sends that signal to itself
-  instead (``target=parent``: to its parent, the launcher or elastic agent); ``stall`` blocks forever, as a rank
-  stuck in user code or a driver would;
+  instead (``target=parent``: to its parent, the launcher or elastic agent; ``target=node``: to its agent and
+  every worker of that agent, as when the machine is lost); ``stall`` blocks forever, as a rank stuck in user code
+  or a driver would;
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
 - ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
   step's gradient allreduce;
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .env import DistEnv
+from .exiting import children
 
 FAULT_ENV = "LAUNCHER_FAULT"
 
@@ -39,6 +41,10 @@ class Fault:
             threading.Event().wait()  # forever: only the launcher ends this rank
         if self.signum is None:
             raise RuntimeError(f"injected fault at step {self.step} on rank {self.rank} ({FAULT_ENV})")
+        if self.target == "node":  # the machine is lost: its agent first (it must not react), then its workers
+            agent = os.getppid()
+            for pid in [agent, *(p for p in children(agent) if p != os.getpid())]:
+                os.kill(pid, self.signum)
         os.kill(os.getppid() if self.target == "parent" else os.getpid(), self.signum)
 
 

@@ -36,6 +36,7 @@ class RunSummary:
     wall_s: float
     resumed_from: Optional[str]  # the checkpoint this run resumed from
     hosts: list[str] = field(default_factory=list)  # each node's host name, in node order
+    membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.membership)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -41,6 +41,37 @@ CASES = [
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
     (["comm.reducer=horovod"], "comm.reducer='horovod'; HINT: ddp or bucketed"),
     (["train.resume=/nope.pt"], "train.resume='/nope.pt' is not a checkpoint file"),
+    (["+cluster=sim", "cluster.min_nodes=3"], "cluster.min_nodes=3 must be in 1..cluster.nodes=2"),
+    (["+cluster=sim", "cluster.min_nodes=0"], "cluster.min_nodes=0 must be in 1..cluster.nodes=2"),
+    (
+        ["cluster.nodes=2", "cluster.node_rank=0", "cluster.min_nodes=1"],
+        "cluster.min_nodes=1 < cluster.nodes=2 needs a head that restarts the survivors, which machines started by "
+        "hand jobs have not; HINT: +cluster=ssh (or +cluster=sim), or drop cluster.min_nodes",
+    ),
+    (
+        ["+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=2"],
+        "train.batch_size=64 is not divisible by the world size 6 (cluster.nodes=3 x cluster.procs_per_node=2); "
+        "HINT: use train.batch_size=72",
+    ),
+    (
+        ["+cluster=slurm", "cluster.nodes=2", "cluster.min_nodes=1"],
+        "cluster.min_nodes=1 < cluster.nodes=2 needs a head that restarts the survivors, which slurm jobs have not",
+    ),
+    (
+        ["+cluster=sim", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.procs_per_node=1", "train.batch_size=66"],
+        "train.batch_size=66 is not divisible by the world size 4 (cluster.nodes=4 x cluster.procs_per_node=1); "
+        "HINT: use train.batch_size=72",
+    ),
+    (
+        ["+cluster=sim", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.procs_per_node=1", "train.batch_size=52"],
+        "train.batch_size=52 is not divisible by the world size 3 (3 node(s) left under cluster.min_nodes=3 x 1 "
+        "rank(s)); HINT: use train.batch_size=60",
+    ),
+    (
+        ["+cluster=sim", "cluster.min_nodes=1", "train.batch_size_per_rank=16"],
+        "cluster.min_nodes=1 < cluster.nodes=2 with train.batch_size_per_rank=16: on fewer machines the global batch "
+        "would shrink and the run could not resume; HINT: set the global batch",
+    ),
 ]
 
 
@@ -49,6 +80,13 @@ def test_validation_message(overrides, message):
     with pytest.raises(ConfigError) as info:
         plan(*overrides)
     assert message in str(info.value)
+
+
+def test_min_nodes_accepts_a_batch_every_world_divides():
+    job, _ = plan(
+        "+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=60"
+    )
+    assert (job.cluster.nodes, job.cluster.min_nodes) == (3, 2)
 
 
 def test_gpu_layout_checks():

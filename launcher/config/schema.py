@@ -8,6 +8,7 @@ Checks that depend on the machine (GPUs present) live in the launch plan, not he
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -165,15 +166,29 @@ class JobConfig:
                 Path(self.script).is_file(),
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
-        world = self.cluster.nodes * (self.cluster.procs_per_node or 1)
+        fewest = self.cluster.min_nodes or self.cluster.nodes
+        per_node = self.cluster.procs_per_node or 1
+        _check(
+            fewest == self.cluster.nodes or self.train.batch_size_per_rank is None,
+            f"cluster.min_nodes={fewest} < cluster.nodes={self.cluster.nodes} with train.batch_size_per_rank="
+            f"{self.train.batch_size_per_rank}: on fewer machines the global batch would shrink and the run could "
+            "not resume; HINT: set the global batch (train.batch_size=N train.batch_size_per_rank=null)",
+        )
         if self.train.batch_size_per_rank is None and not self.doctor:  # the doctor trains nothing
-            _check(
-                self.train.batch_size % world == 0,
-                f"train.batch_size={self.train.batch_size} is not divisible by the world size {world} "
-                f"(cluster.nodes={self.cluster.nodes} x cluster.procs_per_node={self.cluster.procs_per_node}); "
-                f"HINT: use train.batch_size={_round_up(self.train.batch_size, world)} "
-                "or set train.batch_size_per_rank",
-            )
+            for nodes in range(self.cluster.nodes, fewest - 1, -1):  # every world the job may run on
+                world = nodes * per_node
+                every = math.lcm(*(n * per_node for n in range(fewest, self.cluster.nodes + 1)))
+                layout = (
+                    f"cluster.nodes={self.cluster.nodes} x cluster.procs_per_node={self.cluster.procs_per_node}"
+                    if nodes == self.cluster.nodes
+                    else f"{nodes} node(s) left under cluster.min_nodes={fewest} x {per_node} rank(s)"
+                )
+                _check(
+                    self.train.batch_size % world == 0,
+                    f"train.batch_size={self.train.batch_size} is not divisible by the world size {world} "
+                    f"({layout}); HINT: use train.batch_size={_round_up(self.train.batch_size, every)} "
+                    "or set train.batch_size_per_rank",
+                )
 
 
 def _round_up(value: int, multiple: int) -> int:

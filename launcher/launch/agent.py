@@ -38,6 +38,7 @@ def agent_config(
     local_addr: str,
     node: int = 0,
     fixed: bool = False,
+    agent_restarts: bool = True,
 ) -> LaunchConfig:
     """The elastic agent of one node: ``procs_per_node`` workers; node 0's agent hosts the rendezvous store at
     ``endpoint``.
@@ -45,7 +46,8 @@ def agent_config(
     ``fixed=False``: c10d rendezvous, elastic numbers the nodes (in the order of their addresses) and restarts
     the workers ``cluster.max_restarts`` times. ``fixed=True`` (machines named by the user: ssh hosts, by hand):
     static rendezvous, node ``node`` is group rank ``node`` (rank 0 on the first host, as listed), and the agent
-    does not restart (the ssh head restarts the whole job)."""
+    does not restart (the ssh head restarts the whole job). ``agent_restarts=False``: the head restarts the job,
+    not the agent (the ssh head; the sim head under ``cluster.min_nodes``)."""
     c = job.cluster
     join = max(1, round(c.join_timeout_s))
     return LaunchConfig(
@@ -56,7 +58,7 @@ def agent_config(
         rdzv_backend="static" if fixed else "c10d",
         rdzv_endpoint=endpoint,
         rdzv_configs={"rank": node, "timeout": join} if fixed else {"join_timeout": join, "is_host": node == 0},
-        max_restarts=0 if fixed else c.max_restarts,
+        max_restarts=c.max_restarts if agent_restarts and not fixed else 0,
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,

@@ -4,17 +4,20 @@
 Started once per node by the sim launcher (inside the node's network namespace when there is one) and by the
 ssh launcher on each host. The launcher that started the agents reports once for all nodes.
 
-``--over-ssh``: the head controls this agent through stdin (a line ``INT`` or ``TERM`` stops the job as that
-signal would; the end of input, when the head or its connection is gone, stops it as SIGTERM), and the workers'
-output goes through a pipe this agent copies to the ssh channel: when the channel breaks, lines are dropped
-(they are in the rank logs) instead of ranks failing on a broken pipe while they checkpoint. The head restarts
-the whole job itself (``cluster.max_restarts``), so this agent does not.
+``--restarts N``: the head restarts the whole job (it has done so N times: the ssh head, and the sim head under
+``cluster.min_nodes``), so this agent does not. ``--over-ssh``: the head controls this agent through stdin (a line
+``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at once: another machine is
+lost, no checkpoint can be agreed; the end of input, when the head or its connection is gone,
+stops it as SIGTERM), and the workers' output goes through a pipe this agent copies to the ssh channel: when the
+channel breaks, lines are dropped (they are in the rank logs) instead of ranks failing on a broken pipe while they
+checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import os
 import select
 import signal
@@ -23,6 +26,7 @@ import threading
 
 from ..config import load_frozen
 from ..env import HEAD_RESTARTS
+from ..exiting import children
 from ..files import no_world_writable_files
 from .agent import agent_config, run_agent
 
@@ -47,6 +51,11 @@ def stop_on_request(silent_s: float) -> None:
                 HEAD_GONE.set()
                 break
             *lines, pending = (pending + chunk).split(b"\n")
+            if b"ABORT" in lines:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
+                for pid in children(os.getpid()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                continue  # the agent sees its workers die, and ends
             stops = [line for line in lines if line in (b"INT", b"TERM")]  # other lines: heartbeats
             if stops:
                 requested = signal.SIGINT if stops[0] == b"INT" else signal.SIGTERM
@@ -102,16 +111,28 @@ def main(argv: list[str]) -> int:
     for name in ("run_dir", "nnodes", "node", "endpoint", "run_id", "addr"):
         parser.add_argument(name)
     parser.add_argument("--over-ssh", action="store_true")
-    parser.add_argument("--restarts", type=int, default=0, help="the job's restarts so far (by the ssh head)")
+    parser.add_argument(
+        "--restarts", type=int, default=None, help="the head restarts the job (this many times so far), not the agent"
+    )
     args = parser.parse_args(argv)
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
     job = load_frozen(args.run_dir)
-    os.environ[HEAD_RESTARTS] = str(args.restarts)  # the workers' DistEnv.restart_count (faults' attempt=)
+    if args.restarts is not None:
+        os.environ[HEAD_RESTARTS] = str(args.restarts)  # the workers' DistEnv.restart_count (faults' attempt=)
     if args.over_ssh:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
     node = int(args.node)
-    config = agent_config(job, int(args.nnodes), args.endpoint, args.run_id, args.addr, node, fixed=args.over_ssh)
+    config = agent_config(
+        job,
+        int(args.nnodes),
+        args.endpoint,
+        args.run_id,
+        args.addr,
+        node,
+        fixed=args.over_ssh,
+        agent_restarts=args.restarts is None,
+    )
     return run_agent(job, config, node=node, report=False)
 
 

@@ -11,6 +11,7 @@ is gone), then are terminated; then one report for the whole job names the root 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -19,6 +20,7 @@ from ..config import JobConfig, SimClusterConfig
 from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
+from ..membership import Membership
 from .agent import print_stopped, wait_agents
 from .mode import BaseMode
 from .netns import SimNetwork, check_netns_possible
@@ -50,34 +52,74 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     c = job.cluster
     if not isinstance(c, SimClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
-    run_id = uuid.uuid4().hex[:12]
+    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], c.min_nodes or c.nodes)
+    attempt = restarts = 0  # attempts so far; restarts after failures (cluster.max_restarts), not after losses
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
-        master = net.addr(0)
-        port = c.master_port or (SIM_PORT if c.netns else free_port(master))
-        agents = []
-        for node in range(c.nodes):
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
-            cmd = [
-                *net.prefix(node),
-                sys.executable,
-                "-m",
-                "launcher.launch.node",
-                job.run_dir,
-                str(c.nodes),
-                str(node),
-                f"{master}:{port}",
-                run_id,
-                net.addr(node),
-            ]
-            agents.append(subprocess.Popen(cmd, env=env))
-        codes, first = wait_agents(agents)
-        code = codes[first] if first >= 0 else 0
+        while True:
+            run_id = uuid.uuid4().hex[:12]
+            nodes = [int(name.removeprefix("node-")) for name in members.live]
+            # cluster.min_nodes: the head restarts the job (on the survivors), the agents do not
+            codes, first = run_nodes(job, c, net, nodes, run_id, attempt if members.elastic else None)
+            code = codes[first] if first >= 0 else 0
+            if code == 0 or code in STOP_CODES:
+                break
+            lost = {  # a simulated machine lost: its agent ended by a signal nobody here sent
+                f"node-{n}": f"its agent was killed by {signal.Signals(-rc).name}"
+                for n, rc in zip(nodes, codes)
+                if rc < 0
+            }
+            attempt += 1
+            if members.elastic and lost and members.change(lost):
+                continue
+            if members.elastic and restarts < c.max_restarts:
+                restarts += 1
+                print(
+                    f"launcher: restarting the job on every node from the newest checkpoint (restart {restarts} "
+                    f"of {c.max_restarts}, cluster.max_restarts)",
+                    file=sys.stderr,
+                )
+                continue
+            break
         if code in STOP_CODES:
             print_stopped(code, job.run_dir)
         elif code and not report_failures(job.run_dir, run_id):
             print(
-                f"launcher: node {first}'s agent exited with code {code} (no rank recorded a failure; "
+                f"launcher: node {nodes[first]}'s agent exited with code {code} (no rank recorded a failure; "
                 f"see {job.run_dir}/logs)",
                 file=sys.stderr,
             )
     return code if code >= 0 else 1
+
+
+def run_nodes(
+    job: JobConfig,
+    c: SimClusterConfig,
+    net: SimNetwork,
+    nodes: list[int],
+    run_id: str,
+    head_restarts: int | None,
+) -> tuple[list[int], int]:
+    """One attempt: an agent for each of ``nodes`` (simulated machines, in their namespaces), the first as the
+    master; returns ``wait_agents``'s codes and failing position. ``head_restarts``: the head restarts the job
+    (this many times so far) and the agents do not."""
+    master = net.addr(nodes[0])
+    port = c.master_port or (SIM_PORT if c.netns else free_port(master))
+    agents = []
+    for position, node in enumerate(nodes):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
+        cmd = [
+            *net.prefix(node),
+            sys.executable,
+            "-m",
+            "launcher.launch.node",
+            job.run_dir,
+            str(len(nodes)),
+            str(position),
+            f"{master}:{port}",
+            run_id,
+            net.addr(node),
+        ]
+        if head_restarts is not None:
+            cmd += ["--restarts", str(head_restarts)]
+        agents.append(subprocess.Popen(cmd, env=env))
+    return wait_agents(agents)

@@ -47,6 +47,7 @@ from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
+from ..membership import Membership
 from .agent import print_stopped, wait_agents
 from .mode import BaseMode
 from .plan import LaunchPlan
@@ -157,24 +158,57 @@ class SshMode(BaseMode):
 
 
 def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
+    members = Membership(job.run_dir, list(c.hosts), c.min_nodes or c.nodes)
+    attempt = restarts = 0  # attempts so far; restarts after failures (cluster.max_restarts), not after losses
+    lost: list[str] = []
     code = 1
-    for attempt in range(c.max_restarts + 1):
+    while True:
         try:
-            facts = check_hosts(job, c)
+            hosts, master, facts = ready_hosts(job, c, members, skip=lost, first=attempt == 0)
         except ConfigError as exc:
             if attempt == 0:
                 raise
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
-        code = run_agents(job, c, facts, uuid.uuid4().hex[:12], attempt)
-        if code == 0 or code in STOP_CODES or attempt == c.max_restarts:
+        code, lost = run_agents(job, c, hosts, master, facts, uuid.uuid4().hex[:12], attempt)
+        if code == 0 or code in STOP_CODES:
             return code
+        attempt += 1
+        why = "its ssh connection dropped while its ranks ran (the host or its link went down)"
+        if members.elastic and lost and members.change(dict.fromkeys(lost, why)):
+            continue  # on the survivors; the hosts just lost are not waited for (they may join at a later restart)
+        if restarts == c.max_restarts:
+            return code
+        restarts += 1
+        lost = []
         print(
-            f"launcher: restarting the job on every host from the newest checkpoint (restart {attempt + 1} of "
+            f"launcher: restarting the job on every host from the newest checkpoint (restart {restarts} of "
             f"{c.max_restarts}, cluster.max_restarts)",
             file=sys.stderr,
         )
-    return code
+
+
+def ready_hosts(
+    job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str], first: bool
+) -> tuple[list[str], str, list[dict]]:
+    """The hosts the next attempt runs on, their master address and their facts. The first start needs every host
+    (each failing one is named, nothing starts). A restart under ``cluster.min_nodes`` checks every listed host
+    but those in ``skip``: a running host that fails the checks is lost, one lost before that passes them joins."""
+    candidates = [h for h in members.all if h not in skip] if members.elastic else list(members.live)
+    while True:
+        master = c.master_addr if candidates[0] == members.all[0] else candidates[0]
+        results = check_hosts(job, c, candidates, master)
+        failing = {host: problems for host, (_, problems) in zip(candidates, results) if problems}
+        down = {h: f"fails the host checks: {problems[0]}" for h, problems in failing.items() if h in members.live}
+        if down and (first or not members.elastic or not members.change(down)):
+            lines = [f"  {host}: {p}" for host, problems in failing.items() for p in problems]
+            raise ConfigError(f"{len(lines)} problem(s) on the hosts, nothing started:\n" + "\n".join(lines))
+        if candidates[0] in failing:  # the master is gone: check the others again against the next one
+            candidates = [h for h in candidates if h not in failing]
+            continue
+        ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if not problems]
+        members.change({}, joined=[host for host, _ in ready if host not in members.live])
+        return [host for host, _ in ready], master, [facts for _, facts in ready]
 
 
 def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
@@ -212,9 +246,11 @@ def ssh_problem(stderr: str, host: str) -> str:
     return f"ssh failed: {said}; HINT: {hint}"
 
 
-def check_host(job: JobConfig, c: SshClusterConfig, host: str, token: str, port: str) -> tuple[dict, list[str]]:
+def check_host(
+    job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
+) -> tuple[dict, list[str]]:
     """One host's facts (``launch/probe.py``) and its problems."""
-    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, c.master_addr, port]
+    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, master, port]
     try:
         out = subprocess.run(
             ssh_command(c, host, remote_shell(c, argv)),
@@ -258,22 +294,22 @@ def check_host(job: JobConfig, c: SshClusterConfig, host: str, token: str, port:
     return facts, problems
 
 
-def check_hosts(job: JobConfig, c: SshClusterConfig) -> list[dict]:
-    """Every host in parallel, before anything starts; a ``ConfigError`` names each failing host."""
+def check_hosts(job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str) -> list[tuple[dict, list[str]]]:
+    """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
+    master, picks the port)."""
     token = uuid.uuid4().hex
     marker = token_path(job.run_dir, token)
     marker.write_text(token)
     try:
-        with ThreadPoolExecutor(len(c.hosts)) as pool:
-            ports = [str(c.master_port) if node == 0 else "-" for node in range(len(c.hosts))]
-            results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, hp[1]), zip(c.hosts, ports)))
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            ports = [str(c.master_port) if node == 0 else "-" for node in range(len(hosts))]
+            results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, master, hp[1]), zip(hosts, ports)))
     finally:
         marker.unlink(missing_ok=True)
-    failing = [f"  {host}: {p}" for host, (_, problems) in zip(c.hosts, results) for p in problems]
-    if failing:
-        raise ConfigError(f"{len(failing)} problem(s) on the hosts, nothing started:\n" + "\n".join(failing))
     unused = {
-        host: facts["gpus"] for host, (facts, _) in zip(c.hosts, results) if facts["gpus"] and not c.gpus_per_node
+        host: facts["gpus"]
+        for host, (facts, problems) in zip(hosts, results)
+        if not problems and facts["gpus"] and not c.gpus_per_node
     }
     if unused:
         print(
@@ -281,7 +317,7 @@ def check_hosts(job: JobConfig, c: SshClusterConfig) -> list[dict]:
             f"cluster.gpus_per_node=0: training on the CPU; HINT: cluster.gpus_per_node={min(unused.values())}",
             file=sys.stderr,
         )
-    return [facts for facts, _ in results]
+    return results
 
 
 class RemoteAgent:
@@ -368,42 +404,52 @@ def heartbeats(agents: list[RemoteAgent]) -> Iterator[None]:
         thread.join()
 
 
-def run_agents(job: JobConfig, c: SshClusterConfig, facts: list[dict], run_id: str, attempt: int = 0) -> int:
-    endpoint = f"{c.master_addr}:{facts[0]['port']}"
+def run_agents(
+    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, facts: list[dict], run_id: str, attempt: int
+) -> tuple[int, list[str]]:
+    """One attempt on ``hosts`` (node 0 on the first, its store at ``master``): the exit code, and the hosts whose
+    ssh connection dropped while their ranks ran."""
+    endpoint = f"{master}:{facts[0]['port']}"
     lock = threading.Lock()
     agents: list[RemoteAgent] = []
     with forwarding_stops(agents) as stops:
-        for node, host in enumerate(c.hosts):
-            addr = c.master_addr if node == 0 else (facts[node]["addr"] or host)
-            argv = [c.python, "-u", "-m", "launcher.launch.node", job.run_dir, str(c.nodes), str(node), endpoint]
+        for node, host in enumerate(hosts):
+            addr = master if node == 0 else (facts[node]["addr"] or host)
+            argv = [c.python, "-u", "-m", "launcher.launch.node", job.run_dir, str(len(hosts)), str(node), endpoint]
             argv += [run_id, addr, "--over-ssh", "--restarts", str(attempt)]
             agents.append(RemoteAgent(host, ssh_command(c, host, remote_shell(c, argv)), lock))
         if stops:  # a stop signal while the agents were being started
             for agent in agents:
                 agent.request("INT" if stops[0] == signal.SIGINT else "TERM")
         with heartbeats(agents):
-            codes, first = wait_agents([a.proc for a in agents], stop=lambda proc: request_of(agents, proc, "TERM"))
+            # a host lost: its peers' ranks hang in collectives with it and cannot checkpoint; end them at once
+            def stop(proc: subprocess.Popen) -> None:
+                lost = any(a.proc.returncode == SSH_LOST for a in agents)
+                request_of(agents, proc, "ABORT" if lost else "TERM")
+
+            codes, first = wait_agents([a.proc for a in agents], stop=stop)
     for agent in agents:
         agent.finish()
     if stops:
         print_stopped(128 + stops[0], job.run_dir)
-        return 128 + stops[0]
+        return 128 + stops[0], []
     if first < 0:
-        return 0
-    for node, code in enumerate(codes):
-        if code == SSH_LOST:
+        return 0, []
+    lost = [host for host, code in zip(hosts, codes) if code == SSH_LOST]
+    for node, host in enumerate(hosts):
+        if host in lost:
             print(
-                f"launcher: node {node} ({c.hosts[node]}): the ssh connection dropped while its ranks ran (exit 255): "
+                f"launcher: node {node} ({host}): the ssh connection dropped while its ranks ran (exit 255): "
                 "the host or its link went down",
                 file=sys.stderr,
             )
-    if not report_failures(job.run_dir, run_id) and SSH_LOST not in codes:
+    if not report_failures(job.run_dir, run_id) and not lost:
         print(
-            f"launcher: node {first}'s agent on {c.hosts[first]} exited with code {codes[first]} (no rank recorded "
+            f"launcher: node {first}'s agent on {hosts[first]} exited with code {codes[first]} (no rank recorded "
             f"a failure; see {job.run_dir}/logs)",
             file=sys.stderr,
         )
-    return codes[first] if codes[first] in STOP_CODES else 1
+    return (codes[first] if codes[first] in STOP_CODES else 1), lost
 
 
 def request_of(agents: list[RemoteAgent], proc: subprocess.Popen, what: str) -> None:

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import ranks
+from .. import membership, ranks
 from ..comm import trace
 from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
@@ -290,6 +290,7 @@ class Trainer(Checkpointing):
             wall_s=wall,
             resumed_from=self.resumed_from,
             hosts=self.hosts,
+            membership=membership.changes(self.run_dir),
         )
         if env.is_main:
             summary.write(self.run_dir)

@@ -1,0 +1,100 @@
+"""The machines a several-node job runs on, and its changes (``cluster.min_nodes``).
+
+A job started on ``cluster.nodes`` machines keeps going on fewer when machines are lost, down to
+``cluster.min_nodes``: the launcher's head (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent
+killed, its ssh connection dropped, or it fails the host checks before a restart), restarts the job on the
+survivors, and the ranks resume from the newest checkpoint on the smaller world (the global batch, and so the
+trajectory, is unchanged: ``launcher.train.saving``). A machine that answers the checks again joins at the next
+restart. Each change is one line of ``membership.jsonl`` in the run dir, written by the head; the trainer copies
+them into ``summary.json`` (``membership``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+FILE_NAME = "membership.jsonl"
+_CHECKPOINT = re.compile(r"step-(\d+)\.pt$")  # launcher.train.checkpoint's names (not imported: no torch here)
+
+
+@dataclass(frozen=True)
+class Change:
+    step: Optional[int]  # the step the new world resumes from (the newest checkpoint's); None: from the start
+    nodes_before: int
+    nodes_after: int
+    hosts_lost: list[str] = field(default_factory=list)
+    hosts_joined: list[str] = field(default_factory=list)
+    why: str = ""
+    time: float = 0.0  # when the head decided (seconds since the epoch)
+
+
+def newest_checkpoint_step(run_dir: str | Path) -> Optional[int]:
+    directory = Path(run_dir) / "checkpoints"
+    steps = [int(m.group(1)) for p in directory.glob("step-*.pt") if (m := _CHECKPOINT.search(p.name))]
+    return max(steps, default=None)
+
+
+def changes(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every change recorded in the run dir, oldest first (for ``summary.json``)."""
+    path = Path(run_dir) / FILE_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class Membership:
+    """The head's view: the nodes (host names, or ``node-K`` for simulated ones) the next attempt runs on."""
+
+    def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int) -> None:
+        self.run_dir, self.all, self.min_nodes = Path(run_dir), list(names), min_nodes
+        self.live = list(names)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < len(self.all)
+
+    def change(self, lost: dict[str, str], joined: Sequence[str] = ()) -> bool:
+        """Drop the ``lost`` nodes (name -> why) and add ``joined`` (in the listed order). True when the job goes
+        on (recorded and said); False when fewer than ``min_nodes`` would be left (nothing changes)."""
+        lost = {name: why for name, why in lost.items() if name in self.live}
+        after = [n for n in self.all if (n in self.live or n in joined) and n not in lost]
+        if not lost and after == self.live:
+            return True
+        names = ", ".join(f"{n} ({why})" for n, why in lost.items())
+        if len(after) < self.min_nodes:
+            print(
+                f"launcher: lost {names}: {len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}; "
+                "the job stops",
+                file=sys.stderr,
+            )
+            return False
+        step = newest_checkpoint_step(self.run_dir)
+        came = [n for n in after if n not in self.live]
+        record = Change(
+            step=step,
+            nodes_before=len(self.live),
+            nodes_after=len(after),
+            hosts_lost=list(lost),
+            hosts_joined=came,
+            why="; ".join([*(f"{n}: {w}" for n, w in lost.items()), *(f"{n}: answers again" for n in came)]),
+            time=time.time(),
+        )
+        with open(self.run_dir / FILE_NAME, "a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+        what = [f"lost {names}"] if lost else []
+        what += [f"{', '.join(came)} joined"] if came else []
+        start = f"the newest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
+        print(
+            f"launcher: {'; '.join(what)}: continuing on {len(after)} of {len(self.all)} nodes from {start} "
+            f"(cluster.min_nodes={self.min_nodes})",
+            file=sys.stderr,
+        )
+        self.live = after
+        return True
