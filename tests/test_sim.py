@@ -7,9 +7,11 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from helpers import plan, run_launcher
 from launcher.config import ConfigError
+from test_launch import assert_trained_once_up_to, final_state
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 
@@ -119,3 +121,52 @@ def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
         ("1", "1", "2"),
     ]
     assert all(s["allreduce"] == 10.0 for s in seen)
+
+
+def test_lost_node_the_survivors_finish_on_the_same_trajectory(tmp_path, tmp_path_factory):
+    """``cluster.min_nodes=1`` on 2 simulated nodes x 2 ranks: at step 15 node 1 is lost (its agent and its ranks
+    SIGKILLed at once, as when a machine goes away); the head restarts node 0 alone from step 10's checkpoint and it
+    finishes on 1 x 2. The trajectory is the uninterrupted 2 x 2 run's up to float32 summation order (same global
+    batches: the tolerance of test_launch's resume on another world size)."""
+    job = ("+cluster=sim", "cluster.procs_per_node=2", "train.max_steps=20", "train.checkpoint_every_steps=10")
+    fault = {"LAUNCHER_FAULT": "step=15,rank=2,signal=KILL,target=node,attempt=0"}
+    result = run_launcher(*job, "cluster.min_nodes=1", run_dir=tmp_path, env=fault)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        "launcher: lost node-1 (its agent was killed by SIGKILL): continuing on 1 of 2 nodes from the newest "
+        "checkpoint (step 10) (cluster.min_nodes=1)" in result.stderr
+    )
+    assert "resuming a 4-rank checkpoint on 2 ranks: global batch 64 as before" in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
+    [change] = summary["membership"]
+    assert change["why"] == "node-1: its agent was killed by SIGKILL"
+    assert {k: change[k] for k in ("step", "nodes_before", "nodes_after", "hosts_lost", "hosts_joined")} == {
+        "step": 10,
+        "nodes_before": 2,
+        "nodes_after": 1,
+        "hosts_lost": ["node-1"],
+        "hosts_joined": [],
+    }
+    assert_trained_once_up_to(tmp_path, 10)
+    whole = tmp_path_factory.mktemp("two-nodes")
+    again = run_launcher(*job, run_dir=whole)
+    assert again.returncode == 0, again.stderr[-3000:]
+    a, b = final_state(tmp_path), final_state(whole)
+    assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 4
+    for name in a["model"]:
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_lost_node_without_min_nodes_fails_the_job(tmp_path):
+    """The same loss with the default (``cluster.min_nodes`` = nodes): the job fails and says which rank died."""
+    result = run_launcher(
+        "+cluster=sim",
+        "cluster.procs_per_node=2",
+        "train.max_steps=20",
+        "train.checkpoint_every_steps=10",
+        run_dir=tmp_path,
+        env={"LAUNCHER_FAULT": "step=15,rank=2,signal=KILL,target=node"},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "continuing on" not in result.stderr and not (tmp_path / "membership.jsonl").exists()
