@@ -320,3 +320,41 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
     assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", out.stderr, re.M)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
+
+
+def test_machine_lost_the_job_finishes_on_the_others(machines, tmp_path):
+    """Three machines, ``cluster.min_nodes=2``: after the first checkpoint the third machine's link goes down. The
+    head names it, ends the others' ranks (stuck in collectives with it: no checkpoint can be agreed), restarts the
+    job on the first two from the newest checkpoint, and it finishes: exit 0, the change in summary.json, test
+    accuracy as without the loss. The scale-down (link down to the restart decided) stays within ssh's detection
+    (3 x 5 s keep-alives), the others' grace period (5 s) and a margin, whatever comm.timeout_s (300 s here)."""
+    args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
+    run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
+    overrides = ("cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=48")
+    head = start_head(args, run_dir, *overrides, "train.checkpoint_every_steps=20", "cluster.heartbeat_timeout_s=15")
+    try:
+        wait_first_checkpoint(head, run_dir, log)
+        subprocess.run(["ip", "-n", ALL[2], "link", "set", "eth0", "down"], check=True)
+        down = time.time()
+        assert head.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        subprocess.run(["ip", "-n", ALL[2], "link", "set", "eth0", "up"])
+        if head.poll() is None:
+            head.kill()
+        wait_nothing_left(machines, 15 + 30 + 10, sessions=False)
+        for pid in job_processes(machines):
+            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+    stderr = log.read_text()
+    assert f"launcher: node 2 ({ALL[2]}): the ssh connection dropped while its ranks ran" in stderr, stderr[-3000:]
+    assert re.search(
+        rf"launcher: lost {ALL[2]} \(its ssh connection dropped while its ranks ran \(the host or its link went "
+        rf"down\)\): continuing on 2 of 3 nodes from the newest checkpoint \(step \d+\) \(cluster.min_nodes=2\)",
+        stderr,
+    ), stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (2, 2, ALL[:2]), summary
+    [change] = summary["membership"]
+    assert (change["nodes_before"], change["nodes_after"], change["hosts_lost"]) == (3, 2, [ALL[2]]), change
+    assert change["time"] - down < 15 + 5 + 10, f"scale-down decided {change['time'] - down:.0f} s after the loss"
+    assert summary["test_accuracy"] >= 0.95, summary
+    assert summary["resumed_from"].endswith(f"step-{change['step']:08d}.pt"), summary
