@@ -327,7 +327,8 @@ def test_machine_lost_the_job_finishes_on_the_others(machines, tmp_path):
     head names it, ends the others' ranks (stuck in collectives with it: no checkpoint can be agreed), restarts the
     job on the first two from the newest checkpoint, and it finishes: exit 0, the change in summary.json, test
     accuracy as without the loss. The scale-down (link down to the restart decided) stays within ssh's detection
-    (3 x 5 s keep-alives), the others' grace period (5 s) and a margin, whatever comm.timeout_s (300 s here)."""
+    (3 x 5 s keep-alives), the others' grace period (5 s) and a margin, whatever comm.timeout_s (300 s here); the
+    others' ranks, ended by the launcher, are not blamed."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
     overrides = ("cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=48")
@@ -355,6 +356,8 @@ def test_machine_lost_the_job_finishes_on_the_others(machines, tmp_path):
     assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (2, 2, ALL[:2]), summary
     [change] = summary["membership"]
     assert (change["nodes_before"], change["nodes_after"], change["hosts_lost"]) == (3, 2, [ALL[2]]), change
-    assert change["time"] - down < 15 + 5 + 10, f"scale-down decided {change['time'] - down:.0f} s after the loss"
+    # ssh gives up after 3 unanswered keep-alives 5 s apart (15-20 s), then the others' grace period (5 s)
+    assert change["time"] - down < 20 + 5 + 10, f"scale-down decided {change['time'] - down:.0f} s after the loss"
+    assert "died with signal 9" not in stderr, "the ranks ended by the launcher were blamed"
     assert summary["test_accuracy"] >= 0.95, summary
     assert summary["resumed_from"].endswith(f"step-{change['step']:08d}.pt"), summary

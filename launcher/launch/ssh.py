@@ -443,7 +443,13 @@ def run_agents(
                 "the host or its link went down",
                 file=sys.stderr,
             )
-    if not report_failures(job.run_dir, run_id) and not lost:
+    if lost:  # the other ranks were ended by the launcher (ABORT): a report would blame them
+        print(
+            f"launcher: the ranks on the other hosts were ended (they waited for {', '.join(lost)} in collectives); "
+            f"their logs: {job.run_dir}/logs",
+            file=sys.stderr,
+        )
+    elif not report_failures(job.run_dir, run_id):
         print(
             f"launcher: node {first}'s agent on {hosts[first]} exited with code {codes[first]} (no rank recorded "
             f"a failure; see {job.run_dir}/logs)",
