@@ -12,7 +12,6 @@ them into ``summary.json`` (``membership``).
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -20,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .train.checkpoint import newest_step
+
 FILE_NAME = "membership.jsonl"
-_CHECKPOINT = re.compile(r"step-(\d+)\.pt$")  # launcher.train.checkpoint's names (not imported: no torch here)
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,6 @@ class Change:
     time: float = 0.0  # when the head decided (seconds since the epoch)
 
 
-def newest_checkpoint_step(run_dir: str | Path) -> Optional[int]:
-    directory = Path(run_dir) / "checkpoints"
-    steps = [int(m.group(1)) for p in directory.glob("step-*.pt") if (m := _CHECKPOINT.search(p.name))]
-    return max(steps, default=None)
-
-
 def changes(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every change recorded in the run dir, oldest first (for ``summary.json``)."""
     path = Path(run_dir) / FILE_NAME
@@ -52,9 +46,27 @@ def changes(run_dir: str | Path) -> list[dict[str, Any]]:
 class Membership:
     """The head's view: the nodes (host names, or ``node-K`` for simulated ones) the next attempt runs on."""
 
-    def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int) -> None:
-        self.run_dir, self.all, self.min_nodes = Path(run_dir), list(names), min_nodes
+    def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int, max_restarts: int) -> None:
+        self.run_dir, self.all, self.min_nodes, self.max_restarts = Path(run_dir), list(names), min_nodes, max_restarts
         self.live = list(names)
+        self.attempt = 0  # attempts so far (the workers' restart count: faults' attempt=)
+        self.restarts = 0  # restarts after failures, against max_restarts; losses do not count
+
+    def again(self, lost: dict[str, str], where: str) -> bool:
+        """After a failed attempt: go on without the ``lost`` nodes (name -> why) if enough are left, else restart
+        on every node while ``max_restarts`` allows (said, naming ``where``: host / node). False: the job ends."""
+        self.attempt += 1
+        if self.elastic and lost and self.change(lost):
+            return True
+        if self.restarts == self.max_restarts:
+            return False
+        self.restarts += 1
+        print(
+            f"launcher: restarting the job on every {where} from the newest checkpoint (restart {self.restarts} of "
+            f"{self.max_restarts}, cluster.max_restarts)",
+            file=sys.stderr,
+        )
+        return True
 
     @property
     def elastic(self) -> bool:
@@ -75,7 +87,7 @@ class Membership:
                 file=sys.stderr,
             )
             return False
-        step = newest_checkpoint_step(self.run_dir)
+        step = newest_step(self.run_dir / "checkpoints")
         came = [n for n in after if n not in self.live]
         record = Change(
             step=step,

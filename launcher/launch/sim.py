@@ -52,14 +52,15 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     c = job.cluster
     if not isinstance(c, SimClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
-    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], c.min_nodes or c.nodes)
-    attempt = restarts = 0  # attempts so far; restarts after failures (cluster.max_restarts), not after losses
+    # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
+    fewest = c.min_nodes or c.nodes
+    head_restarts = c.max_restarts if fewest < c.nodes else 0
+    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], fewest, head_restarts)
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
             run_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
-            # cluster.min_nodes: the head restarts the job (on the survivors), the agents do not
-            codes, first = run_nodes(job, c, net, nodes, run_id, attempt if members.elastic else None)
+            codes, first = run_nodes(job, c, net, nodes, run_id, members.attempt if members.elastic else None)
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
                 break
@@ -68,18 +69,8 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
                 for n, rc in zip(nodes, codes)
                 if rc < 0
             }
-            attempt += 1
-            if members.elastic and lost and members.change(lost):
-                continue
-            if members.elastic and restarts < c.max_restarts:
-                restarts += 1
-                print(
-                    f"launcher: restarting the job on every node from the newest checkpoint (restart {restarts} "
-                    f"of {c.max_restarts}, cluster.max_restarts)",
-                    file=sys.stderr,
-                )
-                continue
-            break
+            if not members.again(lost, "node"):
+                break
         if code in STOP_CODES:
             print_stopped(code, job.run_dir)
         elif code and not report_failures(job.run_dir, run_id):

@@ -158,49 +158,39 @@ class SshMode(BaseMode):
 
 
 def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
-    members = Membership(job.run_dir, list(c.hosts), c.min_nodes or c.nodes)
-    attempt = restarts = 0  # attempts so far; restarts after failures (cluster.max_restarts), not after losses
+    members = Membership(job.run_dir, list(c.hosts), c.min_nodes or c.nodes, c.max_restarts)
     lost: list[str] = []
     code = 1
     while True:
         try:
-            hosts, master, facts = ready_hosts(job, c, members, skip=lost, first=attempt == 0)
+            hosts, master, facts = ready_hosts(job, c, members, skip=lost)
         except ConfigError as exc:
-            if attempt == 0:
+            if members.attempt == 0:
                 raise
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
-        code, lost = run_agents(job, c, hosts, master, facts, uuid.uuid4().hex[:12], attempt)
+        code, lost = run_agents(job, c, hosts, master, facts, uuid.uuid4().hex[:12], members.attempt)
         if code == 0 or code in STOP_CODES:
             return code
-        attempt += 1
         why = "its ssh connection dropped while its ranks ran (the host or its link went down)"
-        if members.elastic and lost and members.change(dict.fromkeys(lost, why)):
-            continue  # on the survivors; the hosts just lost are not waited for (they may join at a later restart)
-        if restarts == c.max_restarts:
+        if not members.again(dict.fromkeys(lost, why), "host"):
             return code
-        restarts += 1
-        lost = []
-        print(
-            f"launcher: restarting the job on every host from the newest checkpoint (restart {restarts} of "
-            f"{c.max_restarts}, cluster.max_restarts)",
-            file=sys.stderr,
-        )
 
 
 def ready_hosts(
-    job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str], first: bool
+    job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str]
 ) -> tuple[list[str], str, list[dict]]:
     """The hosts the next attempt runs on, their master address and their facts. The first start needs every host
-    (each failing one is named, nothing starts). A restart under ``cluster.min_nodes`` checks every listed host
-    but those in ``skip``: a running host that fails the checks is lost, one lost before that passes them joins."""
-    candidates = [h for h in members.all if h not in skip] if members.elastic else list(members.live)
+    (each failing one is named, nothing starts). A restart checks the running hosts and, under
+    ``cluster.min_nodes``, those lost earlier but not in ``skip`` (just lost: not waited for): a running host that
+    fails the checks is lost (if enough are left), one lost earlier that passes them joins."""
+    candidates = [h for h in members.all if h in members.live or (members.elastic and h not in skip)]
     while True:
         master = c.master_addr if candidates[0] == members.all[0] else candidates[0]
         results = check_hosts(job, c, candidates, master)
         failing = {host: problems for host, (_, problems) in zip(candidates, results) if problems}
         down = {h: f"fails the host checks: {problems[0]}" for h, problems in failing.items() if h in members.live}
-        if down and (first or not members.elastic or not members.change(down)):
+        if down and (members.attempt == 0 or not members.elastic or not members.change(down)):
             lines = [f"  {host}: {p}" for host, problems in failing.items() for p in problems]
             raise ConfigError(f"{len(lines)} problem(s) on the hosts, nothing started:\n" + "\n".join(lines))
         if candidates[0] in failing:  # the master is gone: check the others again against the next one

@@ -41,6 +41,13 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def newest_step(directory: Path) -> Optional[int]:
+    """The step of the newest checkpoint in ``directory`` (by its name), None when there is none."""
+    found = list_checkpoints(directory)
+    match = _NAME.search(found[-1].name) if found else None
+    return int(match.group(1)) if match else None
+
+
 def _digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
