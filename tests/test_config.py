@@ -195,7 +195,7 @@ def test_ssh_hostfile_errors_name_the_line_and_fix(tmp_path, text, overrides, me
 
 def test_ssh_forwards_the_launchers_variables_and_quotes_them(monkeypatch):
     from launcher.config import SshClusterConfig
-    from launcher.launch.ssh import forwarded_env, remote_shell
+    from launcher.launch.hosts import forwarded_env, remote_shell
 
     for name, value in {
         "LAUNCHER_FAULT": "step=5,rank=3",

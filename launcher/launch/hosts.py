@@ -1,0 +1,196 @@
+"""The ssh side of ``+cluster=ssh``: the hostfile, the command a host runs (its shell prelude and forwarded
+environment), and the checks every host passes before anything starts (``launch/probe.py`` over ssh, in parallel),
+also before each restart, where under ``cluster.min_nodes`` a host failing them is lost and one passing them
+again joins (``launcher.membership``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..config import ConfigError, JobConfig, SshClusterConfig
+from ..membership import Membership
+from .probe import token_path
+
+# Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+)
+SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
+FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
+FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
+NO_CWD, SETUP_FAILED, NOT_FOUND = 97, 96, 127  # exit codes of the remote shell prelude
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """``host [slots=N]`` per line (DeepSpeed / MPI hostfiles), ``#`` comments, blank lines ignored."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"cluster.hostfile={path!r} cannot be read ({exc.strerror or exc}); HINT: a file with one host per "
+            "line, optionally 'slots=N'"
+        ) from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        slots = None
+        for extra in fields[1:]:
+            key, _, value = extra.partition("=")
+            if key != "slots" or not value.isdigit() or int(value) < 1:
+                raise ConfigError(
+                    f"cluster.hostfile={path!r} line {number}: {extra!r} is not understood; HINT: lines are "
+                    "'HOST' or 'HOST slots=N' (N >= 1)"
+                )
+            slots = int(value)
+        hosts.append((fields[0], slots))
+    return hosts
+
+
+def ready_hosts(
+    job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str]
+) -> tuple[list[str], str, list[dict]]:
+    """The hosts the next attempt runs on, their master address and their facts. The first start needs every host
+    (each failing one is named, nothing starts). A restart checks the running hosts and, under
+    ``cluster.min_nodes``, those lost earlier but not in ``skip`` (just lost: not waited for): a running host that
+    fails the checks is lost (if enough are left), one lost earlier that passes them joins."""
+    candidates = [h for h in members.all if h in members.live or (members.elastic and h not in skip)]
+    while True:
+        master = c.master_addr if candidates[0] == members.all[0] else candidates[0]
+        results = check_hosts(job, c, candidates, master)
+        failing = {host: problems for host, (_, problems) in zip(candidates, results) if problems}
+        down = {h: f"fails the host checks: {problems[0]}" for h, problems in failing.items() if h in members.live}
+        if down and (members.attempt == 0 or not members.elastic or not members.change(down)):
+            lines = [f"  {host}: {p}" for host, problems in failing.items() for p in problems]
+            raise ConfigError(f"{len(lines)} problem(s) on the hosts, nothing started:\n" + "\n".join(lines))
+        if candidates[0] in failing:  # the master is gone: check the others again against the next one
+            candidates = [h for h in candidates if h not in failing]
+            continue
+        ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if not problems]
+        members.change({}, joined=[host for host, _ in ready if host not in members.live])
+        return [host for host, _ in ready], master, [facts for _, facts in ready]
+
+
+def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
+    return ["ssh", *c.ssh_options, *SSH_OPTIONS, host, shell]
+
+
+def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
+    prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
+    names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
+    return {k: v for k, v in sorted(os.environ.items()) if k in names or k.startswith(prefixes)}
+
+
+def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
+    """The script a host runs: this directory (shared file system), ``cluster.setup``, then ``argv`` with the
+    forwarded environment. Each step that can fail exits with its own code (``NO_CWD``, ``SETUP_FAILED``,
+    ``NOT_FOUND``)."""
+    cwd = shlex.quote(os.getcwd())
+    lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
+    if c.setup:
+        lines.append("{ " + " && ".join(c.setup) + f"; }} || exit {SETUP_FAILED}")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items())
+    lines.append(f"exec env {env} {shlex.join(argv)}")
+    return "\n".join(lines)
+
+
+def ssh_problem(stderr: str, host: str) -> str:
+    """ssh's own failure (exit 255), with the fix."""
+    said = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh failed without a message"
+    if "Permission denied" in said:
+        hint = f"passwordless ssh to {host} (ssh-copy-id {host}); the launcher never answers a password prompt"
+    elif "Host key verification failed" in said:
+        hint = f"ssh {host} once to accept its host key, or cluster.ssh_options=[-o,StrictHostKeyChecking=accept-new]"
+    else:
+        hint = f"is {host} up and reachable from here? (ssh {host} true)"
+    return f"ssh failed: {said}; HINT: {hint}"
+
+
+def check_host(
+    job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
+) -> tuple[dict, list[str]]:
+    """One host's facts (``launch/probe.py``) and its problems."""
+    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, master, port]
+    try:
+        out = subprocess.run(
+            ssh_command(c, host, remote_shell(c, argv)),
+            capture_output=True,
+            text=True,
+            timeout=c.check_timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {}, [
+            f"did not answer within {c.check_timeout_s:.0f} s (cluster.check_timeout_s); HINT: is it up and "
+            "reachable? (ssh -o BatchMode=yes HOST true)"
+        ]
+    said = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+    if out.returncode == SSH_LOST:
+        return {}, [ssh_problem(out.stderr, host)]
+    if out.returncode == NO_CWD:
+        return {}, [f"no directory {os.getcwd()} there; HINT: start the launcher from a directory every host shares"]
+    if out.returncode == SETUP_FAILED:
+        return {}, [f"cluster.setup failed there ({said}); HINT: try the lines with ssh {host}"]
+    if out.returncode == NOT_FOUND:
+        return {}, [
+            f"cluster.python={c.python} is not there ({said}); HINT: the same python must exist on every host: set "
+            "cluster.python, or cluster.setup to activate an environment"
+        ]
+    if "No module named" in out.stderr:
+        return {}, [
+            f"{c.python} cannot import the launcher there ({said}); HINT: install it on every host (pip install "
+            "-e .), or reach it through PYTHONPATH (forwarded) or cluster.setup"
+        ]
+    try:
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}, [f"the check failed (exit {out.returncode}): {said or out.stdout.strip()[-300:]}"]
+    problems = list(facts["problems"])
+    if (c.gpus_per_node or 0) > facts["gpus"]:
+        problems.append(
+            f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts['gpus']} GPU(s); HINT: "
+            f"cluster.gpus_per_node={facts['gpus']}"
+        )
+    return facts, problems
+
+
+def check_hosts(job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str) -> list[tuple[dict, list[str]]]:
+    """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
+    master, picks the port)."""
+    token = uuid.uuid4().hex
+    marker = token_path(job.run_dir, token)
+    marker.write_text(token)
+    try:
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            ports = [str(c.master_port) if node == 0 else "-" for node in range(len(hosts))]
+            results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, master, hp[1]), zip(hosts, ports)))
+    finally:
+        marker.unlink(missing_ok=True)
+    unused = {
+        host: facts["gpus"]
+        for host, (facts, problems) in zip(hosts, results)
+        if not problems and facts["gpus"] and not c.gpus_per_node
+    }
+    if unused:
+        print(
+            f"launcher: warning: {', '.join(f'{h} has {n}' for h, n in unused.items())} GPU(s) but "
+            f"cluster.gpus_per_node=0: training on the CPU; HINT: cluster.gpus_per_node={min(unused.values())}",
+            file=sys.stderr,
+        )
+    return results
