@@ -173,6 +173,10 @@ class FailureLog:
             ),
         )
 
+    def others_failed(self) -> bool:
+        """Another rank of this attempt has recorded its failure (the job is ending)."""
+        return any(path != self.path for path in self.path.parent.glob("rank-*.json"))
+
     @contextlib.contextmanager
     def catching(self) -> Iterator[None]:
         """Record an exception leaving the block, then let it go on."""

@@ -61,6 +61,7 @@ def rank_main(
         freeze(job, job.run_dir)
     stop = StopRequest().install(*stop_signals)
     failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,), on_failure=stop.hold)
+    stop.failing = failures.others_failed
     elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
     elastic_errors.initialize()
     try:

@@ -99,11 +99,13 @@ def test_stuck_rank_is_detected_and_named(tmp_path):
         r"stuck: rank 1 on \S+ never reached it",
         result.stderr,
     ), result.stderr[-3000:]
-    # the stuck rank was stopped and said where it was stuck
+    # the stuck rank was stopped and said where it was stuck, at once: rank 0's failure record says no stop
+    # checkpoint can be agreed, so it does not wait the 25 s given to reach a step boundary
     rank1 = (tmp_path / "logs" / "rank-1.log").read_text()
-    assert "did not reach a step boundary" in rank1 and "in fire" in rank1
+    assert "launcher: rank was stopped by SIGTERM after another rank failed, before reaching a step boundary" in rank1
+    assert "in fire" in rank1
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt")) == ["step-00000010.pt"]
-    assert elapsed < 90
+    assert elapsed < 40
 
 
 def test_run_dir_is_not_world_writable_even_under_umask_000(tmp_path):

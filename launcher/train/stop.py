@@ -8,6 +8,8 @@ SIGINT: ``GRACE_S`` after it, the rank writes every thread's stack to its log (t
 and exits. The grace timer is started by a watcher thread woken through ``signal.set_wakeup_fd``: Python signal
 handlers only run when the main thread returns to Python, which a rank blocked inside a C++ collective never
 does. SIGUSR2 (Slurm's warning, ``cluster.signal_delay_s`` ahead) gets no timer: Slurm's own kill follows.
+When another rank has already failed (``failing()``: its failure record exists), no stop checkpoint can be agreed,
+so the stacks are written and the rank ends at once: a job with one stuck rank fails in seconds, not ``GRACE_S``.
 Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -42,8 +45,9 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    def __init__(self, grace_s: float = GRACE_S) -> None:
+    def __init__(self, grace_s: float = GRACE_S, failing: Callable[[], bool] = lambda: False) -> None:
         self.signum: Optional[int] = None
+        self.failing = failing  # True once another rank of this attempt has failed (nothing left to agree on)
         self.armed = False  # True while the training loop checks ``agreed()`` at every step
         self.grace_s = grace_s
         self._timer: Optional[threading.Timer] = None
@@ -92,7 +96,8 @@ class StopRequest:
                 sys.stderr.flush()
                 os._exit(128 + signum)
             if self._timer is None and not self._agreed:
-                self._timer = threading.Timer(self.grace_s, self._expire, args=(signum,))
+                grace_s = 0.0 if self.failing() else self.grace_s
+                self._timer = threading.Timer(grace_s, self._expire, args=(signum, grace_s))
                 self._timer.daemon = True
                 self._timer.start()
 
@@ -125,10 +130,15 @@ class StopRequest:
             return
         self.signum = signum
 
-    def _expire(self, signum: int) -> None:
+    def _expire(self, signum: int, grace_s: float) -> None:
+        why = (
+            f"did not reach a step boundary within {grace_s:.0f} s of {signal.Signals(signum).name}"
+            if grace_s
+            else f"was stopped by {signal.Signals(signum).name} after another rank failed, before reaching a step "
+            "boundary"
+        )
         print(
-            f"launcher: rank did not reach a step boundary within {self.grace_s:.0f} s of "
-            f"{signal.Signals(signum).name} (stuck in a collective or in the model?); stacks:",
+            f"launcher: rank {why} (stuck in a collective or in the model?); stacks:",
             file=sys.stderr,
             flush=True,
         )
