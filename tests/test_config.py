@@ -45,8 +45,9 @@ CASES = [
     (["+cluster=sim", "cluster.min_nodes=0"], "cluster.min_nodes=0 must be in 1..cluster.nodes=2"),
     (
         ["cluster.nodes=2", "cluster.node_rank=0", "cluster.min_nodes=1"],
-        "cluster.min_nodes=1 < cluster.nodes=2 needs a head that restarts the survivors, which machines started by "
-        "hand jobs have not; HINT: +cluster=ssh (or +cluster=sim), or drop cluster.min_nodes",
+        "cluster.min_nodes=1 < cluster.nodes=2: machines started by hand cannot go on with fewer machines (that "
+        "needs the launcher's head, +cluster=ssh or +cluster=sim, or Slurm's --nodes=MIN-MAX, +cluster=slurm); "
+        "HINT: use one of those, or drop cluster.min_nodes",
     ),
     (
         ["+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=2"],
@@ -54,8 +55,9 @@ CASES = [
         "HINT: use train.batch_size=72",
     ),
     (
-        ["+cluster=slurm", "cluster.nodes=2", "cluster.min_nodes=1"],
-        "cluster.min_nodes=1 < cluster.nodes=2 needs a head that restarts the survivors, which slurm jobs have not",
+        ["+cluster=slurm", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=63"],
+        "train.batch_size=63 is not divisible by the world size 2 (2 node(s), allowed by cluster.min_nodes=2, x 1 "
+        "rank(s)); HINT: use train.batch_size=66",
     ),
     (
         ["+cluster=sim", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.procs_per_node=1", "train.batch_size=66"],
@@ -64,7 +66,7 @@ CASES = [
     ),
     (
         ["+cluster=sim", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.procs_per_node=1", "train.batch_size=52"],
-        "train.batch_size=52 is not divisible by the world size 3 (3 node(s) left under cluster.min_nodes=3 x 1 "
+        "train.batch_size=52 is not divisible by the world size 3 (3 node(s), allowed by cluster.min_nodes=3, x 1 "
         "rank(s)); HINT: use train.batch_size=60",
     ),
     (

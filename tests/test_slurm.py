@@ -45,10 +45,10 @@ def _cannot_start() -> str | None:
 
 # the requeue path (test_preemption_twice_...) is the same code on both and takes 100 s on the netns cluster: it
 # runs on the one-host cluster only, to keep the suite under 20 minutes; rendezvous over real links is tested here
+# (our trainer and a torchrun script; a sweep's jobs meet as these do, so it runs on the one-host cluster only)
 NETNS_TOO = {
     "test_two_nodes_two_tasks_train",
     "test_slurm_env_reaches_an_unchanged_torchrun_script",
-    "test_sweep_submits_one_job_per_point",
 }
 
 
@@ -139,6 +139,49 @@ def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
     a, b = final_params(reference), final_params(preempted)
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs after requeue"
+
+
+def test_min_nodes_requeued_onto_fewer_nodes_resumes_there(slurm, tmp_path):
+    """cluster.min_nodes=1 of 2 submits ``--nodes=1-2``; the job starts on both nodes; node2 is then drained, as an
+    admin would (the job's setup line does it on the first start: no race); preempted at step 15 (SIGUSR2), the job
+    is requeued and Slurm starts it at once on node1 alone (with --nodes=2 it would wait for node2); it resumes the
+    4-rank checkpoint on 2 ranks, the launcher reports the 2 tasks of that start, and the trajectory is the one of
+    a single process taking each whole global batch, up to float32 summation order: with model=mlp that is 3e-7
+    after 40 steps (measured; a LeNet drifts to ~2e-4 from the order alone, resumed or not), so rtol 1e-4 holds."""
+    drain = '[ -n "$SLURM_RESTART_COUNT" ] || scontrol update NodeName=node2 State=DRAIN Reason=launcher-test'
+    env = {**slurm, "LAUNCHER_FAULT": "step=15,rank=1,signal=USR2,attempt=0"}
+    try:
+        result = run_launcher(
+            *TWO_BY_TWO,
+            *SHORT,
+            "model=mlp",
+            "cluster.min_nodes=1",
+            f"cluster.setup=['{drain}']",
+            run_dir=tmp_path,
+            env=env,
+        )
+    finally:
+        subprocess.run(
+            ["scontrol", "update", "NodeName=node2", "State=RESUME"], env={**os.environ, **slurm}, timeout=60
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"submitted Slurm job \d+: 2-4 task\(s\) on 1-2 node\(s\)", result.stderr), result.stderr
+    [script] = (tmp_path / "submitit").glob("*/*_submission.sh")
+    assert "#SBATCH --nodes=1-2\n" in script.read_text()
+    for nodes, ranks in ((2, 4), (1, 2)):
+        said = f"running on {nodes} node(s) of the 1-2 allowed (cluster.min_nodes, cluster.nodes): {ranks} rank(s)"
+        assert said in result.stderr, result.stderr[-3000:]
+    assert "stopped at step 16" in result.stderr and "requeued (1/3)" in result.stderr
+    assert "resuming a 4-rank checkpoint on 2 ranks: global batch 64 as before" in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 40), summary
+    assert summary["resumed_from"].endswith("step-00000016.pt")
+    alone = tmp_path / "one-process"
+    reference = run_launcher(*SHORT, "model=mlp", "cluster.procs_per_node=1", run_dir=alone)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    a, b = final_params(tmp_path), final_params(alone)
+    for name in a["model"]:
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):

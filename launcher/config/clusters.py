@@ -21,7 +21,8 @@ class ClusterConfig:
     procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU
     max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
     min_nodes: Optional[int] = None  # sim, ssh: keep training on this many machines when others are lost
-    #                                  (restart on the survivors from the newest checkpoint); null = nodes
+    #                                  (restart on the survivors from the newest checkpoint); slurm: submit with
+    #                                  --nodes=MIN-MAX (start on what is free); null = nodes
     master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
     master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
@@ -54,10 +55,11 @@ class ClusterConfig:
                 "machines the job may go on with (omit it: every machine is needed)",
             )
             _check(
-                self.min_nodes == self.nodes or (self.kind in ("sim", "ssh") and self.node_rank is None),
-                f"cluster.min_nodes={self.min_nodes} < cluster.nodes={self.nodes} needs a head that restarts the "
-                f"survivors, which {'machines started by hand' if self.node_rank is not None else self.kind} "
-                "jobs have not; HINT: +cluster=ssh (or +cluster=sim), or drop cluster.min_nodes",
+                self.min_nodes == self.nodes or (self.kind in ("sim", "ssh", "slurm") and self.node_rank is None),
+                f"cluster.min_nodes={self.min_nodes} < cluster.nodes={self.nodes}: "
+                f"{'machines started by hand' if self.node_rank is not None else self.kind + ' jobs'} cannot go on "
+                "with fewer machines (that needs the launcher's head, +cluster=ssh or +cluster=sim, or Slurm's "
+                "--nodes=MIN-MAX, +cluster=slurm); HINT: use one of those, or drop cluster.min_nodes",
             )
         _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
         _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")

@@ -181,7 +181,7 @@ class JobConfig:
                 layout = (
                     f"cluster.nodes={self.cluster.nodes} x cluster.procs_per_node={self.cluster.procs_per_node}"
                     if nodes == self.cluster.nodes
-                    else f"{nodes} node(s) left under cluster.min_nodes={fewest} x {per_node} rank(s)"
+                    else f"{nodes} node(s), allowed by cluster.min_nodes={fewest}, x {per_node} rank(s)"
                 )
                 _check(
                     self.train.batch_size % world == 0,

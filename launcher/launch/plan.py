@@ -21,6 +21,7 @@ from .mode import BaseMode
 class LaunchPlan:
     mode: str  # the chosen mode's name (launch.MODES)
     nodes: int
+    min_nodes: int  # cluster.min_nodes: the job may run on fewer machines, down to this (= nodes: never)
     procs_per_node: int
     gpus_per_node: int
     backend: str
@@ -38,7 +39,8 @@ class LaunchPlan:
         return "\n".join(
             [
                 f"mode        : {self.mode}",
-                f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}",
+                f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}"
+                + (f" (or down to {self.min_nodes} node(s): cluster.min_nodes)" if self.min_nodes < self.nodes else ""),
                 f"devices     : {devices} (backend {self.backend})",
                 f"rendezvous  : {self.rendezvous}",
                 f"max restarts: {self.max_restarts}",
@@ -76,6 +78,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     plan = LaunchPlan(
         mode=mode.name,
         nodes=c.nodes,
+        min_nodes=c.min_nodes or c.nodes,
         procs_per_node=procs,
         gpus_per_node=gpus,
         backend=backend_for(bool(gpus)) if job.comm.backend == "auto" else job.comm.backend,

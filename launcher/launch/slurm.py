@@ -8,6 +8,9 @@
   that checkpoint in the same run dir (at most ``cluster.max_requeues`` times). This replaces submitit's own
   handler, which would requeue from inside a signal handler without the other ranks agreeing on a step.
 - ``cluster.wait=true``: stream rank 0's log until the job ends, then report; the exit code is the job's.
+- ``cluster.min_nodes`` < ``cluster.nodes``: submitted with ``--nodes=MIN-MAX``, so the job starts as soon as MIN
+  nodes are free and gets as many as Slurm can give then (up to MAX); each start (a requeue too) runs
+  ``procs_per_node`` tasks on each node it got, and the job resumes its checkpoint on that world size.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, JobConfig, SlurmClusterConfig, load_frozen
+from ..config import ClusterConfig, ConfigError, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..failures import Failure
 from ..failures import report as report_failures
@@ -52,7 +55,7 @@ class SlurmMode(BaseMode):
         return "# sbatch script (submitit)\n" + sbatch_preview(job)
 
     def submit(self, plan: LaunchPlan, job: JobConfig) -> PendingJob:
-        return PendingJob(submit_slurm(plan, job), plan.world_size, job.run_dir)
+        return PendingJob(submit_slurm(plan, job), job)
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,7 @@ class PendingJob:
     """A submitted job a sweep waits for: ``done()``, then ``finish()`` reports it and gives its exit code."""
 
     submitted: Any
-    world_size: int
-    run_dir: str
+    job: JobConfig
 
     @property
     def job_id(self) -> str:
@@ -71,7 +73,7 @@ class PendingJob:
         return bool(self.submitted.done())
 
     def finish(self) -> int:
-        return report(self.submitted, self.world_size, self.run_dir)
+        return report(self.submitted, self.job)
 
 
 def executor(job: JobConfig):
@@ -82,6 +84,9 @@ def executor(job: JobConfig):
     if not isinstance(c, SlurmClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
     ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
+    additional = dict(c.extra_sbatch)
+    if may_shrink(c):
+        additional["nodes"] = node_range(c)  # replaces submitit's --nodes=MAX (extra_sbatch cannot set nodes)
     params: dict[str, Any] = dict(
         name=c.job_name,
         nodes=c.nodes,
@@ -89,7 +94,7 @@ def executor(job: JobConfig):
         cpus_per_task=c.cpus_per_task,
         timeout_min=c.time_min,
         slurm_signal_delay_s=c.signal_delay_s,
-        slurm_additional_parameters=dict(c.extra_sbatch),
+        slurm_additional_parameters=additional,
         slurm_setup=list(c.setup),
         # a rank that fails ends the job at once instead of leaving its peers waiting for collective timeouts
         slurm_srun_args=["--kill-on-bad-exit=1"],
@@ -103,6 +108,35 @@ def executor(job: JobConfig):
         params["mem_gb"] = c.mem_gb
     ex.update_parameters(**params)
     return ex
+
+
+def may_shrink(c: ClusterConfig) -> bool:
+    return (c.min_nodes or c.nodes) < c.nodes
+
+
+def node_range(c: ClusterConfig) -> str:
+    """``--nodes`` as Slurm reads it: ``MAX``, or ``MIN-MAX`` under ``cluster.min_nodes``."""
+    return f"{c.min_nodes}-{c.nodes}" if may_shrink(c) else str(c.nodes)
+
+
+def tasks_run(submitted: Any, job: JobConfig) -> int:
+    """How many tasks (ranks) the job's last start ran: ``procs_per_node`` on each node Slurm gave it (under
+    ``cluster.min_nodes`` the count comes from the accounting, ``sacct``; if it has none, ``cluster.nodes``)."""
+    c = job.cluster
+    per_node = c.procs_per_node or 1
+    if not may_shrink(c):
+        return c.nodes * per_node
+    try:
+        out = subprocess.run(
+            ["sacct", "-j", str(submitted.job_id), "-X", "-n", "-P", "-o", "NNodes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        out = []
+    nodes = int(out[-1]) if out and out[-1].isdigit() and int(out[-1]) > 0 else c.nodes
+    return nodes * per_node
 
 
 def sbatch_preview(job: JobConfig) -> str:
@@ -170,8 +204,37 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
             f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint"
         )
     write_json_atomic(count_file, {"count": count + 1})
+    # the requeue ends the job's processes, this one too (SIGTERM, SIGKILL after Slurm's KillWait): it is leaving
+    # anyway, and what follows (the log line, the node range asked again, in a child that inherits this) must not be
+    # cut short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
     log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, c.max_requeues)
+    if may_shrink(c):
+        ask_node_range_again(c, env)
+
+
+def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
+    """Slurm (22.05) keeps a requeued job at the node and task counts of its last start (2 nodes x 2 tasks stays
+    4 tasks, which need 2 nodes): ask for ``MIN-MAX`` again. The job is pending from the requeue on, and not
+    eligible to start for some seconds, so the request is in place before the scheduler looks at it."""
+    per_node = c.procs_per_node or env.local_world_size
+    update = [
+        "scontrol",
+        "update",
+        f"JobId={env.job_id}",
+        f"NumNodes={node_range(c)}",
+        f"NumTasks={(c.min_nodes or c.nodes) * per_node}",
+    ]
+    done = subprocess.run(update, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        log.warning(
+            "the requeued job keeps its %d node(s): `%s` failed (exit %d): %s",
+            env.num_nodes,
+            " ".join(update),
+            done.returncode,
+            done.stderr.strip(),
+        )
 
 
 def submit_slurm(plan: LaunchPlan, job: JobConfig):
@@ -182,8 +245,14 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
         submitted = executor(job).submit(SlurmTask(job.run_dir))
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
+    layout = f"{plan.world_size} task(s) on {plan.nodes} node(s)"
+    if plan.min_nodes < plan.nodes:
+        layout = (
+            f"{plan.min_nodes * plan.procs_per_node}-{plan.world_size} task(s) on {node_range(job.cluster)} node(s) "
+            "(cluster.min_nodes: as many nodes as are free when it starts)"
+        )
     print(
-        f"[launcher] submitted Slurm job {submitted.job_id}: {plan.world_size} task(s) on {plan.nodes} node(s)\n"
+        f"[launcher] submitted Slurm job {submitted.job_id}: {layout}\n"
         f"[launcher] rank 0 log: {rank_log_path(job.run_dir, 0)}\n"
         f"[launcher] submitit files: {submitted.paths.folder}",
         file=sys.stderr,
@@ -196,7 +265,7 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
     stream_until_done(submitted, rank_log_path(job.run_dir, 0))
-    return report(submitted, plan.world_size, job.run_dir)
+    return report(submitted, job)
 
 
 def stream_until_done(submitted, log: Path) -> None:
@@ -216,13 +285,13 @@ def stream_until_done(submitted, log: Path) -> None:
         tick.wait(POLL_S)
 
 
-def report(submitted, world_size: int, run_dir: str) -> int:
-    """0 when every task returned; else the job's failure report (``launcher.failures``): the ranks' own records,
-    and submitit's word for the tasks that ended without one (killed, or never started)."""
+def report(submitted, job: JobConfig) -> int:
+    """0 when every task of the job's last start returned; else the job's failure report (``launcher.failures``):
+    the ranks' own records, and submitit's word for the tasks that ended without one (killed, or never started)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     known = []
-    for rank in range(world_size):
+    for rank in range(tasks_run(submitted, job)):
         try:
             submitted.task(rank).result()
         except (FailedJobError, UncompletedJobError) as exc:
@@ -238,5 +307,5 @@ def report(submitted, world_size: int, run_dir: str) -> int:
             )
     if not known:
         return 0
-    report_failures(run_dir, str(submitted.job_id), known)
+    report_failures(job.run_dir, str(submitted.job_id), known)
     return 1
