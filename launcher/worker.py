@@ -63,12 +63,11 @@ def run_worker(
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
-    fewest = job.cluster.min_nodes or job.cluster.nodes
-    if env.is_main and fewest < job.cluster.nodes:  # sim, ssh after a lost machine; Slurm's --nodes=MIN-MAX
+    if env.is_main and job.cluster.fewest_nodes < job.cluster.nodes:  # sim, ssh after a loss; Slurm's MIN-MAX
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",
             env.num_nodes,
-            fewest,
+            job.cluster.fewest_nodes,
             job.cluster.nodes,
             env.world_size,
         )

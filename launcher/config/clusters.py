@@ -28,6 +28,11 @@ class ClusterConfig:
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
     gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
 
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest machines the job may run on (``cluster.min_nodes``, else every one)."""
+        return self.min_nodes or self.nodes
+
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
         if self.node_rank is not None:

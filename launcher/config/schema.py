@@ -166,7 +166,7 @@ class JobConfig:
                 Path(self.script).is_file(),
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
-        fewest = self.cluster.min_nodes or self.cluster.nodes
+        fewest = self.cluster.fewest_nodes
         per_node = self.cluster.procs_per_node or 1
         _check(
             fewest == self.cluster.nodes or self.train.batch_size_per_rank is None,

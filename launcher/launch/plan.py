@@ -78,7 +78,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     plan = LaunchPlan(
         mode=mode.name,
         nodes=c.nodes,
-        min_nodes=c.min_nodes or c.nodes,
+        min_nodes=c.fewest_nodes,
         procs_per_node=procs,
         gpus_per_node=gpus,
         backend=backend_for(bool(gpus)) if job.comm.backend == "auto" else job.comm.backend,

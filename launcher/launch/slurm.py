@@ -111,12 +111,12 @@ def executor(job: JobConfig):
 
 
 def may_shrink(c: ClusterConfig) -> bool:
-    return (c.min_nodes or c.nodes) < c.nodes
+    return c.fewest_nodes < c.nodes
 
 
 def node_range(c: ClusterConfig) -> str:
     """``--nodes`` as Slurm reads it: ``MAX``, or ``MIN-MAX`` under ``cluster.min_nodes``."""
-    return f"{c.min_nodes}-{c.nodes}" if may_shrink(c) else str(c.nodes)
+    return f"{c.fewest_nodes}-{c.nodes}" if may_shrink(c) else str(c.nodes)
 
 
 def tasks_run(submitted: Any, job: JobConfig) -> int:
@@ -224,7 +224,7 @@ def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
         "update",
         f"JobId={env.job_id}",
         f"NumNodes={node_range(c)}",
-        f"NumTasks={(c.min_nodes or c.nodes) * per_node}",
+        f"NumTasks={c.fewest_nodes * per_node}",
     ]
     done = subprocess.run(update, capture_output=True, text=True, timeout=60)
     if done.returncode:

@@ -110,7 +110,7 @@ class SshMode(BaseMode):
 
 
 def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
-    members = Membership(job.run_dir, list(c.hosts), c.min_nodes or c.nodes, c.max_restarts)
+    members = Membership(job.run_dir, list(c.hosts), c.fewest_nodes, c.max_restarts)
     lost: list[str] = []
     code = 1
     while True:

@@ -45,9 +45,10 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    def __init__(self, grace_s: float = GRACE_S, failing: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, grace_s: float = GRACE_S) -> None:
         self.signum: Optional[int] = None
-        self.failing = failing  # True once another rank of this attempt has failed (nothing left to agree on)
+        # True once another rank of this attempt has failed (nothing left to agree on); set by the rank's entry
+        self.failing: Callable[[], bool] = lambda: False
         self.armed = False  # True while the training loop checks ``agreed()`` at every step
         self.grace_s = grace_s
         self._timer: Optional[threading.Timer] = None
