@@ -133,22 +133,26 @@ def print_stopped(code: int, run_dir: str) -> None:
 
 
 def wait_agents(
-    agents: list[subprocess.Popen], stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate
+    agents: list[subprocess.Popen],
+    stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
+    at_once: tuple[int, ...] = (),
 ) -> tuple[list[int], int]:
     """Wait for the agents of a several-node job; returns every exit code (node order) and the node that failed
     first (-1: none did). After a failure the others get ``GRACE_S`` to end on their own (their collectives fail
-    fast once a peer is gone), then ``stop`` is applied to each one still running and they are waited for. An
+    fast once a peer is gone), then ``stop`` is applied to each one still running and they are waited for; after
+    an exit code in ``at_once`` (a machine lost: its peers hang in collectives with it) they get no grace. An
     agent stopped by a stop signal (exit 130 / 143) starts no grace period: the others are stopping too."""
     done: queue.SimpleQueue = queue.SimpleQueue()
     for node, agent in enumerate(agents):
         threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
     codes: list[int] = [0] * len(agents)
-    first, failed, remaining = -1, False, len(agents)
+    first, grace, remaining = -1, None, len(agents)
     while remaining:
         try:
-            node, code = done.get(timeout=GRACE_S if failed else None)
+            node, code = done.get(timeout=grace)
         except queue.Empty:
-            print(f"launcher: stopping the agents still running {GRACE_S:.0f} s after the failure", file=sys.stderr)
+            after = f"{GRACE_S:.0f} s after the failure" if grace else "at once: they wait for a lost machine"
+            print(f"launcher: stopping the agents still running {after}", file=sys.stderr)
             for agent in agents:
                 if agent.poll() is None:
                     stop(agent)
@@ -159,5 +163,8 @@ def wait_agents(
         codes[node] = code
         if code != 0 and first < 0:
             first = node
-        failed = failed or code not in (0, *STOP_CODES)
+        if code in at_once:
+            grace = 0.0
+        elif code not in (0, *STOP_CODES) and grace is None:
+            grace = GRACE_S
     return codes, first

@@ -236,7 +236,7 @@ def run_agents(
                 lost = any(a.proc.returncode == SSH_LOST for a in agents)
                 request_of(agents, proc, "ABORT" if lost else "TERM")
 
-            codes, first = wait_agents([a.proc for a in agents], stop=stop)
+            codes, first = wait_agents([a.proc for a in agents], stop=stop, at_once=(SSH_LOST,))
     for agent in agents:
         agent.finish()
     if stops:
