@@ -2,7 +2,7 @@
 
 - the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank RUN_DIR`` per rank;
 - under torchrun, or as an srun task of a user's sbatch script, ``python -m launcher`` is already one rank;
-- submitit's Slurm tasks call it through ``launcher.launch.slurm.SlurmTask``.
+- submitit's Slurm tasks call it through ``launcher.launch.slurm_task.SlurmTask``.
 
 What it does the same way for all: write the config into the run dir when it was composed here (rank 0 only),
 install the stop handling, record the first failure for the job's report (``launcher.failures``), and end the

@@ -90,7 +90,7 @@ def test_a_preemption_beyond_max_requeues_is_not_requeued_and_says_how_to_resume
     import json
 
     from launcher.env import DistEnv
-    from launcher.launch.slurm import requeue
+    from launcher.launch.slurm_task import requeue
 
     job, _ = plan("+cluster=slurm", f"cluster.max_requeues={allowed}", run_dir=tmp_path)
     if done:

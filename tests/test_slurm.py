@@ -296,7 +296,7 @@ def test_taken_store_port_is_named():
     import socket
 
     from launcher.env import DistEnv
-    from launcher.launch.slurm import check_store_port
+    from launcher.launch.slurm_task import check_store_port
 
     with socket.socket() as holder:
         holder.bind(("", 0))
