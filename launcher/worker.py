@@ -63,7 +63,7 @@ def run_worker(
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     log.info("%s, device %s, backend %s", env.describe(), device, backend)
-    if env.is_main and job.cluster.fewest_nodes < job.cluster.nodes:  # sim, ssh after a loss; Slurm's MIN-MAX
+    if env.is_main and job.cluster.may_shrink:  # sim, ssh after a loss; Slurm's --nodes=MIN-MAX
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",
             env.num_nodes,

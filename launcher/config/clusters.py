@@ -33,6 +33,11 @@ class ClusterConfig:
         """The fewest machines the job may run on (``cluster.min_nodes``, else every one)."""
         return self.min_nodes or self.nodes
 
+    @property
+    def may_shrink(self) -> bool:
+        """``cluster.min_nodes`` < ``cluster.nodes``: the job may run on fewer machines than listed."""
+        return self.fewest_nodes < self.nodes
+
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")
         if self.node_rank is not None:

@@ -169,7 +169,7 @@ class JobConfig:
         fewest = self.cluster.fewest_nodes
         per_node = self.cluster.procs_per_node or 1
         _check(
-            fewest == self.cluster.nodes or self.train.batch_size_per_rank is None,
+            not self.cluster.may_shrink or self.train.batch_size_per_rank is None,
             f"cluster.min_nodes={fewest} < cluster.nodes={self.cluster.nodes} with train.batch_size_per_rank="
             f"{self.train.batch_size_per_rank}: on fewer machines the global batch would shrink and the run could "
             "not resume; HINT: set the global batch (train.batch_size=N train.batch_size_per_rank=null)",

@@ -53,9 +53,8 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     if not isinstance(c, SimClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
-    fewest = c.fewest_nodes
-    head_restarts = c.max_restarts if fewest < c.nodes else 0
-    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], fewest, head_restarts)
+    head_restarts = c.max_restarts if c.may_shrink else 0
+    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], c.fewest_nodes, head_restarts)
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
             run_id = uuid.uuid4().hex[:12]

@@ -31,7 +31,7 @@ from ..failures import report as report_failures
 from ..logs import rank_log_path
 from .mode import BaseMode
 from .plan import LaunchPlan
-from .slurm_task import SlurmTask, may_shrink, node_range
+from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often the log is streamed and the job state polled while waiting
@@ -82,7 +82,7 @@ def executor(job: JobConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
     ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
     additional = dict(c.extra_sbatch)
-    if may_shrink(c):
+    if c.may_shrink:
         additional["nodes"] = node_range(c)  # replaces submitit's --nodes=MAX (extra_sbatch cannot set nodes)
     params: dict[str, Any] = dict(
         name=c.job_name,
@@ -112,7 +112,7 @@ def tasks_run(submitted: Any, job: JobConfig) -> int:
     ``cluster.min_nodes`` the count comes from the accounting, ``sacct``; if it has none, ``cluster.nodes``)."""
     c = job.cluster
     per_node = c.procs_per_node or 1
-    if not may_shrink(c):
+    if not c.may_shrink:
         return c.nodes * per_node
     try:
         out = subprocess.run(

@@ -39,13 +39,9 @@ class SlurmTaskMode(StartedMode):
         return 0
 
 
-def may_shrink(c: ClusterConfig) -> bool:
-    return c.fewest_nodes < c.nodes
-
-
 def node_range(c: ClusterConfig) -> str:
     """``--nodes`` as Slurm reads it: ``MAX``, or ``MIN-MAX`` under ``cluster.min_nodes``."""
-    return f"{c.fewest_nodes}-{c.nodes}" if may_shrink(c) else str(c.nodes)
+    return f"{c.fewest_nodes}-{c.nodes}" if c.may_shrink else str(c.nodes)
 
 
 class SlurmTask:
@@ -113,7 +109,7 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
     log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, c.max_requeues)
-    if may_shrink(c):
+    if c.may_shrink:
         ask_node_range_again(c, env)
 
 
