@@ -34,11 +34,14 @@ its allreduce has completed: at once for buckets already done, else just before 
 runs its next forward (a forward pre-hook per module; the model's own forward post-hook applies whatever is left).
 The tail of communication then hides behind the optimizer and the next forward. Buckets travel in chunks
 (``chunk_mb``) through a scheduler that sends the chunk the next forward needs soonest first (the first layers'
-buckets, which backward produces last); what it may send at each bucket event is a byte allowance every rank
-derives from the same measurement (the first ``WARMUP_STEPS`` synchronised passes run as in the backward mode,
-their event times and link rate agreed by one allreduce), so every rank launches the same chunks in the same
-order. Each update is one ``optimizer.step()`` over that bucket's parameters with the hyperparameters (learning
-rate...) recorded when ``step()`` was called: the same step as one optimizer over all parameters, for optimizers
+buckets, which backward produces last); at each bucket event it sends what a model of the link (one queue drained
+at the link's rate) would carry by the next event, so that later, more urgent chunks find a short queue. Every
+rank derives that model from the same measurement (the first ``WARMUP_STEPS`` synchronised passes run as in the
+backward mode, their event times and link rate agreed by one allreduce), so every rank launches the same chunks in
+the same order. When the first layer is an ``nn.Linear``, its weight gradient is computed in row blocks and each
+chunk leaves as soon as its rows exist, overtaking the second layer's chunks (tail.py). Each update is one
+``optimizer.step()`` over that bucket's parameters with the hyperparameters (learning rate...) recorded when
+``step()`` was called: the same step as one optimizer over all parameters, for optimizers
 that update each parameter on its own (``PER_PARAMETER_OPTIMIZERS``). Gradients belong to the reducer from
 backward to their update, which consumes them: ``.grad`` is None meanwhile and after, as after ``zero_grad()``.
 ``flush()`` applies everything (before evaluation, checkpoints, the end). A parameter must be read by the module
@@ -51,11 +54,14 @@ The README's "Our reducer vs torch DDP" table lists each behaviour with its pari
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -73,12 +79,24 @@ from .buckets import (
     sparse_parameters,
 )
 from .collectives import start_allreduce
+from .tail import TailLinear, tail_linear
 from .topology import Topology
 
 OVERLAPS = ("forward", "backward")
 WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first
-#                  (new connections, cold caches: measured 4x slower) are timed for the scheduler's allowances
-SLACK_CHUNKS = 2  # chunks the allowance may run ahead of the link: a few in flight, the queue stays short
+#                  (new connections, cold caches: measured 4x slower) are timed for the scheduler's model of the link
+SLACK_CHUNKS = 1  # chunks the schedule may queue past the next launch point: the link never idles, a tail
+#                  chunk waits behind at most this many
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """When the forward overlap launches chunks, agreed by every rank after warm-up (``_agree_schedule``)."""
+
+    rate: float  # bytes per second the link carries while backward computes
+    slack: float  # seconds the modelled queue may run past the next launch point (a few chunks in flight)
+    events: list[float]  # seconds from the first dense bucket event to each
+    tail: list[float] | None  # seconds to the moment each chunk of the last bucket is ready, the tail sending
 
 
 class BucketedReducer:
@@ -180,15 +198,23 @@ class BucketedReducer:
         self._hooks.append(model.register_forward_hook(functools.partial(_after_forward, me)))
         # forward overlap
         self._pool: list[tuple[int, int]] = []  # (bucket, chunk) ready to send, the next forward's needs first
-        self._sent = 0  # bytes launched in this backward
-        self._allowance: list[float] | None = None  # bytes each bucket event may have launched in total
+        self._schedule: _Schedule | None = None  # agreed after warm-up: when chunks may be launched
+        self._link_free = 0.0  # this pass, in the schedule's model: when the link has carried all launched chunks
         self._events: list[float] = []  # warm-up: each bucket event's time, then the end of its allreduces
         self._timed: list[list[float]] = []  # warm-up: per timed pass, seconds from the first event to each, the end
         self._synced = 0  # synchronised backward passes so far
         self._unclaimed = False  # buckets in flight that no step() has claimed yet
         self._hparams: list[dict] = []  # each param group's hyperparameters when step() was called
         self._waited = 0.0  # seconds waited for buckets since the last step()
+        self._tail: TailLinear | None = None  # the first layer's weight gradient sent in row blocks (tail.py)
+        self._tail_sent = 0  # chunks of the last bucket sent before its gradients were complete, this pass
+        self._early: set[int] = set()  # the tail layer's parameters whose gradients went that way this pass
+        self.early_chunks = 0  # all passes so far
         if forward:
+            last = self.buckets[-1] if self.buckets else None
+            layer = tail_linear(model, last.params) if last is not None and not last.sparse else None
+            if layer is not None:
+                self._tail = TailLinear(me, layer, int(chunk_mb * MB))
             for module in model.modules():  # each module waits for the buckets that hold its own parameters
                 mine = {self._where[id(q)][0] for q in module.parameters(recurse=False) if id(q) in self._where}
                 if mine:
@@ -203,6 +229,8 @@ class BucketedReducer:
     def describe(self) -> str:
         sizes = ", ".join(f"{mb:.2f}" for _, mb in self.layout())
         overlap = f"{self.overlap} overlap" + (f" ({self.overlap_reason})" if self.overlap_reason else "")
+        if self._tail is not None:
+            overlap += f", {self._names[id(self._tail.module.weight)]}'s gradient sent as its rows are computed"
         return (
             f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}, {overlap}"
         )
@@ -240,6 +268,8 @@ class BucketedReducer:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        if self._tail is not None:
+            self._tail.remove()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for bucket in self.buckets:
@@ -287,6 +317,10 @@ class BucketedReducer:
         self._complete([i for i in indices if self.buckets[i].update])
 
     def _on_grad(self, param: nn.Parameter) -> None:
+        if id(param) in self._early:  # its gradient went to the bucket row block by row block (tail.py)
+            if param.grad is not None:
+                self._untail(param)
+            return
         index, slot = self._where[id(param)]
         bucket = self.buckets[index]
         if bucket.update:  # a backward without a forward since step(): the update first (it consumes the old)
@@ -343,7 +377,8 @@ class BucketedReducer:
     def _arm(self) -> None:
         self._armed = True
         self._next = 0
-        self._sent = 0
+        self._link_free = 0.0
+        self._tail_sent = 0
         self._events = []
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
@@ -364,26 +399,118 @@ class BucketedReducer:
             if self.overlap == "backward" or bucket.sparse:
                 self._launch(index, bucket.buffer, sparse=bucket.sparse)
                 continue
-            self._events.append(time.perf_counter())  # one per dense bucket: the allowances' index
+            self._events.append(time.perf_counter())  # one per dense bucket: the schedule's index
             # this bucket holds earlier layers than any already ready: the next forward needs it first
-            self._pool[:0] = [(index, c) for c in range(len(bucket.chunks))]
-            self._pump(final=self._next == len(self.buckets))
+            sent = self._tail_sent if index == len(self.buckets) - 1 else 0
+            self._pool[:0] = [(index, c) for c in range(sent, len(bucket.chunks))]
+            self._pump(*self._event_window())
 
-    def _pump(self, final: bool) -> None:
-        """Send pooled chunks, most urgent first, while this event's allowance lasts (everything when final or
-        during warm-up). Depends only on the event index and agreed numbers: every rank sends the same chunks."""
-        allowance = math.inf
-        if self._scheduled and not final and self._allowance is not None:
-            allowance = self._allowance[len(self._events) - 1]
+    def _event_window(self) -> tuple[float, float]:
+        """(now, until) on the schedule's clock for this bucket event: the pooled chunks the link carries by the
+        next launch point are sent (everything at the last event, during warm-up, before the schedule is
+        agreed). Before the tail's bucket, when the tail is expected to send early, the next point is its first
+        chunk: the first layer's chunks then overtake the second layer's."""
+        schedule, event = self._schedule, len(self._events) - 1
+        if not self._scheduled or schedule is None or event + 1 >= len(schedule.events):
+            return 0.0, math.inf
+        tail = self._tail
+        if schedule.tail and event == len(schedule.events) - 2 and tail is not None and len(tail.live) == 1:
+            return schedule.events[event], schedule.tail[0]
+        return schedule.events[event], schedule.events[event + 1]
+
+    def _pump(self, now: float, until: float) -> None:
+        """Send pooled chunks, most urgent first, while the link (modelled by the schedule: one queue drained at
+        its agreed rate) would have carried them by ``until`` plus the slack. The model depends only on agreed
+        numbers and the event index: every rank sends the same chunks in the same order."""
+        schedule = self._schedule
         while self._pool:
             index, c = self._pool[0]
             chunk = self.buckets[index].chunks[c]
-            size = chunk.numel() * chunk.element_size()
-            if self._sent + size > allowance:
-                break
+            if until != math.inf and schedule is not None:
+                start = max(self._link_free, now)
+                if start + chunk.numel() * chunk.element_size() / schedule.rate > until + schedule.slack:
+                    break
             self._pool.pop(0)
-            self._sent += size
-            self._launch(index, chunk, chunk=c)
+            self._send(index, c, now)
+
+    def _send(self, index: int, c: int, now: float) -> None:
+        chunk = self.buckets[index].chunks[c]
+        if self._schedule is not None:
+            size = chunk.numel() * chunk.element_size()
+            self._link_free = max(self._link_free, now) + size / self._schedule.rate
+        self._launch(index, chunk, chunk=c)
+
+    def _tail_start(self, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
+        """The tail layer's backward begins (tail.py). In a synchronised scheduled pass where every earlier bucket
+        has had its event and every other gradient of the last bucket is in, its weight's gradient is computed
+        into the bucket and sent by chunks as its rows come: returns the weight's view (None: the plain path)."""
+        if not (self._sync and self._scheduled and self._tail is not None):
+            return None
+        if not self._armed:
+            self._arm()
+        index = len(self.buckets) - 1
+        bucket = self.buckets[index]
+        layer = self._tail.module
+        mine = [p for p in (layer.weight, layer.bias) if p is not None and id(p) in self._where]
+        if self._next != index or bucket.update or self._unclaimed or bucket.pending != len(mine):
+            return None
+        if layer.bias is not None and id(layer.bias) in self._where:
+            assert bias_grad is not None
+            torch.div(bias_grad, self.world_size, out=bucket.views[self._where[id(layer.bias)][1]])
+        self._early = {id(p) for p in mine}
+        return bucket.views[self._where[id(layer.weight)][1]]
+
+    def _tail_rows(self, rows: int, block: torch.Tensor) -> None:
+        """The tail weight's gradient rows up to ``rows`` are computed (``block`` the last of them, not yet
+        averaged): send every chunk of the last bucket they complete."""
+        block.div_(self.world_size)
+        index = len(self.buckets) - 1
+        bucket = self.buckets[index]
+        weight = bucket.views[self._where[id(bucket.params[-1])][1]]
+        done = weight.data_ptr() + rows * weight.stride(0) * weight.element_size()  # the bucket is filled below
+        schedule, sent = self._schedule, self._tail_sent
+        times = schedule.tail if schedule is not None and schedule.tail else [0.0] * len(bucket.chunks)
+        while self._tail_sent < len(bucket.chunks):
+            chunk = bucket.chunks[self._tail_sent]
+            if chunk.data_ptr() + chunk.numel() * chunk.element_size() > done:
+                break
+            self._send(index, self._tail_sent, times[self._tail_sent])
+            self._tail_sent += 1
+            self.early_chunks += 1
+        if sent < self._tail_sent and schedule is not None and schedule.tail:  # then what fits until the next
+            last = self._tail_sent - 1
+            self._pump(times[last], times[last + 1] if last + 1 < len(times) else schedule.events[-1])
+
+    def _untail(self, param: nn.Parameter) -> None:
+        """The tail layer's ``param`` got a gradient from outside its module too (read in a parent's forward, say),
+        after its chunks left: once they are reduced, that part is reduced alone and added, the same on every
+        rank (the same model); later passes take the plain path."""
+        assert self._tail is not None or not self._early
+        index, slot = self._where[id(param)]
+        extra = param.grad / self.world_size
+        param.grad = None
+        for future in self.buckets[index].futures:  # kept: step() claims the bucket by them
+            future.wait()
+        start_allreduce(extra, self.topology, self.hierarchical).wait()
+        self.buckets[index].views[slot].add_(extra)
+        if self._tail is not None:
+            warnings.warn(
+                f"{self._names[id(param)]} is read outside its module too: its gradient is no longer sent as its "
+                "rows are computed (the forward overlap goes on without that); HINT: read a layer's parameters "
+                "only in its own forward to keep it",
+                stacklevel=2,
+            )
+            self._tail.remove()
+            self._tail = None
+            if self._schedule is not None:
+                self._schedule = dataclasses.replace(self._schedule, tail=None)
+
+    def _tail_end(self) -> None:
+        """The tail weight's gradient is complete: the last bucket's event sends what is left."""
+        bucket = self.buckets[-1]
+        bucket.seen |= self._early
+        bucket.pending -= len(self._early)
+        self._launch_ready()
 
     def _launch(self, index: int, tensor: torch.Tensor, sparse: bool = False, chunk: int | None = None) -> None:
         bucket = self.buckets[index]
@@ -409,6 +536,7 @@ class BucketedReducer:
 
     def _finish_backward(self) -> None:
         self._armed = False
+        self._early = set()
         unseen = [(b, i, p) for b in self.buckets if b.pending for i, p in enumerate(b.params) if id(p) not in b.seen]
         if unseen and not self.find_unused_parameters:
             self._used.clear()
@@ -422,7 +550,7 @@ class BucketedReducer:
         for bucket in self.buckets:
             bucket.pending = 0
         self._launch_ready()
-        self._pump(final=True)  # whatever is still pooled (the last bucket may have been a sparse one)
+        self._pump(0.0, math.inf)  # whatever is still pooled (the last bucket may have been a sparse one)
         # after the buckets: on a rank whose unused parameter held a bucket back, that bucket was launched just
         # now, on another during backward; the default group must see one order on every rank
         used = self._start_used_map() if self.find_unused_parameters else None
@@ -443,22 +571,44 @@ class BucketedReducer:
             self._events.append(time.perf_counter())
             self._timed.append([t - self._events[0] for t in self._events[1:]])
             if self._synced == WARMUP_STEPS:
-                self._agree_allowance()
+                self._agree_schedule()
 
-    def _agree_allowance(self) -> None:
-        """From the timed warm-up passes (everything sent at once): when each bucket event came and when the last
-        allreduce ended, the slowest rank's (one allreduce); of the passes, the one whose allreduces ended first
-        (an underestimated rate would leave the link idle during backward). Hence the link's rate while backward
-        computes and the bytes it can carry until each next event. Every rank computes the same allowances."""
+    def _agree_schedule(self) -> None:
+        """From the timed warm-up passes (every bucket sent whole at its event): when each dense bucket event came
+        and when the last allreduce ended, the slowest rank's (one allreduce); of the passes, the one whose
+        allreduces ended first. The link's rate: the link as one queue, the end is when it had carried, after
+        some event, all bytes from that event on; the rate is the largest such bytes / time (a link idle while
+        backward computes does not lower it). Every rank computes the same schedule."""
         times = torch.tensor(self._timed, dtype=torch.float64)
         self._timed = []
         if self.world_size > 1:
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        *gaps, end = times[int(times[:, -1].argmin())].tolist()
-        total = sum(c.numel() * c.element_size() for b in self.buckets for c in b.chunks)
-        rate = total / max(end, 1e-6)
-        slack = SLACK_CHUNKS * max((c.numel() * c.element_size() for b in self.buckets for c in b.chunks), default=0)
-        self._allowance = [rate * t + slack for t in gaps] + [math.inf]
+        *later, end = times[int(times[:, -1].argmin())].tolist()
+        events = [0.0, *later]
+        dense = [b for b in self.buckets if not b.sparse]
+        sizes = [sum(c.numel() * c.element_size() for c in b.chunks) for b in dense]
+        rate = max(sum(sizes[k:]) / max(end - t, 1e-6) for k, t in enumerate(events))
+        chunk = max(c.numel() * c.element_size() for b in dense for c in b.chunks)
+        tail = None
+        if self._tail is not None and len(events) >= 2:
+            # the tail's chunks leave while the last bucket's event is computed: their times, interpolated
+            # between the two last events by the share of the tail weight's rows each one needs
+            before, last = events[-2], events[-1]
+            tail = [before + share * (last - before) for share in self._tail_shares()]
+        self._schedule = _Schedule(rate, SLACK_CHUNKS * chunk / rate, events, tail)
+
+    def _tail_shares(self) -> list[float]:
+        """Per chunk of the last bucket: the share of the tail weight's rows computed when it can be sent."""
+        assert self._tail is not None
+        bucket = self.buckets[-1]
+        weight = bucket.views[self._where[id(bucket.params[-1])][1]]
+        row, rows, block = weight.stride(0) * weight.element_size(), weight.shape[0], self._tail.rows
+        shares = []
+        for chunk in bucket.chunks:
+            end = chunk.data_ptr() + chunk.numel() * chunk.element_size() - weight.data_ptr()  # bytes into weight
+            needed = max(1, -(-end // row))
+            shares.append(min(rows, -(-needed // block) * block) / rows)
+        return shares
 
     def _wait(self, indices: Sequence[int] | range) -> None:
         """Wait for these buckets' allreduces (gradients averaged in place; sparse ones bound to ``.grad``)."""

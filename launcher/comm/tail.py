@@ -1,0 +1,130 @@
+"""The tail of the forward overlap: its first chunks sent while backward still computes them.
+
+Backward produces the first layer's weight gradient last, and the next forward needs that layer first: its
+allreduce is the one piece of communication nothing after backward can hide (bench/README.md, "the tail"). When
+that layer is an ``nn.Linear``, the reducer replaces its ``forward`` (``TailLinear``, removed by ``close()``) by one
+autograd Function whose backward computes the weight gradient in row blocks of about a chunk each, straight into
+the bucket, and hands every chunk to the link the moment its rows exist: the first chunks travel while the later
+rows are still being computed.
+
+- Which layer: the ``nn.Linear`` (that class exactly) whose weight is the last parameter of the last bucket, its
+  bias (if trained) in the same bucket, both held by no other module.
+- The weight gradient is computed in the same row blocks in every backward, sent early or not, so a pass that
+  sends early gives the same bits as one that does not (a resumed run stays bit-identical to an uninterrupted one);
+  the input's and the bias's gradients are F.linear's. To float tolerance, these equal F.linear's.
+- Whether a backward sends early is the reducer's decision when it begins (``BucketedReducer._tail_start``): only
+  in a synchronised forward-overlap pass, once every other gradient of the last bucket has arrived, and only when
+  the layer's graph is the only one alive (the layer called twice in a forward, two forwards' graphs alive, a
+  second backward through a retained graph: the plain path). Otherwise the Function returns its gradients to
+  autograd as F.linear would.
+- A weight (or bias) read outside its module too gets that part of its gradient through autograd, after its early
+  chunks left: the reducer reduces that part on its own, adds it, and stops sending that layer early (a warning).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from .reducer import BucketedReducer
+
+
+class _Pass:
+    """One call's mark: alive while that call's graph is and its backward has not run."""
+
+    def __init__(self) -> None:
+        self.plain = False  # another call's graph was alive beside this one: the plain path
+
+
+class TailLinear:
+    """Installed as ``module.forward`` of the tail layer; forwards without gradients run ``F.linear`` itself."""
+
+    def __init__(self, reducer: weakref.ref[BucketedReducer], module: nn.Linear, chunk_bytes: int) -> None:
+        self.reducer, self.module = reducer, module
+        row_bytes = module.in_features * module.weight.element_size()
+        self.rows = max(1, chunk_bytes // row_bytes)  # per block: about one chunk
+        self.live: weakref.WeakSet[_Pass] = weakref.WeakSet()
+        module.forward = self  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        if self.module.__dict__.get("forward") is self:
+            del self.module.forward
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if not (torch.is_grad_enabled() and m.weight.requires_grad) or torch.is_autocast_enabled(input.device.type):
+            return F.linear(input, m.weight, m.bias)
+        mark = _Pass()
+        self.live.add(mark)
+        return _RowBlockLinear.apply(input, m.weight, m.bias, self, mark)
+
+    def start(self, mark: _Pass, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
+        """The backward of the forward ``mark`` begins: the bucket view to compute the weight gradient into, rows
+        sent as they come (None: the plain path)."""
+        if len(self.live) > 1:  # the layer called twice, two forwards' graphs alive...: all of them plain
+            for other in self.live:
+                other.plain = True
+        alone = mark in self.live and not mark.plain
+        self.live.discard(mark)
+        reducer = self.reducer()
+        return reducer._tail_start(bias_grad) if alone and reducer is not None else None
+
+
+class _RowBlockLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, owner: TailLinear, mark: _Pass):
+        ctx.save_for_backward(input, weight)
+        ctx.owner, ctx.mark, ctx.has_bias = owner, mark, bias is not None
+        return F.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, weight = ctx.saved_tensors
+        owner: TailLinear = ctx.owner
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad2 = grad.reshape(-1, grad.shape[-1])
+        input2 = input.reshape(-1, input.shape[-1])
+        grad_bias = grad2.sum(0) if ctx.has_bias and need_bias else None
+        into = owner.start(ctx.mark, grad_bias) if need_weight else None
+        grad_weight = into if into is not None else torch.empty_like(weight) if need_weight else None
+        if grad_weight is not None:
+            rows = weight.shape[0]
+            for first in range(0, rows, owner.rows):
+                last = min(rows, first + owner.rows)
+                block = grad_weight[first:last]
+                torch.mm(grad2[:, first:last].t(), input2, out=block)
+                if into is not None:
+                    reducer = owner.reducer()
+                    assert reducer is not None  # it said yes in start() and holds its own state since
+                    reducer._tail_rows(last, block)
+        grad_input = grad.matmul(weight) if need_input else None
+        if into is not None:
+            reducer = owner.reducer()
+            assert reducer is not None
+            reducer._tail_end()
+            return grad_input, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
+def tail_linear(model: nn.Module, last: list[nn.Parameter]) -> nn.Linear | None:
+    """The layer whose weight gradient may be sent in row blocks: an ``nn.Linear`` whose weight is the last of
+    ``last`` (the last bucket's parameters), its trained bias among them, neither held by another module."""
+    weight = last[-1]
+    holders = [m for m in model.modules() if any(q is weight for q in m.parameters(recurse=False))]
+    if len(holders) != 1 or type(holders[0]) is not nn.Linear or holders[0].weight is not weight:
+        return None
+    layer = holders[0]
+    bias = layer.bias
+    if bias is not None and bias.requires_grad:
+        if not any(q is bias for q in last):
+            return None
+        if sum(any(q is bias for q in m.parameters(recurse=False)) for m in model.modules()) != 1:
+            return None
+    if weight.dim() != 2 or weight.is_sparse:
+        return None
+    return layer
