@@ -319,7 +319,7 @@ class BucketedReducer:
     def _on_grad(self, param: nn.Parameter) -> None:
         if id(param) in self._early:  # its gradient went to the bucket row block by row block (tail.py)
             if param.grad is not None:
-                self._untail(param)
+                self._untail(param, param.grad)
             return
         index, slot = self._where[id(param)]
         bucket = self.buckets[index]
@@ -481,13 +481,12 @@ class BucketedReducer:
             last = self._tail_sent - 1
             self._pump(times[last], times[last + 1] if last + 1 < len(times) else schedule.events[-1])
 
-    def _untail(self, param: nn.Parameter) -> None:
+    def _untail(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         """The tail layer's ``param`` got a gradient from outside its module too (read in a parent's forward, say),
         after its chunks left: once they are reduced, that part is reduced alone and added, the same on every
         rank (the same model); later passes take the plain path."""
-        assert self._tail is not None or not self._early
         index, slot = self._where[id(param)]
-        extra = param.grad / self.world_size
+        extra = grad / self.world_size
         param.grad = None
         for future in self.buckets[index].futures:  # kept: step() claims the bucket by them
             future.wait()
