@@ -218,8 +218,8 @@ def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_
     same samples whatever the world size (rank r takes positions r, r + W, ... of the epoch's permutation, so a
     global batch is one contiguous block of it), so only float32 summation order differs (per-rank means of 16 or
     32 samples averaged over 4 or 2 ranks, vs one mean of 64): ~1e-7 relative per step, grown by 20 steps of SGD
-    with momentum; the tolerance (rtol 1e-4, atol 1e-5) is 100x what that gives and far below what one different
-    sample would."""
+    with momentum, up to 2e-5 absolute on a near-zero conv weight on some CPUs (vectorised sums differ); the
+    tolerance (rtol 1e-4, atol 5e-5) is far below what one different sample would give."""
     job = ("train.checkpoint_every_steps=10", "train.log_every_steps=5")
     first = run_launcher(*job, "train.max_steps=10", "cluster.procs_per_node=4", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -235,7 +235,9 @@ def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_
     a, b = final_state(tmp_path), final_state(whole)
     assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 1
     for name in a["model"]:
-        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(
+            a["model"][name], b["model"][name], rtol=1e-4, atol=5e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_killed_rank_is_named_with_its_signal(tmp_path):
@@ -299,7 +301,8 @@ def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path, tmp_path_factory):
     resumed = run_launcher(*job, "train.max_steps=20", run_dir=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"(kept from the checkpoint this run resumes): {layout.group(2)}" in resumed.stderr, resumed.stderr[-2000:]
-    assert ", forward overlap;" in resumed.stderr
+    # the first layer's gradient sent early in the uninterrupted run, not in the resumed one's warm-up: same bits
+    assert ", forward overlap, net.1.weight's gradient sent as its rows are computed;" in resumed.stderr
     whole = tmp_path_factory.mktemp("whole")
     cap = torch.load(tmp_path / "checkpoints" / "step-00000010.pt", weights_only=True)["bucket_cap_mb"]
     again = run_launcher(*job, "train.max_steps=20", f"comm.bucket_cap_mb={cap!r}", run_dir=whole)
