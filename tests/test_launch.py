@@ -39,6 +39,16 @@ def assert_trained_once_up_to(run_dir, step):
     assert max(steps) > step, steps
 
 
+def assert_same_trajectory(a, b):
+    """Two runs' final models equal up to float32 summation order: rtol 1e-4, atol 5e-5 (2e-5 seen on a near-zero
+    conv weight after 20 steps of SGD with momentum on some CPUs, whose vectorised sums differ); one different
+    sample would give far more."""
+    for name in a["model"]:
+        torch.testing.assert_close(
+            a["model"][name], b["model"][name], rtol=1e-4, atol=5e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
+
+
 def final_state(run_dir):
     path = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
     return torch.load(path, weights_only=True)
@@ -218,8 +228,7 @@ def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_
     same samples whatever the world size (rank r takes positions r, r + W, ... of the epoch's permutation, so a
     global batch is one contiguous block of it), so only float32 summation order differs (per-rank means of 16 or
     32 samples averaged over 4 or 2 ranks, vs one mean of 64): ~1e-7 relative per step, grown by 20 steps of SGD
-    with momentum, up to 2e-5 absolute on a near-zero conv weight on some CPUs (vectorised sums differ); the
-    tolerance (rtol 1e-4, atol 5e-5) is far below what one different sample would give."""
+    with momentum (``assert_same_trajectory``)."""
     job = ("train.checkpoint_every_steps=10", "train.log_every_steps=5")
     first = run_launcher(*job, "train.max_steps=10", "cluster.procs_per_node=4", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -234,10 +243,7 @@ def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_
     assert again.returncode == 0, again.stderr
     a, b = final_state(tmp_path), final_state(whole)
     assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 1
-    for name in a["model"]:
-        torch.testing.assert_close(
-            a["model"][name], b["model"][name], rtol=1e-4, atol=5e-5, msg=lambda m, name=name: f"{name}: {m}"
-        )
+    assert_same_trajectory(a, b)
 
 
 def test_killed_rank_is_named_with_its_signal(tmp_path):

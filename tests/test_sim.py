@@ -7,11 +7,10 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 
 from helpers import plan, run_launcher
 from launcher.config import ConfigError
-from test_launch import assert_trained_once_up_to, final_state
+from test_launch import assert_same_trajectory, assert_trained_once_up_to, final_state
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 
@@ -155,5 +154,4 @@ def test_lost_node_the_survivors_finish_on_the_same_trajectory(tmp_path, tmp_pat
     assert again.returncode == 0, again.stderr[-3000:]
     a, b = final_state(tmp_path), final_state(whole)
     assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 1
-    for name in a["model"]:
-        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_trajectory(a, b)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from helpers import REPO, run_launcher
+from test_launch import assert_same_trajectory
 from test_root_cause import MESSAGES, REPEAT, expect_root_cause, job_args, run_watched
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
@@ -188,8 +189,7 @@ def test_min_nodes_requeued_onto_fewer_nodes_resumes_there(slurm, tmp_path):
     reference = run_launcher(*SHORT, "model=mlp", "cluster.procs_per_node=1", run_dir=alone)
     assert reference.returncode == 0, reference.stderr[-3000:]
     a, b = final_params(tmp_path), final_params(alone)
-    for name in a["model"]:
-        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_trajectory(a, b)
 
 
 def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):
