@@ -1,6 +1,6 @@
 """Overlap benchmark: does our reducer hide communication at its DEFAULTS where the link is the bottleneck?
 
-    sudo python bench/overlap.py [--steps 8] [--json PATH]
+    sudo python bench/overlap.py [--steps 8] [--json PATH] [--trace PREFIX]
 
 Two network namespaces, one gloo rank each, joined by a 1 Gbit link (tbf, burst 2mbit: with a burst under ~64 KB
 tbf splits every segment and the CPU becomes the bottleneck). A 6 x Linear(1024, 1024) MLP (25 MB of gradients).
@@ -23,6 +23,11 @@ medians of the per-step times:
                  bound: computation and the link's traffic share 2 cores)
 
 exposed_ratio = (step_ms - compute_ms) / comm_ms: 1.0 hides nothing, 0.0 hides everything.
+
+--trace PREFIX: after the timed runs of each level, TRACED more steps of ours-default under ``comm.trace``'s
+recorder, written as PREFIX-1x.json / PREFIX-2x.json (Chrome trace: chrome://tracing, ui.perfetto.dev), and a
+summary per level (rank 0, medians over the steps): when the first layer's bucket (the last one sent) was reduced
+after backward returned, and what the next forward waited for each bucket.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.comm import Topology
 from launcher.comm.policy import bucket_cap_mb, measure_link
 from launcher.comm.reducer import MB, BucketedReducer
+from launcher.comm.trace import Tracer, span, write_trace
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork
 from launcher.rendezvous import process_group
@@ -61,6 +67,7 @@ VARIANTS = (
     "ours-default",
 )
 RUN = 4  # consecutive steps of one variant per timed repetition
+TRACED = 6  # steps of ours-default recorded per level with --trace
 
 
 def mlp() -> nn.Module:
@@ -197,6 +204,8 @@ def worker(args: argparse.Namespace) -> None:
                         "comm_process_cpu_ms": comm_process_cpu_s * 1e3,
                     }
                 )
+            if args.trace:
+                results[-1]["trace"] = trace_steps(env.rank, ours_model, ours, x, f"{args.trace}-{factor}x.json")
             ours.flush()
             ours.close()
             back.close()
@@ -208,15 +217,63 @@ def worker(args: argparse.Namespace) -> None:
             )
 
 
+def trace_steps(rank: int, model: nn.Module, reducer: BucketedReducer, x: torch.Tensor, path: str) -> dict:
+    """TRACED steps of ``model`` under the recorder, both ranks' events merged into ``path`` by rank 0; rank 0's
+    summary: per step, ms from backward's return to the end of the last bucket's last chunk, and ms the next
+    forward waited for each bucket (medians)."""
+    tracer = Tracer(rank)
+    dist.barrier()
+    with tracer.activate():
+        for _ in range(TRACED):
+            for p in model.parameters():
+                p.grad = None
+            with span("forward", "step"):
+                loss = model(x).pow(2).mean()
+            with span("backward", "step"):
+                loss.backward()
+            with span("optimizer", "step"):
+                reducer.step()
+        reducer.flush()
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, tracer.trace_events())
+    if rank != 0:
+        return {}
+    write_trace(path, everyone)
+    mine = [e for e in tracer.events if e["ph"] == "X"]
+    last = f"bucket {len(reducer.buckets) - 1}"
+    returns = [e["ts"] + e["dur"] for e in mine if e["name"] == "backward"]
+    forwards = [e for e in mine if e["name"] == "forward"]
+    after: list[float] = []
+    waits: dict[str, list[float]] = {}
+    for step, returned in enumerate(returns[:-1]):  # each but the last: its next forward is traced too
+        ends = [e["ts"] + e["dur"] for e in mine if e["name"] == last and e["ts"] < returned]
+        after.append(max(0.0, max(ends, default=returned) - returned) / 1e3)
+        begin, finish = forwards[step + 1]["ts"], forwards[step + 1]["ts"] + forwards[step + 1]["dur"]
+        for e in mine:
+            if e["name"].startswith("await bucket") and begin <= e["ts"] < finish:
+                waits.setdefault(e["name"].removeprefix("await "), []).append(e["dur"] / 1e3)
+    return {
+        "path": path,
+        "last_bucket_done_after_backward_ms": statistics.median(after),
+        "forward_waited_ms": {  # a step that waited for nothing counts as 0
+            k: statistics.median(v + [0.0] * (len(after) - len(v))) for k, v in sorted(waits.items())
+        },
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
+    trace = ["--trace", str(args.trace.resolve())] if args.trace else []
     with SimNetwork(2, netns=True, link_gbit=1.0, burst="2mbit") as net:
-        return run_in_namespaces(net, [(0, 0), (1, 0)], 1, PORT, [__file__, "--worker", "--steps", str(args.steps)])
+        return run_in_namespaces(
+            net, [(0, 0), (1, 0)], 1, PORT, [__file__, "--worker", "--steps", str(args.steps), *trace]
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help=f"timed runs of {RUN} steps per variant")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--trace", type=Path, help="write ours-default's timelines as PREFIX-1x.json, PREFIX-2x.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -259,6 +316,15 @@ def main() -> None:
             ],
         )
     )
+    for r in rows:
+        if r.get("trace"):
+            t = r["trace"]
+            waited = ", ".join(f"{k} {v:.1f}" for k, v in t["forward_waited_ms"].items()) or "nothing"
+            print(
+                f"# trace {r['factor']}x ({t['path']}; rank 0, medians of {TRACED - 1} steps): the last bucket reduced "
+                f"{t['last_bucket_done_after_backward_ms']:.1f} ms after backward returned; the next forward waited "
+                f"(ms) for {waited}"
+            )
     if args.json:
         args.json.write_text(
             json.dumps(
