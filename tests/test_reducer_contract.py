@@ -12,6 +12,7 @@ one verdict per scenario and rank; each test case reads its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import traceback
 import warnings
@@ -335,16 +336,22 @@ def overlapped_training(kind, topo, rank, make_optimizer, steps=8, model_fn=deep
     return history
 
 
+def sgd_momentum_weight_decay(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+
 @scenario
 def forward_overlap_sgd_momentum_weight_decay(kind, topo, rank):
-    return overlapped_training(
-        kind, topo, rank, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)
-    )
+    return overlapped_training(kind, topo, rank, sgd_momentum_weight_decay)
 
 
 @scenario
 def forward_overlap_adamw(kind, topo, rank):
-    return overlapped_training(kind, topo, rank, lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1))
+    return overlapped_training(kind, topo, rank, adamw)
 
 
 class WideFirst(nn.Module):
@@ -377,12 +384,7 @@ def sends_the_tail_early(reducer):
 def forward_overlap_tail_sent_by_row_blocks(kind, topo, rank):
     """The first layer's weight gradient computed in row blocks, each chunk sent as its rows exist: the same step."""
     return overlapped_training(
-        kind,
-        topo,
-        rank,
-        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
-        model_fn=WideFirst,
-        check=sends_the_tail_early,
+        kind, topo, rank, sgd_momentum_weight_decay, model_fn=WideFirst, check=sends_the_tail_early
     )
 
 
@@ -393,14 +395,8 @@ def sends_nothing_early(reducer):
 @scenario
 def forward_overlap_tail_layer_called_twice(kind, topo, rank):
     """Two calls' graphs alive in one backward: the plain path, the same step."""
-    return overlapped_training(
-        kind,
-        topo,
-        rank,
-        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
-        model_fn=lambda: WideFirst(twice=True),
-        check=sends_nothing_early,
-    )
+    twice = functools.partial(WideFirst, twice=True)
+    return overlapped_training(kind, topo, rank, adamw, model_fn=twice, check=sends_nothing_early)
 
 
 def stopped_sending_early(reducer):
@@ -414,13 +410,9 @@ def forward_overlap_tail_weight_read_outside_its_module(kind, topo, rank):
     chunks left, is reduced alone and added (the same step); later passes take the plain path, with a warning."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        outside = functools.partial(WideFirst, outside=True)
         history = overlapped_training(
-            kind,
-            topo,
-            rank,
-            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-            model_fn=lambda: WideFirst(outside=True),
-            check=stopped_sending_early,
+            kind, topo, rank, sgd_momentum_weight_decay, model_fn=outside, check=stopped_sending_early
         )
     if kind != "ddp":
         messages = [str(w.message) for w in caught if "outside its module" in str(w.message)]
