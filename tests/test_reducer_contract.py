@@ -12,6 +12,7 @@ one verdict per scenario and rank; each test case reads its own.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import traceback
@@ -376,6 +377,10 @@ class WideFirst(nn.Module):
 
 def sends_the_tail_early(reducer):
     assert "first.weight's gradient sent as its rows are computed" in reducer.describe(), reducer.describe()
+    # a deep copy of the model (an EMA model, say) has nn.Linear's forward: it sends nothing into our buckets
+    clone, x = copy.deepcopy(reducer.model), torch.randn(3, 6)
+    assert clone.first.forward.__func__ is nn.Linear.forward, clone.first.forward
+    torch.testing.assert_close(clone(x), reducer.model(x))
     # 5 passes after warm-up, 4 chunks each (the first two before the last row block is computed)
     assert reducer.early_chunks == 20, reducer.early_chunks
 

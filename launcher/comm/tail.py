@@ -23,7 +23,9 @@ rows are still being computed.
 
 from __future__ import annotations
 
+import types
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,6 +57,11 @@ class TailLinear:
         if self.module.__dict__.get("forward") is self:
             del self.module.forward
 
+    def __reduce__(self):
+        """Deep-copied (or pickled) with its module, the copy's forward is nn.Linear's own: this one belongs to
+        the reducer, and a copy must not send into its buckets."""
+        return _plain_forward, (self.module,)
+
     def __call__(self, input: torch.Tensor) -> torch.Tensor:
         m = self.module
         if not (torch.is_grad_enabled() and m.weight.requires_grad) or torch.is_autocast_enabled(input.device.type):
@@ -72,7 +79,11 @@ class TailLinear:
         alone = mark in self.live and not mark.plain
         self.live.discard(mark)
         reducer = self.reducer()
-        return reducer._tail_start(bias_grad) if alone and reducer is not None else None
+        return reducer._tail_start(bias_grad) if alone and reducer is not None and reducer._tail is self else None
+
+
+def _plain_forward(module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    return types.MethodType(nn.Linear.forward, module)
 
 
 class _RowBlockLinear(torch.autograd.Function):
