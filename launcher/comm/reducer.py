@@ -61,7 +61,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -79,24 +78,13 @@ from .buckets import (
     sparse_parameters,
 )
 from .collectives import start_allreduce
+from .schedule import Schedule
 from .tail import TailLinear, tail_linear
 from .topology import Topology
 
 OVERLAPS = ("forward", "backward")
 WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first
 #                  (new connections, cold caches: measured 4x slower) are timed for the scheduler's model of the link
-SLACK_CHUNKS = 1  # chunks the schedule may queue past the next launch point: the link never idles, a tail
-#                  chunk waits behind at most this many
-
-
-@dataclass(frozen=True)
-class _Schedule:
-    """When the forward overlap launches chunks, agreed by every rank after warm-up (``_agree_schedule``)."""
-
-    rate: float  # bytes per second the link carries while backward computes
-    slack: float  # seconds the modelled queue may run past the next launch point (a few chunks in flight)
-    events: list[float]  # seconds from the first dense bucket event to each
-    tail: list[float] | None  # seconds to the moment each chunk of the last bucket is ready, the tail sending
 
 
 class BucketedReducer:
@@ -198,7 +186,7 @@ class BucketedReducer:
         self._hooks.append(model.register_forward_hook(functools.partial(_after_forward, me)))
         # forward overlap
         self._pool: list[tuple[int, int]] = []  # (bucket, chunk) ready to send, the next forward's needs first
-        self._schedule: _Schedule | None = None  # agreed after warm-up: when chunks may be launched
+        self._schedule: Schedule | None = None  # agreed after warm-up: when chunks may be launched (schedule.py)
         self._link_free = 0.0  # this pass, in the schedule's model: when the link has carried all launched chunks
         self._events: list[float] = []  # warm-up: each bucket event's time, then the end of its allreduces
         self._timed: list[list[float]] = []  # warm-up: per timed pass, seconds from the first event to each, the end
@@ -403,41 +391,29 @@ class BucketedReducer:
             # this bucket holds earlier layers than any already ready: the next forward needs it first
             sent = self._tail_sent if index == len(self.buckets) - 1 else 0
             self._pool[:0] = [(index, c) for c in range(sent, len(bucket.chunks))]
-            self._pump(*self._event_window())
-
-    def _event_window(self) -> tuple[float, float]:
-        """(now, until) on the schedule's clock for this bucket event: the pooled chunks the link carries by the
-        next launch point are sent (everything at the last event, during warm-up, before the schedule is
-        agreed). Before the tail's bucket, when the tail is expected to send early, the next point is its first
-        chunk: the first layer's chunks then overtake the second layer's."""
-        schedule, event = self._schedule, len(self._events) - 1
-        if not self._scheduled or schedule is None or event + 1 >= len(schedule.events):
-            return 0.0, math.inf
-        tail = self._tail
-        if schedule.tail and event == len(schedule.events) - 2 and tail is not None and len(tail.live) == 1:
-            return schedule.events[event], schedule.tail[0]
-        return schedule.events[event], schedule.events[event + 1]
+            schedule, tail = self._schedule, self._tail
+            if self._scheduled and schedule is not None:
+                expected = tail is not None and len(tail.live) == 1  # the tail will send early (tail.py)
+                self._pump(*schedule.at_event(len(self._events) - 1, expected))
+            else:
+                self._pump(0.0, math.inf)
 
     def _pump(self, now: float, until: float) -> None:
-        """Send pooled chunks, most urgent first, while the link (modelled by the schedule: one queue drained at
-        its agreed rate) would have carried them by ``until`` plus the slack. The model depends only on agreed
-        numbers and the event index: every rank sends the same chunks in the same order."""
+        """Send pooled chunks, most urgent first, while the schedule's link would have carried them by ``until``
+        (plus its slack). Depends only on agreed numbers: every rank sends the same chunks in the same order."""
         schedule = self._schedule
         while self._pool:
             index, c = self._pool[0]
             chunk = self.buckets[index].chunks[c]
-            if until != math.inf and schedule is not None:
-                start = max(self._link_free, now)
-                if start + chunk.numel() * chunk.element_size() / schedule.rate > until + schedule.slack:
-                    break
+            if schedule is not None and not schedule.fits(self._link_free, now, until, _nbytes(chunk)):
+                break
             self._pool.pop(0)
             self._send(index, c, now)
 
     def _send(self, index: int, c: int, now: float) -> None:
         chunk = self.buckets[index].chunks[c]
         if self._schedule is not None:
-            size = chunk.numel() * chunk.element_size()
-            self._link_free = max(self._link_free, now) + size / self._schedule.rate
+            self._link_free = self._schedule.carried(self._link_free, now, _nbytes(chunk))
         self._launch(index, chunk, chunk=c)
 
     def _tail_start(self, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -466,20 +442,19 @@ class BucketedReducer:
         block.div_(self.world_size)
         index = len(self.buckets) - 1
         bucket = self.buckets[index]
-        weight = bucket.views[self._where[id(bucket.params[-1])][1]]
+        weight = bucket.views[-1]  # the tail's weight: the bucket's end
         done = weight.data_ptr() + rows * weight.stride(0) * weight.element_size()  # the bucket is filled below
         schedule, sent = self._schedule, self._tail_sent
         times = schedule.tail if schedule is not None and schedule.tail else [0.0] * len(bucket.chunks)
         while self._tail_sent < len(bucket.chunks):
             chunk = bucket.chunks[self._tail_sent]
-            if chunk.data_ptr() + chunk.numel() * chunk.element_size() > done:
+            if chunk.data_ptr() + _nbytes(chunk) > done:
                 break
             self._send(index, self._tail_sent, times[self._tail_sent])
             self._tail_sent += 1
             self.early_chunks += 1
         if sent < self._tail_sent and schedule is not None and schedule.tail:  # then what fits until the next
-            last = self._tail_sent - 1
-            self._pump(times[last], times[last + 1] if last + 1 < len(times) else schedule.events[-1])
+            self._pump(*schedule.after_tail_chunk(self._tail_sent - 1))
 
     def _untail(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         """The tail layer's ``param`` got a gradient from outside its module too (read in a parent's forward, say),
@@ -570,44 +545,19 @@ class BucketedReducer:
             self._events.append(time.perf_counter())
             self._timed.append([t - self._events[0] for t in self._events[1:]])
             if self._synced == WARMUP_STEPS:
-                self._agree_schedule()
-
-    def _agree_schedule(self) -> None:
-        """From the timed warm-up passes (every bucket sent whole at its event): when each dense bucket event came
-        and when the last allreduce ended, the slowest rank's (one allreduce); of the passes, the one whose
-        allreduces ended first. The link's rate: the link as one queue, the end is when it had carried, after
-        some event, all bytes from that event on; the rate is the largest such bytes / time (a link idle while
-        backward computes does not lower it). Every rank computes the same schedule."""
-        times = torch.tensor(self._timed, dtype=torch.float64)
-        self._timed = []
-        if self.world_size > 1:
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        *later, end = times[int(times[:, -1].argmin())].tolist()
-        events = [0.0, *later]
-        dense = [b for b in self.buckets if not b.sparse]
-        sizes = [sum(c.numel() * c.element_size() for c in b.chunks) for b in dense]
-        rate = max(sum(sizes[k:]) / max(end - t, 1e-6) for k, t in enumerate(events))
-        chunk = max(c.numel() * c.element_size() for b in dense for c in b.chunks)
-        tail = None
-        if self._tail is not None and len(events) >= 2:
-            # the tail's chunks leave while the last bucket's event is computed: their times, interpolated
-            # between the two last events by the share of the tail weight's rows each one needs
-            before, last = events[-2], events[-1]
-            tail = [before + share * (last - before) for share in self._tail_shares()]
-        self._schedule = _Schedule(rate, SLACK_CHUNKS * chunk / rate, events, tail)
-
-    def _tail_shares(self) -> list[float]:
-        """Per chunk of the last bucket: the share of the tail weight's rows computed when it can be sent."""
-        assert self._tail is not None
-        bucket = self.buckets[-1]
-        weight = bucket.views[self._where[id(bucket.params[-1])][1]]
-        row, rows, block = weight.stride(0) * weight.element_size(), weight.shape[0], self._tail.rows
-        shares = []
-        for chunk in bucket.chunks:
-            end = chunk.data_ptr() + chunk.numel() * chunk.element_size() - weight.data_ptr()  # bytes into weight
-            needed = max(1, -(-end // row))
-            shares.append(min(rows, -(-needed // block) * block) / rows)
-        return shares
+                dense = [b for b in self.buckets if not b.sparse]
+                shares = None
+                if self._tail is not None:
+                    last = self.buckets[-1]
+                    shares = self._tail.chunk_shares(last.views[-1], last.chunks)  # its weight is the bucket's end
+                self._schedule = Schedule.agree(
+                    self._timed,
+                    [sum(_nbytes(c) for c in b.chunks) for b in dense],
+                    max(_nbytes(c) for b in dense for c in b.chunks),
+                    shares,
+                    self.world_size,
+                )
+                self._timed = []
 
     def _wait(self, indices: Sequence[int] | range) -> None:
         """Wait for these buckets' allreduces (gradients averaged in place; sparse ones bound to ``.grad``)."""
@@ -712,6 +662,10 @@ class BucketedReducer:
                 else:
                     bucket.views[slot].copy_(old)  # type: ignore[arg-type]
                     p.grad = bucket.views[slot]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _before_module(

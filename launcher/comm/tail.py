@@ -70,6 +70,17 @@ class TailLinear:
         self.live.add(mark)
         return _RowBlockLinear.apply(input, m.weight, m.bias, self, mark)
 
+    def chunk_shares(self, weight: torch.Tensor, chunks: list[torch.Tensor]) -> list[float]:
+        """Per chunk of the bucket holding ``weight`` (this layer's gradient view, the bucket's end): the share of
+        its rows computed when the chunk can be sent."""
+        row, rows = weight.stride(0) * weight.element_size(), weight.shape[0]
+        shares = []
+        for chunk in chunks:
+            end = chunk.data_ptr() + chunk.numel() * chunk.element_size() - weight.data_ptr()  # bytes into weight
+            needed = max(1, -(-end // row))
+            shares.append(min(rows, -(-needed // self.rows) * self.rows) / rows)
+        return shares
+
     def start(self, mark: _Pass, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
         """The backward of the forward ``mark`` begins: the bucket view to compute the weight gradient into, rows
         sent as they come (None: the plain path)."""
