@@ -113,21 +113,18 @@ class _RowBlockLinear(torch.autograd.Function):
         input2 = input.reshape(-1, input.shape[-1])
         grad_bias = grad2.sum(0) if ctx.has_bias and need_bias else None
         into = owner.start(ctx.mark, grad_bias) if need_weight else None
-        grad_weight = into if into is not None else torch.empty_like(weight) if need_weight else None
+        reducer = owner.reducer() if into is not None else None  # said yes in start(): the rows go to its bucket
+        grad_weight = into if reducer is not None else torch.empty_like(weight) if need_weight else None
         if grad_weight is not None:
             rows = weight.shape[0]
             for first in range(0, rows, owner.rows):
                 last = min(rows, first + owner.rows)
                 block = grad_weight[first:last]
                 torch.mm(grad2[:, first:last].t(), input2, out=block)
-                if into is not None:
-                    reducer = owner.reducer()
-                    assert reducer is not None  # it said yes in start() and holds its own state since
+                if reducer is not None:
                     reducer._tail_rows(last, block)
         grad_input = grad.matmul(weight) if need_input else None
-        if into is not None:
-            reducer = owner.reducer()
-            assert reducer is not None
+        if reducer is not None:
             reducer._tail_end()
             return grad_input, None, None, None, None
         return grad_input, grad_weight, grad_bias, None, None
