@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -55,6 +56,34 @@ needs_netns = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
     reason="network namespaces need root and iproute2 (ip, tc)",
 )
+
+
+@needs_netns
+def test_sigterm_deletes_the_namespaces():
+    """A program holding simulated nodes' namespaces (a benchmark, say) and ended by SIGTERM deletes them."""
+    before = namespaces()
+    program = (
+        "import sys, time\n"
+        "from launcher.launch.netns import SimNetwork\n"
+        "with SimNetwork(2, netns=True) as net:\n"
+        "    print(net.ns(0), flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        name = proc.stdout.readline().strip()
+        assert name in namespaces() - before, name
+        proc.terminate()
+        assert proc.wait(timeout=30) == 143
+        left = namespaces() - before
+    finally:
+        proc.kill()
+        proc.wait()
+        for ns in namespaces() - before:  # pass or fail, the machine as it was
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+    assert not left, left
+    assert not os.path.exists(f"/etc/netns/{name}")
 
 
 @needs_netns

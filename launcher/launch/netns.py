@@ -1,13 +1,16 @@
 """Simulated nodes' network: loopback, or one network namespace per node joined by a bridge, each node's link
 optionally shaped by tbf (the recipe in ../shared/recipes/netns.md). The addresses exist only inside namespaces
-this module creates; everything it creates is deleted on exit, whatever happened inside."""
+this module creates; everything it creates is deleted on exit, whatever happened inside (a SIGTERM too, where
+nothing else handles it: it then raises SystemExit(143) so the exit path runs; SIGKILL leaves them behind)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -42,6 +45,7 @@ class SimNetwork:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     _created: list[str] = field(default_factory=list)
     _etc: list[str] = field(default_factory=list)
+    _sigterm: object = None  # the handler to put back on exit, when this network installed its own
 
     def ns(self, node: int) -> str:
         return f"lnch{self.tag}n{node}"
@@ -66,6 +70,8 @@ class SimNetwork:
     def __enter__(self) -> SimNetwork:
         if not self.netns:
             return self
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             bridge = f"lnch{self.tag}br"
             _run("ip", "netns", "add", bridge)
@@ -126,3 +132,10 @@ class SimNetwork:
             subprocess.run(["ip", "netns", "del", self._created.pop()], capture_output=True)
         while self._etc:
             shutil.rmtree(self._etc.pop(), ignore_errors=True)
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)  # type: ignore[arg-type]
+            self._sigterm = None
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
