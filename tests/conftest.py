@@ -1,6 +1,9 @@
+import getpass
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +27,20 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{proc.name}: {cmdline[:160]}")
     return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def torch_cache_dir_removed():
+    """torch 2.13 creates its compile cache dir (/tmp/torchinductor_USER) whenever an optimizer is built (it
+    imports torch._dynamo), in every rank of every job: if the run made it, the run removes it. The path is
+    computed as torch does, without importing torch._inductor (that import creates it)."""
+    path = Path(
+        os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    )
+    existed = path.exists()
+    yield
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
