@@ -1,16 +1,20 @@
 """``+cluster=sim``: one elastic agent per virtual node on this host; optionally network namespaces."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from helpers import plan, run_launcher
 from launcher.config import ConfigError
+from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, assert_trained_once_up_to, final_state
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
@@ -84,6 +88,67 @@ def test_sigterm_deletes_the_namespaces():
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
     assert not left, left
     assert not os.path.exists(f"/etc/netns/{name}")
+
+
+@needs_netns
+def test_namespaces_a_killed_program_left_are_deleted_by_the_next(capfd):
+    """SIGKILL runs no exit path: the next network started on the machine deletes the dead program's namespaces
+    and /etc/netns entries, kills what still ran in them, and says so."""
+    before = namespaces()
+    program = (
+        "import subprocess, sys\n"
+        "from launcher.launch.netns import SimNetwork\n"
+        "with SimNetwork(2, netns=True) as net:\n"
+        "    held = subprocess.Popen([*net.prefix(1), 'sleep', '300'])\n"
+        "    print(net.tag, held.pid, flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tag, held = "", 0
+    try:
+        tag, held_pid = proc.stdout.readline().split()
+        held = int(held_pid)
+        dead = {f"lnch{tag}br", f"lnch{tag}n0", f"lnch{tag}n1"}
+        proc.kill()
+        proc.wait(timeout=30)
+        assert dead <= namespaces()  # nothing of its exit path ran
+        with SimNetwork(1, netns=True):
+            left = dead & namespaces()
+        err = capfd.readouterr().err
+        deadline = time.monotonic() + 5
+        while _running(held) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        still_held = _running(held)
+    finally:
+        proc.kill()
+        proc.wait()
+        if held:
+            with contextlib.suppress(OSError):
+                os.kill(held, signal.SIGKILL)
+        for ns in namespaces() - before:  # pass or fail, the machine as it was
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(f"{RECORDS}/{tag}")
+            os.rmdir(RECORDS)
+    assert not left, left
+    assert not [ns for ns in dead if os.path.exists(f"/etc/netns/{ns}")]
+    assert not still_held, f"pid {held} still runs in a deleted namespace"
+    line = next(line for line in err.splitlines() if "a killed program left" in line)
+    assert line.startswith(
+        f"launcher: deleted the simulated nodes' namespaces a killed program left, pid {proc.pid} (gone): "
+    )
+    assert set(line.split(": ", 2)[2].split(", ")) == dead, line
+    assert not os.path.exists(RECORDS)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed process waits there for whoever reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @needs_netns

@@ -1,15 +1,18 @@
 """Simulated nodes' network: loopback, or one network namespace per node joined by a bridge, each node's link
 optionally shaped by tbf (the recipe in ../shared/recipes/netns.md). The addresses exist only inside namespaces
 this module creates; everything it creates is deleted on exit, whatever happened inside (a SIGTERM too, where
-nothing else handles it: it then raises SystemExit(143) so the exit path runs; SIGKILL leaves them behind)."""
+nothing else handles it: it then raises SystemExit(143) so the exit path runs). SIGKILL leaves them behind: each
+network records its owner under RECORDS, and the next one started on the machine deletes what a dead owner left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +29,53 @@ def check_netns_possible() -> None:
         )
     if shutil.which("ip") is None or shutil.which("tc") is None:
         raise ConfigError("cluster.netns=true needs iproute2 (ip, tc); HINT: apt-get install iproute2")
+
+
+RECORDS = "/run/launcher-netns"  # one file per live network, named by its tag: "OWNER_PID START_TIME" (tmpfs)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it names one
+    process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def sweep_stale_namespaces() -> list[str]:
+    """Delete what networks whose owner ended without its exit path (SIGKILL) left behind: their namespaces,
+    the processes still running in them (ranks of the dead job) and their /etc/netns entries. Returns a line
+    per dead owner, naming it and what was deleted."""
+    if not os.path.isdir(RECORDS):
+        return []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    names = [line.split()[0] for line in listed if line.strip()]
+    swept = []
+    for tag in sorted(os.listdir(RECORDS)):
+        record = os.path.join(RECORDS, tag)
+        try:
+            with open(record) as f:
+                pid, start = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid)) == start:
+            continue  # its owner still runs
+        mine = [ns for ns in names if ns.startswith(f"lnch{tag}")]
+        for ns in mine:
+            held = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for held_pid in held:
+                try:
+                    os.kill(int(held_pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        if mine:
+            swept.append(f"pid {pid} (gone): {', '.join(mine)}")
+        os.remove(record)
+    return swept
 
 
 def _run(*cmd: str) -> None:
@@ -46,6 +96,7 @@ class SimNetwork:
     _created: list[str] = field(default_factory=list)
     _etc: list[str] = field(default_factory=list)
     _sigterm: object = None  # the handler to put back on exit, when this network installed its own
+    _record: str = ""  # this network's file under RECORDS
 
     def ns(self, node: int) -> str:
         return f"lnch{self.tag}n{node}"
@@ -72,7 +123,10 @@ class SimNetwork:
             return self
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        for line in sweep_stale_namespaces():
+            print(f"launcher: deleted the simulated nodes' namespaces a killed program left, {line}", file=sys.stderr)
         try:
+            self._write_record()
             bridge = f"lnch{self.tag}br"
             _run("ip", "netns", "add", bridge)
             self._created.append(bridge)
@@ -115,6 +169,18 @@ class SimNetwork:
             raise
         return self
 
+    def _write_record(self) -> None:
+        self._record = os.path.join(RECORDS, self.tag)
+        for attempt in (1, 2):  # another network's exit may remove the emptied directory in between
+            os.makedirs(RECORDS, exist_ok=True)
+            try:
+                with open(self._record, "w") as f:
+                    f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+                return
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+
     def _hosts_file(self, ns: str, node: int) -> None:
         """``ip netns exec`` shows /etc/netns/NS/hosts as /etc/hosts: name the node addresses, so reverse
         look-ups of peers succeed instead of c10d warning "hostname ... cannot be retrieved" (a namespace has no
@@ -132,6 +198,12 @@ class SimNetwork:
             subprocess.run(["ip", "netns", "del", self._created.pop()], capture_output=True)
         while self._etc:
             shutil.rmtree(self._etc.pop(), ignore_errors=True)
+        if self._record:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._record)
+            with contextlib.suppress(OSError):  # the last network on the machine leaves nothing
+                os.rmdir(RECORDS)
+            self._record = ""
         if self._sigterm is not None:
             signal.signal(signal.SIGTERM, self._sigterm)  # type: ignore[arg-type]
             self._sigterm = None
