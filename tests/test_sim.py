@@ -130,6 +130,7 @@ def test_namespaces_a_killed_program_left_are_deleted_by_the_next(capfd):
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         with contextlib.suppress(OSError):
             os.remove(f"{RECORDS}/{tag}")
+        with contextlib.suppress(OSError):
             os.rmdir(RECORDS)
     assert not left, left
     assert not [ns for ns in dead if os.path.exists(f"/etc/netns/{ns}")]
