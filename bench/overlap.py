@@ -48,7 +48,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.comm import Topology
 from launcher.comm.policy import bucket_cap_mb, measure_link
-from launcher.comm.reducer import MB, BucketedReducer
+from launcher.comm.reducer import BucketedReducer
+from launcher.comm.sizes import MB
 from launcher.comm.trace import Tracer, span, write_trace
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork

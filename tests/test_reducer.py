@@ -9,8 +9,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from helpers import spawn_ranks
 from launcher.comm import Topology, hierarchical_hook
+from launcher.comm.buckets import plan_buckets
 from launcher.comm.policy import LinkFit, bucket_cap_mb, measure_link
-from launcher.comm.reducer import MB, BucketedReducer, plan_buckets
+from launcher.comm.reducer import BucketedReducer
+from launcher.comm.sizes import MB
 
 
 def make_model():

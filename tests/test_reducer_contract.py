@@ -406,7 +406,7 @@ def forward_overlap_tail_layer_called_twice(kind, topo, rank):
 
 def stopped_sending_early(reducer):
     assert reducer.early_chunks == 4, reducer.early_chunks  # the first pass after warm-up only
-    assert reducer._tail is None and "sent as its rows" not in reducer.describe(), reducer.describe()
+    assert reducer.forward.tail is None and "sent as its rows" not in reducer.describe(), reducer.describe()
 
 
 @scenario

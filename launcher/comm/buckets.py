@@ -1,6 +1,8 @@
-"""What the reducer is built from: the bucket plan, a bucket's state, the checks every rank's model must pass,
-and which optimizers can update a bucket on its own (the forward overlap). ``check_same_model`` and
-``sparse_allreduce`` are collectives."""
+"""What the reducer is built from: the bucket plan and the buckets themselves (one flat buffer each, the
+parameters' gradients as views into it). Parameters are bucketed in reverse registration order (roughly the order
+backward produces gradients): a small first bucket (``first_bucket_mb``, ~1 MB) so communication starts early,
+then ``bucket_cap_mb``. A sparse gradient (``nn.Embedding(sparse=True)``) has a bucket of its own, reduced by a
+sparse allreduce over all ranks (flat), as DDP does: ``sparse_allreduce`` is a collective."""
 
 from __future__ import annotations
 
@@ -12,33 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.futures import Future
 
-MB = 1024 * 1024
-
-# optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
-# parameters is exactly the full step restricted to that subset
-PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
-    torch.optim.SGD,
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adagrad,
-    torch.optim.Adamax,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    torch.optim.RMSprop,
-    torch.optim.Adadelta,
-    torch.optim.Rprop,
-)
-
-
-def forward_overlap_refusal(optimizer: torch.optim.Optimizer | None, find_unused_parameters: bool) -> str | None:
-    """Why the forward overlap cannot run with these settings, or None when it can."""
-    if optimizer is None:
-        return "no optimizer handed to the reducer (backward returns with averaged gradients)"
-    if find_unused_parameters:
-        return "find_unused_parameters: the used-parameters map comes after every bucket"
-    if type(optimizer) not in PER_PARAMETER_OPTIMIZERS:
-        return f"{type(optimizer).__name__} is not known to update each parameter on its own"
-    return None
+from .sizes import MB
 
 
 def plan_buckets(
@@ -78,6 +54,42 @@ class Bucket:
     update: bool = False  # forward overlap: step() was called, this bucket's optimizer update is still to run
 
 
+def build_buckets(
+    model: nn.Module, params: list[nn.Parameter], first_bucket_mb: float, bucket_cap_mb: float
+) -> tuple[list[Bucket], dict[int, tuple[int, int]]]:
+    """The buckets over ``params`` (in reverse registration order) and where each parameter sits: id(param) ->
+    (bucket, slot). A gradient already present is copied into its view, which becomes ``.grad``; else ``.grad``
+    stays None until backward (as under DDP). A sparse parameter gets a bucket of its own, with no buffer."""
+    sparse = sparse_parameters(model)
+    plan = plan_buckets(
+        [p.numel() * p.element_size() for p in params],
+        [(p.dtype, p.device, id(p) if id(p) in sparse else None) for p in params],  # a sparse one's key is its own
+        first_bucket_mb * MB,
+        bucket_cap_mb * MB,
+    )
+    buckets: list[Bucket] = []
+    where: dict[int, tuple[int, int]] = {}
+    for index, members in enumerate(plan):
+        ps = [params[i] for i in members]
+        if id(ps[0]) in sparse:
+            where[id(ps[0])] = (index, 0)
+            buckets.append(Bucket(ps, [], torch.empty(0, dtype=ps[0].dtype), sparse=True))
+            continue
+        buffer = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+        views: list[torch.Tensor] = []
+        offset = 0
+        for p in ps:
+            view = buffer[offset : offset + p.numel()].view_as(p)
+            if p.grad is not None:
+                view.copy_(p.grad)
+                p.grad = view
+            where[id(p)] = (index, len(views))
+            views.append(view)
+            offset += p.numel()
+        buckets.append(Bucket(ps, views, buffer))
+    return buckets, where
+
+
 def sparse_parameters(model: nn.Module) -> set[int]:
     """ids of the parameters whose gradients are sparse (as DDP finds them: embeddings with ``sparse=True``)."""
     return {
@@ -86,24 +98,6 @@ def sparse_parameters(model: nn.Module) -> set[int]:
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
         for p in m.parameters(recurse=False)
     }
-
-
-def check_same_model(model: nn.Module) -> None:
-    """Every rank must hold the same parameters and buffers, in one order: name the first difference."""
-    mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
-    mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    for rank, theirs in enumerate(everyone):
-        for i in range(max(len(theirs), len(everyone[0]))):
-            ours = everyone[0][i] if i < len(everyone[0]) else None
-            other = theirs[i] if i < len(theirs) else None
-            if ours != other:
-                show = lambda e: f"{e[0]} {e[1]!r} {list(e[2])} {e[3]}" if e else "nothing"  # noqa: E731
-                raise ValueError(
-                    f"rank {rank}'s model differs from rank 0's at entry {i}: {show(other)} there, {show(ours)} on "
-                    "rank 0; HINT: build the same model on every rank (the same code and config) before the reducer"
-                )
 
 
 def sparse_allreduce(param: nn.Parameter, world_size: int) -> Future:

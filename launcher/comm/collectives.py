@@ -9,9 +9,10 @@ Node-first (hierarchical) allreduce runs in three phases:
 Phase collectives were chosen by measurement on gloo (../shared/recipes/netns.md): ``reduce_scatter_tensor`` is
 slower than a whole allreduce there, so the node phases are reduce/broadcast, not reduce-scatter/all-gather.
 
-The phases run on three comm threads per Topology, a pipeline fed with chunks of ``CHUNK_BYTES``: while the
-leaders send chunk k across nodes, chunk k+1 is being reduced inside the node and chunk k-1 shared. Measured on
-2 namespaces x 2 ranks at 1 Gbit (bench/hierarchy.py): without chunks the node phases add to the link time.
+The phases run on three comm threads per Topology, a pipeline fed with segments of ``SEGMENT_BYTES`` (not the
+forward overlap's chunks: a chunk is one allreduce, a segment one piece of a node-first one): while the leaders
+send segment k across nodes, segment k+1 is being reduced inside the node and segment k-1 shared. Measured on
+2 namespaces x 2 ranks at 1 Gbit (bench/hierarchy.py): without segments the node phases add to the link time.
 Each process group is driven by one thread, in submission order, which is program order and so the same on
 every rank (collectives must reach a group in the same order everywhere; completion
 callbacks on the backend's threads would not guarantee that, and would hold the groups on threads that must not
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import trace
+from .sizes import MB, mb
 from .topology import Topology
 
 
@@ -44,18 +46,18 @@ def flat_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     return work.get_future().then(lambda _: tensor)
 
 
-CHUNK_BYTES = 4 * 2**20  # a large tensor moves through the three phases in chunks of this size
+SEGMENT_BYTES = 4 * MB  # a large tensor moves through the three phases in segments of this size
 
 
-class _Chunks:
-    """One caller's tensor split into chunks: its Future completes when the last chunk is broadcast."""
+class _Segments:
+    """One caller's tensor split into segments: its Future completes when the last segment is broadcast."""
 
     def __init__(self, tensor: torch.Tensor, count: int) -> None:
         self.tensor, self.left = tensor, count
         self.result: Future[torch.Tensor] = Future()
         self.lock = threading.Lock()
 
-    def chunk_done(self) -> None:
+    def segment_done(self) -> None:
         with self.lock:
             self.left -= 1
             finished = self.left == 0
@@ -70,27 +72,27 @@ class _Chunks:
 
 
 class _Pipeline:
-    """Three daemon threads, one per phase and per group: reduce -> leaders' allreduce -> broadcast. Chunks of
+    """Three daemon threads, one per phase and per group: reduce -> leaders' allreduce -> broadcast. Segments of
     one tensor (and successive tensors) flow through like an assembly line, so the inter-node link is busy
-    while the node phases of neighbouring chunks run."""
+    while the node phases of neighbouring segments run."""
 
     def __init__(self, topology: Topology) -> None:
         t = topology
         leader, leads = t.leader, t.is_leader
         self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
 
-        def reduce(chunk: torch.Tensor) -> None:
-            with trace.span("reduce", "reduce (node)", mb=_mb(chunk)):
-                dist.reduce(chunk, dst=leader, group=t.intra)
+        def reduce(segment: torch.Tensor) -> None:
+            with trace.span("reduce", "reduce (node)", mb=round(mb(segment), 3)):
+                dist.reduce(segment, dst=leader, group=t.intra)
 
-        def across(chunk: torch.Tensor) -> None:
+        def across(segment: torch.Tensor) -> None:
             if leads:
-                with trace.span("allreduce", "allreduce (leaders)", mb=_mb(chunk)):
-                    dist.all_reduce(chunk, group=t.inter)
+                with trace.span("allreduce", "allreduce (leaders)", mb=round(mb(segment), 3)):
+                    dist.all_reduce(segment, group=t.inter)
 
-        def share(chunk: torch.Tensor) -> None:
-            with trace.span("broadcast", "broadcast (node)", mb=_mb(chunk)):
-                dist.broadcast(chunk, src=leader, group=t.intra_bcast)
+        def share(segment: torch.Tensor) -> None:
+            with trace.span("broadcast", "broadcast (node)", mb=round(mb(segment), 3)):
+                dist.broadcast(segment, src=leader, group=t.intra_bcast)
 
         stages = [reduce, across, share]
         self._threads = [
@@ -102,11 +104,11 @@ class _Pipeline:
 
     def submit(self, tensor: torch.Tensor) -> Future:
         flat = tensor.view(-1)
-        per_chunk = max(1, CHUNK_BYTES // max(1, flat.element_size()))
-        chunks = flat.split(per_chunk)
-        owner = _Chunks(tensor, len(chunks))
-        for chunk in chunks:
-            self._inboxes[0].put((chunk, owner))
+        per_segment = max(1, SEGMENT_BYTES // max(1, flat.element_size()))
+        segments = flat.split(per_segment)
+        owner = _Segments(tensor, len(segments))
+        for segment in segments:
+            self._inboxes[0].put((segment, owner))
         return owner.result
 
     def _run(self, index: int, stage) -> None:
@@ -114,10 +116,10 @@ class _Pipeline:
         nxt = self._inboxes[index + 1] if index + 1 < len(self._inboxes) else None
         failed = None
         while (item := inbox.get()) is not None:
-            chunk, owner = item
+            segment, owner = item
             if failed is None:
                 try:
-                    stage(chunk)
+                    stage(segment)
                 except Exception as exc:  # collective error or timeout: the caller's wait() raises it
                     failed = exc
             if failed is not None:  # a group is broken: fail everything behind it instead of hanging
@@ -125,7 +127,7 @@ class _Pipeline:
             elif nxt is not None:
                 nxt.put(item)
             else:
-                owner.chunk_done()
+                owner.segment_done()
         if nxt is not None:
             nxt.put(None)
 
@@ -133,10 +135,6 @@ class _Pipeline:
         self._inboxes[0].put(None)  # each stage passes the sentinel on when its queue is drained
         for thread in self._threads:
             thread.join()
-
-
-def _mb(tensor: torch.Tensor) -> float:
-    return round(tensor.numel() * tensor.element_size() / 2**20, 3)
 
 
 def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:

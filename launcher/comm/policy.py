@@ -27,15 +27,15 @@ import torch
 import torch.distributed as dist
 
 from .collectives import start_allreduce
+from .sizes import MB
 from .strategy import median_seconds
 from .topology import Topology
 
-MB = 1024 * 1024
 LATENCY_SHARE = 0.1
 MIN_CAP_MB = 1.0
 MAX_CAP_MB = 25.0
 MIN_BUCKETS = 4
-PROBE_MB = (0.25, 4.0)
+LINK_PROBE_MB = (0.25, 4.0)  # the two allreduce sizes the link's latency and rate are fitted from
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class LinkFit:
 def measure_link(topology: Topology, hierarchical: bool, device: torch.device, reps: int = 5) -> LinkFit:
     """Collective: fit latency and bandwidth from allreduce times of two sizes (max over ranks of medians)."""
     medians = []
-    for mb in PROBE_MB:
+    for mb in LINK_PROBE_MB:
         tensor = torch.ones(int(mb * MB) // 4, device=device)
         medians.append(
             median_seconds(lambda t=tensor: start_allreduce(t, topology, hierarchical).wait(), device, reps)  # type: ignore[misc]
@@ -58,7 +58,7 @@ def measure_link(topology: Topology, hierarchical: bool, device: torch.device, r
     agreed = torch.tensor(medians, dtype=torch.float64, device=device)  # nccl reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     t_small, t_large = agreed.cpu().tolist()
-    bytes_small, bytes_large = (mb * MB for mb in PROBE_MB)
+    bytes_small, bytes_large = (mb * MB for mb in LINK_PROBE_MB)
     beta = (bytes_large - bytes_small) / max(t_large - t_small, 1e-9)
     alpha = max(t_small - bytes_small / beta, 0.0)
     return LinkFit(alpha, beta)

@@ -7,17 +7,26 @@ dense bucket event came and when the last allreduce ended, the slowest rank's (o
 one whose allreduces ended first. It models the link as one queue drained at the link's rate: at each point the
 reducer sends the pooled chunks, most urgent first, that the modelled link would finish by the next point plus
 ``SLACK_CHUNKS`` chunks, so the link never idles and a more urgent chunk finds a short queue before it.
+``WarmUp`` takes those measurements and holds the schedule once agreed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .buckets import Bucket
+from .sizes import nbytes
+
 SLACK_CHUNKS = 1  # chunks the modelled queue may hold past the next launch point
+WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first
+#                  (new connections, cold caches: measured 4x slower) are timed for the model of the link
 
 
 @dataclass(frozen=True)
@@ -72,3 +81,45 @@ class Schedule:
 
     def fits(self, free: float, now: float, until: float, size: int) -> bool:
         return until == math.inf or self.carried(free, now, size) <= until + self.slack
+
+
+class WarmUp:
+    """The forward overlap's first ``WARMUP_STEPS`` synchronised passes (every bucket sent whole at its event,
+    waited for before backward returns): each timed pass's dense bucket events and the end of its allreduces; after
+    the last one, the ``schedule`` every rank agreed."""
+
+    def __init__(self) -> None:
+        self.synced = 0  # synchronised backward passes so far
+        self.events: list[float] = []  # this pass: each dense bucket event's time (the schedule's index)
+        self.timed: list[list[float]] = []  # per timed pass, seconds from the first event to each, then the end
+        self.schedule: Schedule | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.synced >= WARMUP_STEPS
+
+    def begin_pass(self) -> None:
+        self.events = []
+
+    def event(self) -> int:
+        """A dense bucket event now: its index in this pass."""
+        self.events.append(time.perf_counter())
+        return len(self.events) - 1
+
+    def end_pass(self, dense: Sequence[Bucket], tail_shares: list[float] | None, world_size: int) -> None:
+        """A warm-up pass's allreduces have all ended (``synced`` already counts it): the last one agrees the
+        schedule (one allreduce)."""
+        if not self.events or not 1 < self.synced <= WARMUP_STEPS:
+            return
+        self.events.append(time.perf_counter())
+        self.timed.append([t - self.events[0] for t in self.events[1:]])
+        if self.synced == WARMUP_STEPS:
+            sizes = [sum(nbytes(c) for c in b.chunks) for b in dense]
+            largest = max(nbytes(c) for b in dense for c in b.chunks)
+            self.schedule = Schedule.agree(self.timed, sizes, largest, tail_shares, world_size)
+            self.timed = []
+
+    def drop_tail(self) -> None:
+        """The tail no longer sends early: the schedule without its launch points."""
+        if self.schedule is not None:
+            self.schedule = dataclasses.replace(self.schedule, tail=None)

@@ -1,24 +1,26 @@
 """The tail of the forward overlap: its first chunks sent while backward still computes them.
 
 Backward produces the first layer's weight gradient last, and the next forward needs that layer first: its
-allreduce is the one piece of communication nothing after backward can hide (bench/README.md, "the tail"). When
-that layer is an ``nn.Linear``, the reducer replaces its ``forward`` (``TailLinear``, removed by ``close()``) by one
-autograd Function whose backward computes the weight gradient in row blocks of about a chunk each, straight into
-the bucket, and hands every chunk to the link the moment its rows exist: the first chunks travel while the later
-rows are still being computed.
+allreduce is the one piece of communication nothing after backward can hide (bench/README.md, "the tail").
+When that layer is an ``nn.Linear``, the forward overlap replaces its ``forward`` (``TailLinear``, removed by
+``close()``) by one autograd Function whose backward computes the weight gradient in row blocks of about a chunk
+each, straight into the bucket, and hands every chunk to the link the moment its rows exist: the first chunks
+travel while the later rows are still being computed. It talks to the forward overlap (``forward.py``) through
+``TailSink`` alone.
 
 - Which layer: the ``nn.Linear`` (that class exactly) whose weight is the last parameter of the last bucket, its
   bias (if trained) in the same bucket, both held by no other module.
 - The weight gradient is computed in the same row blocks in every backward, sent early or not, so a pass that
   sends early gives the same bits as one that does not (a resumed run stays bit-identical to an uninterrupted one);
   the input's and the bias's gradients are F.linear's. To float tolerance, these equal F.linear's.
-- Whether a backward sends early is the reducer's decision when it begins (``BucketedReducer._tail_start``): only
+- Whether a backward sends early is the sink's decision when it begins (``TailSink.tail_start``): only
   in a synchronised forward-overlap pass, once every other gradient of the last bucket has arrived, and only when
   the layer's graph is the only one alive (the layer called twice in a forward, two forwards' graphs alive, a
   second backward through a retained graph: the plain path). Otherwise the Function returns its gradients to
   autograd as F.linear would.
 - A weight (or bias) read outside its module too gets that part of its gradient through autograd, after its early
-  chunks left: the reducer reduces that part on its own, adds it, and stops sending that layer early (a warning).
+  chunks left: the forward overlap reduces that part on its own, adds it, and stops sending that layer early (a
+  warning).
 """
 
 from __future__ import annotations
@@ -26,14 +28,21 @@ from __future__ import annotations
 import types
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-if TYPE_CHECKING:
-    from .reducer import BucketedReducer
+
+class TailSink(Protocol):
+    """Where the tail layer's weight gradient goes, row block by row block (the forward overlap)."""
+
+    tail: TailLinear | None  # the layer it sends early now (None: none any more)
+
+    def tail_start(self, bias_grad: torch.Tensor | None) -> torch.Tensor | None: ...  # the view to fill, or None
+    def tail_rows(self, rows: int, block: torch.Tensor) -> None: ...  # rows up to ``rows`` computed
+    def tail_end(self) -> None: ...  # the weight's gradient is complete
 
 
 class _Pass:
@@ -46,8 +55,8 @@ class _Pass:
 class TailLinear:
     """Installed as ``module.forward`` of the tail layer; forwards without gradients run ``F.linear`` itself."""
 
-    def __init__(self, reducer: weakref.ref[BucketedReducer], module: nn.Linear, chunk_bytes: int) -> None:
-        self.reducer, self.module = reducer, module
+    def __init__(self, sink: weakref.ref[TailSink], module: nn.Linear, chunk_bytes: int) -> None:
+        self.sink, self.module = sink, module
         row_bytes = module.in_features * module.weight.element_size()
         self.rows = max(1, chunk_bytes // row_bytes)  # per block: about one chunk
         self.live: weakref.WeakSet[_Pass] = weakref.WeakSet()
@@ -59,7 +68,7 @@ class TailLinear:
 
     def __reduce__(self):
         """Deep-copied (or pickled) with its module, the copy's forward is nn.Linear's own: this one belongs to
-        the reducer, and a copy must not send into its buckets."""
+        the forward overlap, and a copy must not send into its buckets."""
         return _plain_forward, (self.module,)
 
     def __call__(self, input: torch.Tensor) -> torch.Tensor:
@@ -89,8 +98,8 @@ class TailLinear:
                 other.plain = True
         alone = mark in self.live and not mark.plain
         self.live.discard(mark)
-        reducer = self.reducer()
-        return reducer._tail_start(bias_grad) if alone and reducer is not None and reducer._tail is self else None
+        sink = self.sink()
+        return sink.tail_start(bias_grad) if alone and sink is not None and sink.tail is self else None
 
 
 def _plain_forward(module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -113,19 +122,19 @@ class _RowBlockLinear(torch.autograd.Function):
         input2 = input.reshape(-1, input.shape[-1])
         grad_bias = grad2.sum(0) if ctx.has_bias and need_bias else None
         into = owner.start(ctx.mark, grad_bias) if need_weight else None
-        reducer = owner.reducer() if into is not None else None  # said yes in start(): the rows go to its bucket
-        grad_weight = into if reducer is not None else torch.empty_like(weight) if need_weight else None
+        sink = owner.sink() if into is not None else None  # said yes in start(): the rows go to its bucket
+        grad_weight = into if sink is not None else torch.empty_like(weight) if need_weight else None
         if grad_weight is not None:
             rows = weight.shape[0]
             for first in range(0, rows, owner.rows):
                 last = min(rows, first + owner.rows)
                 block = grad_weight[first:last]
                 torch.mm(grad2[:, first:last].t(), input2, out=block)
-                if reducer is not None:
-                    reducer._tail_rows(last, block)
+                if sink is not None:
+                    sink.tail_rows(last, block)
         grad_input = grad.matmul(weight) if need_input else None
-        if reducer is not None:
-            reducer._tail_end()
+        if sink is not None:
+            sink.tail_end()
             return grad_input, None, None, None, None
         return grad_input, grad_weight, grad_bias, None, None
 

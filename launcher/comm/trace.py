@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from torch.futures import Future
+
 _ACTIVE: Optional[Tracer] = None
 
 
@@ -87,6 +89,14 @@ def span(name: str, track: str, **args: Any) -> contextlib.AbstractContextManage
     """``with trace.span(...)``: recorded when a tracer is active, free otherwise."""
     tracer = _ACTIVE
     return tracer.span(name, track, **args) if tracer is not None else contextlib.nullcontext()
+
+
+def until_done(future: Future, name: str, track: str, **args: Any) -> None:
+    """Record ``name`` on ``track`` from now until ``future`` completes, when a tracer is active."""
+    tracer = _ACTIVE
+    if tracer is not None:
+        start = time.perf_counter_ns()
+        future.then(lambda _: tracer.record(name, track, start, time.perf_counter_ns(), **args))
 
 
 def write_trace(path: str | Path, per_rank: list[list[dict[str, Any]]]) -> Path:

@@ -14,7 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..comm import Topology, hierarchical_hook
 from ..comm.policy import bucket_cap_mb, measure_link
-from ..comm.reducer import MB, BucketedReducer
+from ..comm.reducer import BucketedReducer
+from ..comm.sizes import MB
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
 from ..env import DistEnv
