@@ -6,6 +6,13 @@ returns a result, ours must return the same parameters, gradients and buffers to
 where DDP raises, ours must raise, with a message naming what is wrong; the behaviours DDP gets silently wrong
 (the model changed after the reducer was built) must raise with ours.
 
+Every scenario that trains with a plain optimizer (no ``optimizer=`` handed to the reducer) runs a third time
+under the forward overlap, the trainer's default for ``comm.reducer=bucketed``: the reducer is given the optimizer
+and ``reducer.step()`` replaces ``optimizer.step()``. There each step's loss and buffers must equal DDP's, and the
+parameters after ``flush()`` (gradients are the reducer's under that overlap: not compared); with
+``find_unused_parameters`` the reducer falls back to the backward overlap and must say why. The scenarios run
+``STEPS`` steps, past the overlap's warm-up.
+
 One spawn per reducer mode runs every scenario (spawning 4 processes costs more than the scenarios) and writes
 one verdict per scenario and rank; each test case reads its own.
 """
@@ -30,8 +37,9 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers import spawn_ranks
 from launcher.comm import Topology
 from launcher.comm.reducer import BucketedReducer
+from launcher.comm.schedule import WARMUP_STEPS
 
-WORLD, PER_NODE, STEPS = 4, 2, 3
+WORLD, PER_NODE, STEPS = 4, 2, WARMUP_STEPS + 3  # three steps under the forward overlap's schedule
 SCENARIOS: dict[str, Callable] = {}
 
 
@@ -41,23 +49,47 @@ def scenario(fn: Callable) -> Callable:
 
 
 class Engine:
-    """One way to train a model on ranks: torch DDP, or ours. The same calls for both."""
+    """One way to train a model on ranks: torch DDP, ours, or ours under the forward overlap (kind
+    "MODE+forward": the reducer owns the optimizer's steps). The same calls for all."""
 
     def __init__(self, kind: str, model: nn.Module, topo: Topology, **options) -> None:
         self.kind, self.model = kind, model
+        self.forward = False  # the forward overlap runs (its reducer given the optimizer, and no fallback)
+        self.opt: torch.optim.Optimizer | None = None  # the optimizer handed to our reducer
         if kind == "ddp":
             with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers; its meaning is what we compare
                 warnings.simplefilter("ignore", FutureWarning)
                 self.wrapped = DistributedDataParallel(model, **options)
-        else:
-            self.reducer = BucketedReducer(model, topo, hierarchical=kind == "hierarchical", **options)
-            self.wrapped = model
+            return
+        self.wrapped = model
+        hierarchical = kind.startswith("hierarchical")
+        if kind.endswith("+forward"):
+            self.opt = torch.optim.SGD(list(model.parameters()), lr=0.1)
+        self.reducer = BucketedReducer(model, topo, hierarchical=hierarchical, optimizer=self.opt, **options)
+        if self.opt is not None and options.get("find_unused_parameters"):  # the fallback, and why (the banner's)
+            assert self.reducer.overlap == "backward", self.reducer.describe()
+            assert self.reducer.overlap_reason.startswith("find_unused_parameters"), self.reducer.overlap_reason
+        elif self.opt is not None:
+            assert self.reducer.overlap == "forward", self.reducer.describe()
+            self.forward = True
 
     def __call__(self, *args):
         return self.wrapped(*args)
 
     def no_sync(self):
         return self.wrapped.no_sync() if self.kind == "ddp" else self.reducer.no_sync()
+
+    def optimizer(self, lr: float, momentum: float) -> torch.optim.Optimizer:
+        """A fresh SGD (when the reducer was given one: that one, its state cleared)."""
+        if self.opt is None:
+            return torch.optim.SGD(list(self.model.parameters()), lr=lr, momentum=momentum)
+        self.opt.state.clear()
+        for group in self.opt.param_groups:
+            group.update(lr=lr, momentum=momentum)
+        return self.opt
+
+    def step(self, opt: torch.optim.Optimizer) -> None:
+        self.reducer.step() if self.opt is not None else opt.step()
 
 
 def data(rank: int, step: int, shape=(8, 6), classes=4):
@@ -74,8 +106,9 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train(engine: Engine, steps: int = STEPS, micro: int = 1, set_to_none: bool = True, lr=0.1, momentum=0.9):
-    """SGD + momentum; ``micro`` micro-batches per step, all but the last under no_sync."""
-    opt = torch.optim.SGD([p for p in engine.model.parameters()], lr=lr, momentum=momentum)
+    """SGD + momentum; ``micro`` micro-batches per step, all but the last under no_sync. Each step: the loss and a
+    snapshot; under the forward overlap the loss and buffers, and everything but gradients after ``flush()``."""
+    opt = engine.optimizer(lr, momentum)
     rank = dist.get_rank()
     history = []
     for step in range(steps):
@@ -84,9 +117,16 @@ def train(engine: Engine, steps: int = STEPS, micro: int = 1, set_to_none: bool 
             x, y = data(rank, step * micro + m)
             ctx = engine.no_sync() if m < micro - 1 else _null()
             with ctx:
-                F.cross_entropy(engine(x), y).backward()
-        opt.step()
-        history.append(snapshot(engine.model))
+                loss = F.cross_entropy(engine(x), y)
+                loss.backward()
+        engine.step(opt)
+        state = snapshot(engine.model)
+        if engine.forward:  # parameters are still being updated: the forward pre-hooks finish them
+            state = {k: v for k, v in state.items() if k.startswith("buffer ")}
+        history.append({"loss": loss.detach().clone(), **state})
+    if engine.forward and steps:
+        engine.reducer.flush()
+        history[-1] |= {k: v for k, v in snapshot(engine.model).items() if not k.startswith("grad ")}
     return history
 
 
@@ -433,6 +473,8 @@ def forward_overlap_tail_weight_read_outside_its_module(kind, topo, rank):
 # DDP raises where ours must too; where DDP is silently wrong ours raises (its DDP run is not compared).
 RAISES = {"unused_parameters_raise": r"unused_head\.(bias|weight)"}
 OURS_RAISE = {"model_changed_after_the_reducer_was_built": r"parameters changed .* \(new: 3\.weight, 3\.bias"}
+MODES = ("flat", "hierarchical")
+PLAIN = [n for n in SCENARIOS if not n.startswith("forward_overlap_")]  # they also run under the forward overlap
 
 
 def run(kind, topo, rank, name):
@@ -442,13 +484,18 @@ def run(kind, topo, rank, name):
         return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
-def compare(reference, ours) -> str | None:
+def compare(reference, ours, forward: bool = False) -> str | None:
+    """Every entry equal. ``forward`` (the reducer given the optimizer): at least what the forward overlap records
+    (no gradients, no parameters before the last step), more if it fell back, and nothing DDP lacks."""
     if len(reference) != len(ours):
         return f"{len(ours)} snapshots vs DDP's {len(reference)}"
     for step, (a, b) in enumerate(zip(reference, ours)):
-        if set(a) != set(b):
-            return f"step {step}: DDP has {sorted(set(a) - set(b))}, ours {sorted(set(b) - set(a))}"
-        for key in a:
+        expected = {k for k in a if not k.startswith("grad ")} if forward else set(a)
+        if forward and step < len(reference) - 1:
+            expected = {k for k in expected if not k.startswith("param ")}
+        if not expected <= set(b) <= set(a):
+            return f"step {step}: DDP has {sorted(expected - set(b))}, ours {sorted(set(b) - set(a))}"
+        for key in b:
             try:
                 torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6)
             except AssertionError as exc:
@@ -456,19 +503,20 @@ def compare(reference, ours) -> str | None:
     return None
 
 
-def _all_scenarios(rank, world, out_dir, mode):
+def _all_scenarios(rank, world, out_dir):
     env = virtual_env(rank, world, PER_NODE)
     with Topology.build(env) as topo:
         for name in SCENARIOS:
             dist.barrier()  # a scenario that failed on some ranks must not leak into the next one
             reference, ddp_error = run("ddp", topo, rank, name)
-            dist.barrier()
-            ours, our_error = run(mode, topo, rank, name)
-            verdict = judge(name, reference, ddp_error, ours, our_error)
-            (out_dir / f"{mode}-{name}-{rank}.json").write_text(json.dumps(verdict))
+            for kind in [k for mode in MODES for k in ([mode, f"{mode}+forward"] if name in PLAIN else [mode])]:
+                dist.barrier()
+                ours, our_error = run(kind, topo, rank, name)
+                verdict = judge(name, reference, ddp_error, ours, our_error, forward=kind.endswith("+forward"))
+                (out_dir / f"{kind}-{name}-{rank}.json").write_text(json.dumps(verdict))
 
 
-def judge(name, reference, ddp_error, ours, our_error) -> dict:
+def judge(name, reference, ddp_error, ours, our_error, forward: bool = False) -> dict:
     import re
 
     if name in OURS_RAISE:
@@ -479,23 +527,34 @@ def judge(name, reference, ddp_error, ours, our_error) -> dict:
         return {"ok": ok, "why": f"DDP: {(ddp_error or 'no error')[:300]}; ours: {our_error or 'no error'}"}
     if ddp_error or our_error:
         return {"ok": False, "why": f"DDP: {ddp_error or 'ok'}; ours: {our_error or 'ok'}"}
-    why = compare(reference, ours)
+    why = compare(reference, ours, forward)
     return {"ok": why is None, "why": why or ""}
 
 
-@pytest.fixture(scope="module", params=["flat", "hierarchical"])
-def verdicts(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"contract-{request.param}")
-    spawn_ranks(_all_scenarios, WORLD, out, request.param, timeout=300)
-    return request.param, out
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    """One spawn: every scenario under DDP once, then under each of our modes."""
+    out = tmp_path_factory.mktemp("contract")
+    spawn_ranks(_all_scenarios, WORLD, out, timeout=300)
+    return out
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_reducer_behaves_as_ddp(verdicts, name):
-    mode, out = verdicts
+def test_reducer_behaves_as_ddp(verdicts, mode, name):
+    out = verdicts
     for rank in range(WORLD):
         verdict = json.loads((out / f"{mode}-{name}-{rank}.json").read_text())
         assert verdict["ok"], f"{name} ({mode}), rank {rank}: {verdict['why']}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", PLAIN)
+def test_reducer_behaves_as_ddp_under_the_forward_overlap(verdicts, mode, name):
+    out = verdicts
+    for rank in range(WORLD):
+        verdict = json.loads((out / f"{mode}+forward-{name}-{rank}.json").read_text())
+        assert verdict["ok"], f"{name} ({mode}, forward overlap), rank {rank}: {verdict['why']}"
 
 
 def _different_models(rank, world, out_dir):

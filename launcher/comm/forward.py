@@ -179,8 +179,9 @@ class ForwardOverlap:
     # ------------------------------------------------------------------ the tail (tail.py calls these)
     def tail_start(self, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
         """The tail layer's backward begins. In a synchronised scheduled pass where every earlier bucket has had
-        its event and every other gradient of the last bucket is in, its weight's gradient is computed into the
-        bucket and sent by chunks as its rows come: returns the weight's view (None: the plain path)."""
+        its event, every other gradient of the last bucket is in and the layer's ``.grad`` hold nothing to add to,
+        its weight's gradient is computed into the bucket and sent by chunks as its rows come: returns the weight's
+        view (None: the plain path)."""
         if not (self.core.sync and self.scheduled and self.tail is not None):
             return None
         self.core.arm()
@@ -189,6 +190,8 @@ class ForwardOverlap:
         layer = self.tail.module
         mine = [p for p in (layer.weight, layer.bias) if p is not None and id(p) in self.where]
         if self.core.next_bucket != index or bucket.update or self.updates.unclaimed or bucket.pending != len(mine):
+            return None
+        if any(p.grad is not None for p in mine):  # no_sync micro-steps' sum, or zeroed in place: autograd adds
             return None
         if layer.bias is not None and id(layer.bias) in self.where:
             assert bias_grad is not None

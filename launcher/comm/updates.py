@@ -151,6 +151,7 @@ class BucketUpdates:
         hyperparameters recorded by ``step()``; the other parameters are left out of the groups meanwhile. Called
         with none too (every bucket still in flight): the optimizer then counts a step, as an LR scheduler expects."""
         ids = {id(p) for index in indices for p in self.buckets[index].params}
+        self.core.wait(indices)  # done already; a sparse bucket's result is bound to .grad only here
         self.core.bind_grads(indices)
         groups = self.optimizer.param_groups
         saved = [dict(g) for g in groups]
