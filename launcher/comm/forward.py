@@ -73,7 +73,7 @@ class ForwardOverlap:
         chunk_bytes: int,
     ) -> None:
         self.core = core  # a weakref.proxy: the reducer owns this object, not the reverse
-        self.buckets, self.where, self.names, self.optimizer = buckets, where, names, optimizer
+        self.buckets, self.where, self.names = buckets, where, names
         self.world_size = core.world_size
         for bucket in buckets:
             if not bucket.sparse:
