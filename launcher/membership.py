@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .train.checkpoint import newest_step
+from .checkpoint_names import newest_step
 
 FILE_NAME = "membership.jsonl"
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import torch
 
 from .config import JobConfig
-from .devices import backend_for, rank_device
+from .devices import rank_device
 from .env import TORCHRUN_VARS, DistEnv
 from .failures import FailureLog
 from .faults import faults_for
+from .gpus import backend_for
 from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary

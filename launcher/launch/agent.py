@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import signal
 import socket
-import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed import DistError
@@ -23,11 +18,10 @@ from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTime
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import JobConfig
-from ..failures import STOP_CODES, attempt_dir, exit_failure, record_exits
+from ..failures import attempt_dir, exit_failure, record_exits
 from ..failures import report as report_failures
 from ..rendezvous import listening_store
-
-GRACE_S = 5.0  # after one agent failed, the others' time to end on their own (the report follows within 10 s)
+from .head import print_stopped
 
 
 def agent_config(
@@ -121,50 +115,3 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
             print(f"launcher: node {node}: lost the rendezvous at {config.rdzv_endpoint} ({exc})", file=sys.stderr)
         return 1
     return 0
-
-
-def print_stopped(code: int, run_dir: str) -> None:
-    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143)."""
-    print(
-        f"launcher: stopped by {signal.Signals(code - 128).name}; the ranks wrote a checkpoint, run again with "
-        f"hydra.run.dir={run_dir} to continue",
-        file=sys.stderr,
-    )
-
-
-def wait_agents(
-    agents: list[subprocess.Popen],
-    stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
-    at_once: tuple[int, ...] = (),
-) -> tuple[list[int], int]:
-    """Wait for the agents of a several-node job; returns every exit code (node order) and the node that failed
-    first (-1: none did). After a failure the others get ``GRACE_S`` to end on their own (their collectives fail
-    fast once a peer is gone), then ``stop`` is applied to each one still running and they are waited for; after
-    an exit code in ``at_once`` (a machine lost: its peers hang in collectives with it) they get no grace. An
-    agent stopped by a stop signal (exit 130 / 143) starts no grace period: the others are stopping too."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    for node, agent in enumerate(agents):
-        threading.Thread(target=lambda n=node, a=agent: done.put((n, a.wait())), daemon=True).start()
-    codes: list[int] = [0] * len(agents)
-    first, grace, remaining = -1, None, len(agents)
-    while remaining:
-        try:
-            node, code = done.get(timeout=grace)
-        except queue.Empty:
-            after = f"{GRACE_S:.0f} s after the failure" if grace else "at once: they wait for a lost machine"
-            print(f"launcher: stopping the agents still running {after}", file=sys.stderr)
-            for agent in agents:
-                if agent.poll() is None:
-                    stop(agent)
-            for node, agent in enumerate(agents):
-                codes[node] = agent.wait()
-            break
-        remaining -= 1
-        codes[node] = code
-        if code != 0 and first < 0:
-            first = node
-        if code in at_once:
-            grace = 0.0
-        elif code not in (0, *STOP_CODES) and grace is None:
-            grace = GRACE_S
-    return codes, first

@@ -34,8 +34,7 @@ from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
 from ..worker import run_worker
 from .agent import agent_config, run_agent
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .mode import BaseMode, LaunchPlan
 from .ports import check_port
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,9 @@
 Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WORLD_SIZE and the Topology is the
 one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
 (``ip netns exec``), gloo talks over the node's veth, and ``cluster.link_gbit`` shapes the links.
-When an agent fails, the others get ``agent.GRACE_S`` to stop on their own (their collectives fail fast once a peer
-is gone), then are terminated; then one report for the whole job names the root cause across all nodes
-(``launcher.failures``).
+When a node fails, the others get ``head.AFTER_FAILURE_GRACE_S`` to stop on their own (their collectives fail fast
+once a peer is gone), then are terminated; then one report for the whole job names the root cause across all
+nodes (``launcher.failures``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
 from ..membership import Membership
-from .agent import print_stopped, wait_agents
-from .mode import BaseMode
+from .head import print_stopped, wait_nodes
+from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
-from .plan import LaunchPlan
 from .ports import free_port
 
 SIM_PORT = 29400  # inside fresh namespaces nothing else listens
@@ -90,7 +89,7 @@ def run_nodes(
     head_restarts: int | None,
 ) -> tuple[list[int], int]:
     """One attempt: an agent for each of ``nodes`` (simulated machines, in their namespaces), the first as the
-    master; returns ``wait_agents``'s codes and failing position. ``head_restarts``: the head restarts the job
+    master; returns ``wait_nodes``'s codes and failing position. ``head_restarts``: the head restarts the job
     (this many times so far) and the agents do not."""
     master = net.addr(nodes[0])
     port = c.master_port or (SIM_PORT if c.netns else free_port(master))
@@ -112,4 +111,4 @@ def run_nodes(
         if head_restarts is not None:
             cmd += ["--restarts", str(head_restarts)]
         agents.append(subprocess.Popen(cmd, env=env))
-    return wait_agents(agents)
+    return wait_nodes(agents)

@@ -29,8 +29,7 @@ from ..env import DistEnv
 from ..failures import Failure
 from ..failures import report as report_failures
 from ..logs import rank_log_path
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .mode import BaseMode, LaunchPlan
 from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)

@@ -13,16 +13,13 @@ import logging
 import signal
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..files import write_json_atomic
-from .mode import StartedMode
+from .mode import LaunchPlan, StartedMode
 from .ports import port_in_use
-
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ Order of events:
    same signal there (the ranks agree on a step, checkpoint, exit 130 / 143); the end of input (the head killed,
    the connection dropped) stops the agent as SIGTERM would. An ssh session ending does not by itself end its
    remote processes: this is what does.
-4. The first failure ends the job on every host (the others get ``GRACE_S``, then are stopped), then one report
-   names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255: the host or its
-   link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and restarts the job
-   on all of them from the newest checkpoint (the agents themselves do not restart).
+4. The first failure ends the job on every host (the others get ``head.AFTER_FAILURE_GRACE_S``, then are stopped),
+   then one report names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255:
+   the host or its link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and
+   restarts the job on all of them from the newest checkpoint (the agents themselves do not restart).
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
 from ..membership import Membership
-from .agent import print_stopped, wait_agents
+from .head import print_stopped, wait_nodes
 from .hosts import SSH_LOST, parse_hostfile, ready_hosts, remote_shell, ssh_command
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .mode import BaseMode, LaunchPlan
 
 HEARTBEAT_S = 5.0  # the head writes to every agent this often (cluster.heartbeat_timeout_s)
 
@@ -236,7 +235,7 @@ def run_agents(
                 lost = any(a.proc.returncode == SSH_LOST for a in agents)
                 request_of(agents, proc, "ABORT" if lost else "TERM")
 
-            codes, first = wait_agents([a.proc for a in agents], stop=stop, at_once=(SSH_LOST,))
+            codes, first = wait_nodes([a.proc for a in agents], stop=stop, at_once=(SSH_LOST,))
     for agent in agents:
         agent.finish()
     if stops:

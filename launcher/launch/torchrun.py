@@ -7,14 +7,9 @@ agent reports the failing rank's traceback; the launcher's own failure records a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..config import JobConfig
 from ..env import DistEnv
-from .mode import StartedMode
-
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
+from .mode import LaunchPlan, StartedMode
 
 
 class TorchrunMode(StartedMode):

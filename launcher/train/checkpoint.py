@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -21,31 +20,12 @@ import torch
 from torch import nn
 
 from .. import ranks
+from ..checkpoint_names import list_checkpoints
 from ..files import atomic_file, write_atomic
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-_NAME = re.compile(r"step-(\d+)\.pt$")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"step-{step:08d}.pt"
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first (by step)."""
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def newest_step(directory: Path) -> Optional[int]:
-    """The step of the newest checkpoint in ``directory`` (by its name), None when there is none."""
-    found = list_checkpoints(directory)
-    match = _NAME.search(found[-1].name) if found else None
-    return int(match.group(1)) if match else None
 
 
 def _digest_path(path: Path) -> Path:
