@@ -49,9 +49,9 @@ class Fault:
 
 
 def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
-    """This rank's faults in this attempt (``env.restart_count``: restarts or requeues so far), by step."""
+    """This rank's faults in this attempt (``env.attempt``: restarts or requeues so far), by step."""
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
-    rank, attempt = env.rank, str(env.restart_count)
+    rank, attempt = env.rank, str(env.attempt)
     mine = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         fields: dict[str, str] = {}

@@ -68,7 +68,7 @@ def run_worker(
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",
             env.num_nodes,
-            job.cluster.fewest_nodes,
+            job.cluster.min_nodes,
             job.cluster.nodes,
             env.world_size,
         )

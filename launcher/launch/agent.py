@@ -1,7 +1,7 @@
 """One node's torch elastic agent (the machinery torchrun uses): ``procs_per_node`` workers started as
-``python -m launcher.rank RUN_DIR``, c10d rendezvous, restarts, and on failure the records the job's report needs.
-Used by the local mode (one agent in the launcher process), simulated nodes and nodes started by hand
-(``launch/node.py``, one agent process per node)."""
+``python -m launcher.rank RUN_DIR``, c10d or static rendezvous, restarts, and on failure the records the job's
+report needs. Used by the local mode (one agent in the launcher process, also for a machine started by hand) and
+by each node process of the sim and ssh heads (``launch/node.py``)."""
 
 from __future__ import annotations
 
@@ -28,31 +28,33 @@ def agent_config(
     job: JobConfig,
     nnodes: int,
     endpoint: str,
-    run_id: str,
+    launch_id: str,
     local_addr: str,
     node: int = 0,
-    fixed: bool = False,
-    agent_restarts: bool = True,
+    static_rendezvous: bool = False,
+    head_restarts: bool = False,
 ) -> LaunchConfig:
     """The elastic agent of one node: ``procs_per_node`` workers; node 0's agent hosts the rendezvous store at
-    ``endpoint``.
+    ``endpoint``; ``launch_id`` is elastic's run id.
 
-    ``fixed=False``: c10d rendezvous, elastic numbers the nodes (in the order of their addresses) and restarts
-    the workers ``cluster.max_restarts`` times. ``fixed=True`` (machines named by the user: ssh hosts, by hand):
-    static rendezvous, node ``node`` is group rank ``node`` (rank 0 on the first host, as listed), and the agent
-    does not restart (the ssh head restarts the whole job). ``agent_restarts=False``: the head restarts the job,
-    not the agent (the ssh head; the sim head under ``cluster.min_nodes``)."""
+    Default: c10d rendezvous, elastic numbers the nodes (in the order of their addresses) and restarts the
+    workers ``cluster.max_restarts`` times. ``static_rendezvous`` (machines named by the user: ssh hosts, or
+    started by hand with ``cluster.node_rank``): node ``node`` is group rank ``node`` (rank 0 on the first host,
+    as listed), and the agent does not restart. ``head_restarts``: the head restarts the whole job, not the agent
+    (the ssh head; the sim head under ``cluster.min_nodes``)."""
     c = job.cluster
     join = max(1, round(c.join_timeout_s))
     return LaunchConfig(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=int(c.procs_per_node or 1),
-        run_id=run_id,
-        rdzv_backend="static" if fixed else "c10d",
+        run_id=launch_id,
+        rdzv_backend="static" if static_rendezvous else "c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"rank": node, "timeout": join} if fixed else {"join_timeout": join, "is_host": node == 0},
-        max_restarts=c.max_restarts if agent_restarts and not fixed else 0,
+        rdzv_configs={"rank": node, "timeout": join}
+        if static_rendezvous
+        else {"join_timeout": join, "is_host": node == 0},
+        max_restarts=0 if head_restarts or static_rendezvous else c.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,
@@ -102,7 +104,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         if report:
             print_stopped(128 + int(exc.sigval), job.run_dir)
         return 128 + int(exc.sigval)
-    except DistError as exc:  # static rendezvous (fixed nodes): the store did not gather every node in time
+    except DistError as exc:  # static rendezvous: the store did not gather every node in time
         print(
             f"launcher: node {node}: the rendezvous store at {config.rdzv_endpoint} did not gather "
             f"{config.min_nodes} nodes within {job.cluster.join_timeout_s:.0f} s (cluster.join_timeout_s): "

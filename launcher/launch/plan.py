@@ -36,6 +36,8 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     """Choose the mode, fill its defaults into ``cfg``, validate into a JobConfig, and plan the launch."""
     mode = choose_mode(env, str(cfg.cluster.kind))
     mode.fill_defaults(cfg.cluster, env, gpus_visible)
+    if cfg.cluster.min_nodes is None:  # every machine needed: the frozen config says so with the number
+        cfg.cluster.min_nodes = cfg.cluster.nodes
     job = to_job(cfg)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
@@ -50,7 +52,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     plan = LaunchPlan(
         mode=mode.name,
         nodes=c.nodes,
-        min_nodes=c.fewest_nodes,
+        min_nodes=cfg.cluster.min_nodes,
         procs_per_node=procs,
         gpus_per_node=gpus,
         backend=backend_for(bool(gpus)) if job.comm.backend == "auto" else job.comm.backend,
