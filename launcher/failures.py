@@ -46,7 +46,7 @@ from .files import write_json_atomic
 from .logs import rank_log_path
 
 KINDS = ("error", "died", "peer", "stopped")  # the order in which a cause is looked for
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
 STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
 
 # Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).

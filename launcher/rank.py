@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -26,15 +25,12 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_e
 from .config import JobConfig, freeze, load_frozen
 from .env import DistEnv
 from .exiting import end_process_at_exit
-from .failures import FailureLog
+from .failures import STOP_SIGNALS, FailureLog
 from .logs import rank_log_path
 from .train.stop import Preempted, StopRequest
 from .worker import run_worker
 
 log = logging.getLogger(__name__)
-
-# Local and torchrun workers: Ctrl-C / SIGTERM (or the agent passing either on) stop at an agreed step.
-ELASTIC_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
@@ -51,7 +47,7 @@ def rank_main(
     env: DistEnv,
     *,
     composed_here: bool = False,
-    stop_signals: tuple[int, ...] = ELASTIC_STOP_SIGNALS,
+    stop_signals: tuple[int, ...] = STOP_SIGNALS,  # under an elastic agent (ours, torchrun): Ctrl-C / SIGTERM
     after_stop: Callable[[JobConfig, DistEnv, Preempted], None] = end_by_signal,
     task: str = "",
 ) -> Any:

@@ -1,6 +1,6 @@
 """The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), the
 command a host runs (its shell prelude and forwarded environment), and the checks every host passes before
-anything starts (``launch/probe.py`` over ssh, in parallel), also before each restart, where under
+anything starts (``launch/host_check.py`` over ssh, in parallel), also before each restart, where under
 ``cluster.min_nodes`` a host failing them is lost and one passing them again joins (``launcher.membership``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..membership import Membership
-from .probe import token_path
+from .host_check import token_path
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
 SSH_OPTIONS = (
@@ -171,8 +171,8 @@ def ssh_problem(stderr: str, host: str) -> str:
 def check_host(
     job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
 ) -> tuple[dict, list[str]]:
-    """One host's facts (``launch/probe.py``) and its problems."""
-    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, master, port]
+    """One host's facts (``launch/host_check.py``) and its problems."""
+    argv = [c.python, "-m", "launcher.launch.host_check", job.run_dir, token, master, port]
     try:
         out = subprocess.run(
             ssh_command(c, host, remote_shell(c, argv)),

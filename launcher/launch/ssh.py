@@ -6,7 +6,7 @@ Reading map, in the order things happen (from ``SshMode.run`` to a rank):
   1. ``hosts.resolve_hosts`` (from ``SshMode.fill_defaults``, before validation): the hosts, slots, master.
   2. ``launch_ssh`` (here): the attempts; ``membership.Membership`` decides, after a failed one, whether and on
      which hosts the job goes on (``cluster.max_restarts``, ``cluster.min_nodes``).
-  3. ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over ssh by ``probe.py``.
+  3. ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over ssh by ``host_check.py``.
   4. ``run_attempt`` (here): per host an ``SshNode`` (its ssh client: ``hosts.ssh_command`` +
      ``hosts.remote_shell`` running ``head.NodeArgs.argv``); stop signals forwarded and heartbeats written as
      ``head.Control`` words; ``head.wait_nodes`` waits, then ``failures.report`` names the root cause.
@@ -19,7 +19,7 @@ never a hang), the same python path (``cluster.python``, default this interprete
 first, e.g. ``source venv/bin/activate``), and the run dir on a shared file system.
 
 Order of events:
-1. Before anything starts, every host is checked in parallel (``launch/probe.py`` over ssh, within
+1. Before anything starts, every host is checked in parallel (``launch/host_check.py`` over ssh, within
    ``cluster.check_timeout_s``): ssh answers, python and the launcher import, the run dir is the head's and
    writable, ``cluster.master_addr`` resolves, enough GPUs; the master host picks (or checks) the port. Every
    failing host is named with its cause (exit 2).
