@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import ranks
+from . import dist_helpers
 from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
@@ -131,8 +131,8 @@ def time_links(
                 seconds = time_allreduce(group, device)
                 if env.rank == nodes[a][0]:
                     mine[(a, b)] = seconds
-            ranks.barrier()  # one pair at a time
-        gathered = ranks.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
+            dist_helpers.barrier()  # one pair at a time
+        gathered = dist_helpers.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
                 dist.destroy_process_group(group)
@@ -184,7 +184,7 @@ def run_doctor(
 ) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
     logs the report unless the launcher prints it)."""
-    facts = ranks.all_gather_object(rank_facts(env, use_gpu))
+    facts = dist_helpers.all_gather_object(rank_facts(env, use_gpu))
     intra, links = time_links(env, device, timeout_s)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]

@@ -108,8 +108,8 @@ def classify(exc: BaseException) -> str:
 WRAPPER_FRAMES = (
     "runpy",
     "elastic/multiprocessing/errors",
-    "launcher/rank.py",
-    "launcher/worker.py",
+    "launcher/rank_entry.py",
+    "launcher/rank_work.py",
     "launcher/failures.py",
 )
 

@@ -1,5 +1,5 @@
 """One node's torch elastic agent (the machinery torchrun uses): ``procs_per_node`` workers started as
-``python -m launcher.rank RUN_DIR``, c10d or static rendezvous, restarts, and on failure the records the job's
+``python -m launcher.rank_entry RUN_DIR``, c10d or static rendezvous, restarts, and on failure the records the job's
 report needs. Used by the local mode (one agent in the launcher process, also for a machine started by hand) and
 by each node process of the sim and ssh heads (``launch/node.py``)."""
 
@@ -79,7 +79,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
-        elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank", job.run_dir)
+        elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank_entry", job.run_dir)
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory
         record_exits(

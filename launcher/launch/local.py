@@ -32,7 +32,7 @@ from ..config import ConfigError, JobConfig
 from ..env import DistEnv
 from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
-from ..worker import run_worker
+from ..rank_work import run_rank_work
 from .agent import agent_config, run_agent
 from .mode import BaseMode, LaunchPlan
 from .ports import check_port
@@ -90,7 +90,7 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         # its exit code is settled by the caller once known (a sweep runs several jobs)
         end_process_at_exit(0)
         try:
-            run_worker(job, DistEnv(hostname=socket.gethostname()))
+            run_rank_work(job, DistEnv(hostname=socket.gethostname()))
         except Exception:
             print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
             return 1

@@ -54,7 +54,7 @@ class SlurmTask:
 def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) -> Any:
     """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun, where every task composed the
     config): SIGUSR2 stops all ranks at one step with a checkpoint, then rank 0 requeues the job."""
-    from ..rank import rank_main
+    from ..rank_entry import rank_main
 
     if job.cluster.master_port:
         env = dataclasses.replace(env, master_port=job.cluster.master_port)

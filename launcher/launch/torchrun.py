@@ -20,7 +20,7 @@ class TorchrunMode(StartedMode):
     store_host = "torchrun's store"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
-        from ..rank import rank_main
+        from ..rank_entry import rank_main
 
         rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: the same stop signals as ours
         return 0

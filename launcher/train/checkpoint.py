@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .. import ranks
+from .. import dist_helpers
 from ..checkpoint_names import list_checkpoints
 from ..files import atomic_file, write_atomic
 
@@ -167,7 +167,7 @@ def agreed_resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tup
     file system lagging) would otherwise resume from different steps or measure different bucket layouts."""
     path, state = resume_source(mode, ckpt_dir, device)
     mine = str(path) if path is not None else None
-    chosen = ranks.broadcast_object(mine)
+    chosen = dist_helpers.broadcast_object(mine)
     if chosen != mine:
         log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
         path = Path(chosen) if chosen is not None else None

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .. import ranks
+from .. import dist_helpers
 from ..checkpoint_names import checkpoint_path, list_checkpoints
 from ..devices import rng_state, seed_all, set_rng_state
 from . import checkpoint as ckpt
@@ -47,7 +47,7 @@ class Checkpointing:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         self._phase = f"the checkpoint at step {self.pos.step}"
         self.sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        rngs = ranks.all_gather_object(rng_state())
+        rngs = dist_helpers.all_gather_object(rng_state())
         if self.env.is_main:
             path = checkpoint_path(self.ckpt_dir, self.pos.step)
             try:
