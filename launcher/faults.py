@@ -9,7 +9,7 @@
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
 - ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
   step's gradient allreduce;
-- ``attempt=A``: only in restart attempt A (the DistEnv's restart count: elastic restarts or Slurm requeues);
+- ``attempt=A``: only in attempt A (the DistEnv's 0-based attempt: elastic or head restarts, Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
 

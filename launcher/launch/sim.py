@@ -1,4 +1,5 @@
-"""``+cluster=sim``: several virtual nodes on this host, one elastic agent process per node.
+"""``+cluster=sim``: several virtual nodes on this host, one node process (``launch/node.py``, running torch's
+elastic agent) per node, started and watched by this head (``launch/head.py``).
 
 Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WORLD_SIZE and the Topology is the
 one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
