@@ -53,7 +53,7 @@ def stop_on_request(silent_s: float) -> None:
                 HEAD_GONE.set()
                 break
             *lines, pending = (pending + chunk).split(b"\n")
-            words = [Control(w) for line in lines if (w := line.decode(errors="replace")) in Control._value2member_map_]
+            words = [Control[w] for line in lines if (w := line.decode(errors="replace")) in Control.__members__]
             if Control.ABORT in words:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
                 for pid in children(os.getpid()):
                     with contextlib.suppress(ProcessLookupError):
