@@ -31,6 +31,8 @@ CPU_PROCS_PER_NODE = 2
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    """What ``plan_job`` decided, handed to the mode's ``run`` (``dry_run=true`` prints ``describe()``)."""
+
     mode: str  # the chosen mode's name (plan.MODES)
     nodes: int
     min_nodes: int  # cluster.min_nodes: the job may run on fewer machines, down to this (= nodes: never)
@@ -46,13 +48,18 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def may_shrink(self) -> bool:
+        """The job may run on fewer machines than ``nodes`` (``ClusterConfig.may_shrink``)."""
+        return self.min_nodes < self.nodes
+
     def describe(self) -> str:
         devices = f"{self.gpus_per_node} GPU(s)/node, nccl" if self.gpus_per_node else "CPU"
         return "\n".join(
             [
                 f"mode        : {self.mode}",
                 f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}"
-                + (f" (or down to {self.min_nodes} node(s): cluster.min_nodes)" if self.min_nodes < self.nodes else ""),
+                + (f" (or down to {self.min_nodes} node(s): cluster.min_nodes)" if self.may_shrink else ""),
                 f"devices     : {devices} (backend {self.backend})",
                 f"rendezvous  : {self.rendezvous}",
                 f"max restarts: {self.max_restarts}",

@@ -141,7 +141,7 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
     layout = f"{plan.world_size} task(s) on {plan.nodes} node(s)"
-    if plan.min_nodes < plan.nodes:
+    if plan.may_shrink:
         layout = (
             f"{plan.min_nodes * plan.procs_per_node}-{plan.world_size} task(s) on {node_range(job.cluster)} node(s) "
             "(cluster.min_nodes: as many nodes as are free when it starts)"
