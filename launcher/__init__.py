@@ -1,8 +1,25 @@
-"""launcher: one Hydra config, a distributed PyTorch job run locally, under torchrun, or on Slurm."""
+"""launcher: one Hydra config, a distributed PyTorch job run locally, under torchrun, or on Slurm.
 
-from .devices import try_all_gpus, try_gpu
-from .env import DistEnv
-from .rendezvous import process_group
+The names below are imported when first used: importing a head-side module (``launcher.launch.ssh``,
+``launcher.membership``) does not import torch through this package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .devices import try_all_gpus, try_gpu
+    from .env import DistEnv
+    from .rendezvous import process_group
 
 __version__ = "0.1.0"
 __all__ = ["DistEnv", "process_group", "try_all_gpus", "try_gpu", "__version__"]
+_WHERE = {"DistEnv": "env", "process_group": "rendezvous", "try_all_gpus": "devices", "try_gpu": "devices"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'launcher' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{_WHERE[name]}", __name__), name)

@@ -51,7 +51,7 @@ from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit, settle_exit_code
 from .files import no_world_writable_files
-from .launch import plan_job
+from .launch.plan import plan_job
 from .plot import plot_all
 from .summary import RunSummary
 from .sweep import Sweep

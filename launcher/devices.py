@@ -54,11 +54,6 @@ def describe_device(device: torch.device) -> str:
     return f"cuda:{index} {props.name}" + (f" (GPU-{uuid})" if uuid else "")
 
 
-def backend_for(use_gpu: bool) -> str:
-    """nccl between GPUs, gloo on CPUs."""
-    return "nccl" if use_gpu else "gloo"
-
-
 def seed_all(seed: int) -> None:
     """Seed Python, torch's CPU generator and every GPU's generator (``manual_seed_all``)."""
     random.seed(seed)

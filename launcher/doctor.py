@@ -3,8 +3,9 @@
 Launched exactly like the job (local, ``+cluster=sim``, ``+cluster=slurm``), every rank reports:
 its host and node, how MASTER_ADDR resolves there and how long a TCP connect to the rendezvous store takes,
 the network interface its traffic to MASTER_ADDR leaves on (and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), and the
-GPUs it sees. Then an allreduce of ``PROBE_MB`` is timed inside every node (all nodes at once) and between the
-leaders of every pair of nodes (one pair at a time, so pairs do not share the wire), median of ``REPS``.
+GPUs it sees. Then an allreduce of ``DOCTOR_ALLREDUCE_MB`` is timed inside every node (all nodes at once) and
+between the leaders of every pair of nodes (one pair at a time, so pairs do not share the wire), median of
+``REPS`` (``time_links``).
 
 Verdict: a node whose every link is more than ``SLOW`` x slower than the links between the other nodes is named,
 then any single link (or node-internal allreduce) more than ``SLOW`` x the median of its kind. With two nodes there
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import ranks
+from . import dist_helpers
 from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
@@ -36,8 +37,8 @@ from .files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-PROBE_MB = 1.0  # allreduce size per probe
-REPS = 5  # timed repetitions per probe (after one warm-up); the median counts
+DOCTOR_ALLREDUCE_MB = 1.0  # the size of each timed allreduce (inside a node, between two nodes' leaders)
+REPS = 5  # timed repetitions per allreduce (after one warm-up); the median counts
 SLOW = 2.0  # "slow" means more than this factor above the median of its kind
 MAX_PAIRWISE_NODES = 16  # above this, each node is timed against its ring neighbour only
 
@@ -99,7 +100,7 @@ def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
 
 
 def time_allreduce(
-    group: dist.ProcessGroup | None, device: torch.device, mb: float = PROBE_MB, reps: int = REPS
+    group: dist.ProcessGroup | None, device: torch.device, mb: float = DOCTOR_ALLREDUCE_MB, reps: int = REPS
 ) -> float:
     """Median seconds of an allreduce of ``mb`` over ``group`` (every member calls this)."""
     tensor = torch.ones(max(1, int(mb * 2**20) // 4), device=device)
@@ -112,7 +113,7 @@ def node_pairs(nodes: int) -> list[tuple[int, int]]:
     return [(a, (a + 1) % nodes) for a in range(nodes)]
 
 
-def probe(
+def time_links(
     env: DistEnv, device: torch.device, timeout_s: float | None = None
 ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
     """Collective: (node -> intra-node allreduce s, (node a, node b) -> leaders' allreduce s), on every rank."""
@@ -130,8 +131,8 @@ def probe(
                 seconds = time_allreduce(group, device)
                 if env.rank == nodes[a][0]:
                     mine[(a, b)] = seconds
-            ranks.barrier()  # one pair at a time
-        gathered = ranks.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
+            dist_helpers.barrier()  # one pair at a time
+        gathered = dist_helpers.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
                 dist.destroy_process_group(group)
@@ -151,7 +152,7 @@ def verdict(intra: dict[int, float], links: dict[tuple[int, int], float], hosts:
             if others and min(mine) > SLOW * statistics.median(others):
                 problems.append(
                     f"node {node} ({hosts[node]}) is slow: its links take {statistics.median(mine) * 1e3:.1f} ms "
-                    f"per {PROBE_MB:g} MB allreduce, links between the other nodes "
+                    f"per {DOCTOR_ALLREDUCE_MB:g} MB allreduce, links between the other nodes "
                     f"{statistics.median(others) * 1e3:.1f} ms (> {SLOW:g}x)"
                 )
                 explained |= {pair for pair in links if node in pair}
@@ -183,15 +184,15 @@ def run_doctor(
 ) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
     logs the report unless the launcher prints it)."""
-    facts = ranks.all_gather_object(rank_facts(env, use_gpu))
-    intra, links = probe(env, device, timeout_s)
+    facts = dist_helpers.all_gather_object(rank_facts(env, use_gpu))
+    intra, links = time_links(env, device, timeout_s)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]
     problems += verdict(intra, links, hosts)
     report = {
         "world_size": env.world_size,
         "nodes": len(hosts),
-        "probe_mb": PROBE_MB,
+        "allreduce_mb": DOCTOR_ALLREDUCE_MB,
         "ranks": facts,
         "intra_node_ms": {str(n): s * 1e3 for n, s in sorted(intra.items())},
         "links_ms": {f"{a}-{b}": s * 1e3 for (a, b), s in sorted(links.items())},
@@ -222,11 +223,11 @@ def format_report(report: dict[str, Any]) -> str:
             f"({f['local_ip']}), socket ifname {f['socket_ifname'] or '-'}; {gpus}"
         )
     for node, ms in report["intra_node_ms"].items():
-        lines.append(f"  node {node}: allreduce of {report['probe_mb']:g} MB among its ranks {ms:.2f} ms")
+        lines.append(f"  node {node}: allreduce of {report['allreduce_mb']:g} MB among its ranks {ms:.2f} ms")
     for pair, ms in report["links_ms"].items():
-        mb_s = report["probe_mb"] / (ms / 1e3) if ms else float("inf")
+        mb_s = report["allreduce_mb"] / (ms / 1e3) if ms else float("inf")
         lines.append(
-            f"  link {pair}: allreduce of {report['probe_mb']:g} MB between leaders {ms:.2f} ms ({mb_s:.0f} MB/s)"
+            f"  link {pair}: allreduce of {report['allreduce_mb']:g} MB between leaders {ms:.2f} ms ({mb_s:.0f} MB/s)"
         )
     lines += [f"PROBLEM {p}" for p in report["problems"]] or ["  no problems found"]
     return "\n".join(lines)

@@ -21,9 +21,9 @@ TORCHRUN_VARS = {
     "node_rank": "GROUP_RANK",
     "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT",
-    "run_id": "TORCHELASTIC_RUN_ID",
+    "launch_id": "TORCHELASTIC_RUN_ID",
     "agent_store": "TORCHELASTIC_USE_AGENT_STORE",
-    "restart_count": "TORCHELASTIC_RESTART_COUNT",
+    "attempt": "TORCHELASTIC_RESTART_COUNT",
 }
 
 # Slurm, one task per rank (srun / submitit); never nested under torchrun.
@@ -35,15 +35,15 @@ SLURM_VARS = {
     "num_nodes": "SLURM_JOB_NUM_NODES",
     "nodelist": "SLURM_JOB_NODELIST",
     "tasks_per_node": "SLURM_TASKS_PER_NODE",
-    "job_id": "SLURM_JOB_ID",
+    "launch_id": "SLURM_JOB_ID",
     "step_id": "SLURM_STEP_ID",
     "node_name": "SLURMD_NODENAME",  # the (possibly virtual) node a task runs on; `hostname` may not tell
-    "restart_count": "SLURM_RESTART_COUNT",  # set in a requeued job
+    "attempt": "SLURM_RESTART_COUNT",  # set in a requeued job
 }
 
-# Restarts done above the elastic agents: the ssh head restarts the whole job with new agents (their own count
-# starts at 0 again); added to TORCHELASTIC_RESTART_COUNT.
-HEAD_RESTARTS = "LAUNCHER_HEAD_RESTARTS"
+# The head's attempt number, when the head restarts the whole job with new agents (ssh; sim under
+# cluster.min_nodes): their own restart count starts at 0 again, so this is added to TORCHELASTIC_RESTART_COUNT.
+HEAD_ATTEMPT = "LAUNCHER_HEAD_ATTEMPT"
 
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 20000
@@ -63,9 +63,9 @@ class DistEnv:
     master_port: int = 0
     source: str = "single"
     hostname: str = ""
-    job_id: str = ""
+    launch_id: str = ""  # this launch's identity: the elastic run id, or Slurm's job id
     agent_store: bool = False  # the elastic agent already hosts the TCPStore at master_addr:master_port
-    restart_count: int = 0  # restarts / requeues so far (attempt number): logs mark it, store keys are kept apart
+    attempt: int = 0  # 0-based: restarts / requeues so far; logs mark it, store keys and failure records kept apart
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -84,7 +84,7 @@ class DistEnv:
         return self.world_size > 1
 
     def describe(self) -> str:
-        attempt = f", attempt {self.restart_count}" if self.restart_count else ""
+        attempt = f", attempt {self.attempt}" if self.attempt else ""
         return (
             f"rank {self.rank}/{self.world_size} (node {self.node_rank}/{self.num_nodes}, "
             f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}{attempt}"
@@ -143,9 +143,9 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         master_port=_int(environ, v["master_port"]),
         source="elastic",
         hostname=socket.gethostname(),
-        job_id=environ.get(v["run_id"], ""),
+        launch_id=environ.get(v["launch_id"], ""),
         agent_store=environ.get(v["agent_store"], "") == "True",
-        restart_count=_int(environ, v["restart_count"], 0) + _int(environ, HEAD_RESTARTS, 0),
+        attempt=_int(environ, v["attempt"], 0) + _int(environ, HEAD_ATTEMPT, 0),
     )
 
 
@@ -154,7 +154,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     hosts = expand_hostlist(environ[v["nodelist"]])
     node_rank = _int(environ, v["node_rank"], 0)
     per_node = parse_tasks_per_node(environ.get(v["tasks_per_node"], ""), len(hosts))
-    job_id = environ.get(v["job_id"], "0")
+    job_id = environ.get(v["launch_id"], "0")  # Slurm's job id
     return DistEnv(
         rank=_int(environ, v["rank"]),
         local_rank=_int(environ, v["local_rank"], 0),
@@ -166,8 +166,8 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         master_port=slurm_port(job_id),
         source="slurm",
         hostname=environ.get(v["node_name"]) or socket.gethostname(),
-        job_id=job_id,
-        restart_count=_int(environ, v["restart_count"], 0),
+        launch_id=job_id,
+        attempt=_int(environ, v["attempt"], 0),
     )
 
 

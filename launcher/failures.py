@@ -22,7 +22,8 @@ kind (several ranks failing on their own at once: any of them is a true cause):
   stopped  ended by the launcher (SIGTERM / SIGINT) after another rank failed
 
 Layout: ``RUN_DIR/failures/<launch id>/attempt-<n>/rank-<k>.json`` (launch id: the elastic run id or the Slurm
-job id; n: the restart or requeue count), so a restarted or resumed job never reads an earlier attempt's.
+job id; n: the 0-based attempt, restarts or requeues so far), so a restarted or resumed job never reads an
+earlier attempt's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .files import write_json_atomic
 from .logs import rank_log_path
 
 KINDS = ("error", "died", "peer", "stopped")  # the order in which a cause is looked for
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
 STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
 
 # Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
@@ -107,8 +108,8 @@ def classify(exc: BaseException) -> str:
 WRAPPER_FRAMES = (
     "runpy",
     "elastic/multiprocessing/errors",
-    "launcher/rank.py",
-    "launcher/worker.py",
+    "launcher/rank_entry.py",
+    "launcher/rank_work.py",
     "launcher/failures.py",
 )
 
@@ -145,7 +146,7 @@ class FailureLog:
         on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.env, self.task, self.ignore, self.on_failure = env, task, ignore, on_failure
-        self.path = record_path(run_dir, env.job_id, env.restart_count, env.rank)
+        self.path = record_path(run_dir, env.launch_id, env.attempt, env.rank)
         self.written = False
 
     def record(self, exc: BaseException) -> None:

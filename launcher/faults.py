@@ -9,7 +9,7 @@
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
 - ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
   step's gradient allreduce;
-- ``attempt=A``: only in restart attempt A (the DistEnv's restart count: elastic restarts or Slurm requeues);
+- ``attempt=A``: only in attempt A (the DistEnv's 0-based attempt: elastic or head restarts, Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
 
@@ -49,9 +49,9 @@ class Fault:
 
 
 def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
-    """This rank's faults in this attempt (``env.restart_count``: restarts or requeues so far), by step."""
+    """This rank's faults in this attempt (``env.attempt``: restarts or requeues so far), by step."""
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
-    rank, attempt = env.rank, str(env.restart_count)
+    rank, attempt = env.rank, str(env.attempt)
     mine = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         fields: dict[str, str] = {}

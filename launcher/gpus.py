@@ -1,6 +1,7 @@
 """GPU choice by free memory, as the d2l notes do it by hand (query nvidia-smi, sort, set CUDA_VISIBLE_DEVICES):
 ``cluster.gpu_select=free_memory`` orders the GPUs this job may use by free memory, most free first, before any
-worker initialises CUDA. NVML (``nvidia-ml-py``) when installed, else ``nvidia-smi``."""
+worker initialises CUDA. NVML (``nvidia-ml-py``) when installed, else ``nvidia-smi``. Also which backend
+the job's GPUs (or their absence) call for (``backend_for``). No torch here: the head plans with these."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+
+
+def backend_for(use_gpu: bool) -> str:
+    """nccl between GPUs, gloo on CPUs."""
+    return "nccl" if use_gpu else "gloo"
 
 
 def free_memory_mib() -> dict[int, int]:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .train.checkpoint import newest_step
+from .checkpoint_names import newest_step
 
 FILE_NAME = "membership.jsonl"
 
@@ -49,27 +49,28 @@ class Membership:
     def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int, max_restarts: int) -> None:
         self.run_dir, self.all, self.min_nodes, self.max_restarts = Path(run_dir), list(names), min_nodes, max_restarts
         self.live = list(names)
-        self.attempt = 0  # attempts so far (the workers' restart count: faults' attempt=)
-        self.restarts = 0  # restarts after failures, against max_restarts; losses do not count
+        self.attempt = 0  # 0-based number of the next attempt (the workers' DistEnv.attempt: faults' attempt=)
+        self.spent_restarts = 0  # restarts after failures, counted against max_restarts (a loss spends none)
 
     def again(self, lost: dict[str, str], where: str) -> bool:
         """After a failed attempt: go on without the ``lost`` nodes (name -> why) if enough are left, else restart
         on every node while ``max_restarts`` allows (said, naming ``where``: host / node). False: the job ends."""
         self.attempt += 1
-        if self.elastic and lost and self.change(lost):
+        if self.may_shrink and lost and self.change(lost):
             return True
-        if self.restarts == self.max_restarts:
+        if self.spent_restarts == self.max_restarts:
             return False
-        self.restarts += 1
+        self.spent_restarts += 1
         print(
-            f"launcher: restarting the job on every {where} from the newest checkpoint (restart {self.restarts} of "
-            f"{self.max_restarts}, cluster.max_restarts)",
+            f"launcher: restarting the job on every {where} from the newest checkpoint (restart "
+            f"{self.spent_restarts} of {self.max_restarts}, cluster.max_restarts)",
             file=sys.stderr,
         )
         return True
 
     @property
-    def elastic(self) -> bool:
+    def may_shrink(self) -> bool:
+        """``cluster.min_nodes`` < the nodes listed: the job may go on with fewer (``ClusterConfig.may_shrink``)."""
         return self.min_nodes < len(self.all)
 
     def change(self, lost: dict[str, str], joined: Sequence[str] = ()) -> bool:

@@ -55,7 +55,7 @@ def process_group(
     if store is None:
         store = _connect(env, join_s)
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
-    store = dist.PrefixStore(f"launcher/attempt-{env.restart_count}", store)
+    store = dist.PrefixStore(f"launcher/attempt-{env.attempt}", store)
     _check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     dist.init_process_group(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, lint and type-check, then run the whole test suite:
+# Set up the environment if needed, lint, type-check and check the import contracts, then run the whole suite:
 #   ./scripts/test.sh [pytest args...]
 source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/.." || exit 1
-ruff check . && ruff format --check . && mypy || { echo "lint/type check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
+ruff check . && ruff format --check . && mypy && lint-imports || { echo "lint/type/import check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
 exec python -m pytest "$@"

@@ -95,7 +95,7 @@ def compose(*overrides: str, run_dir: Path | None = None):
 
 def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, environ: dict | None = None):
     """(JobConfig, LaunchPlan) for ``overrides`` on a machine with ``gpus_visible`` GPUs."""
-    from launcher.launch import plan_job
+    from launcher.launch.plan import plan_job
 
     job, launch_plan, _ = plan_job(compose(*overrides, run_dir=run_dir), DistEnv.resolve(environ or {}), gpus_visible)
     return job, launch_plan

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from launcher.checkpoint_names import checkpoint_path, list_checkpoints
 from launcher.train import checkpoint as ckpt
 from models import LeNet
 
@@ -68,27 +69,27 @@ def test_atomic_save_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
 
 def test_list_and_prune(tmp_path):
     for step in (5, 100, 20, 7):
-        ckpt.save_atomic({"step": step}, ckpt.checkpoint_path(tmp_path, step))
+        ckpt.save_atomic({"step": step}, checkpoint_path(tmp_path, step))
     (tmp_path / "notes.txt").write_text("not a checkpoint")
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
         "step-00000005.pt",
         "step-00000007.pt",
         "step-00000020.pt",
         "step-00000100.pt",
     ]
     ckpt.prune(tmp_path, keep=2)
-    assert [ckpt.load(p)["step"] for p in ckpt.list_checkpoints(tmp_path)] == [20, 100]
-    assert ckpt.list_checkpoints(tmp_path / "missing") == []
+    assert [ckpt.load(p)["step"] for p in list_checkpoints(tmp_path)] == [20, 100]
+    assert list_checkpoints(tmp_path / "missing") == []
 
 
 def test_truncated_newest_checkpoint_is_skipped(tmp_path):
     for step in (10, 20):
-        ckpt.save_atomic({"step": step, "w": torch.randn(1000)}, ckpt.checkpoint_path(tmp_path, step))
-    newest = ckpt.checkpoint_path(tmp_path, 20)
+        ckpt.save_atomic({"step": step, "w": torch.randn(1000)}, checkpoint_path(tmp_path, step))
+    newest = checkpoint_path(tmp_path, 20)
     newest.write_bytes(newest.read_bytes()[:100])  # a crash mid-copy, say
     path, state = ckpt.load_newest_valid(tmp_path)
-    assert path == ckpt.checkpoint_path(tmp_path, 10) and state["step"] == 10
-    ckpt.checkpoint_path(tmp_path, 20).with_name("step-00000020.pt.sha256").unlink()  # no digest: load check only
+    assert path == checkpoint_path(tmp_path, 10) and state["step"] == 10
+    checkpoint_path(tmp_path, 20).with_name("step-00000020.pt.sha256").unlink()  # no digest: load check only
     assert ckpt.load_newest_valid(tmp_path)[1]["step"] == 10
     ckpt.save_atomic({"step": 20}, newest)
     newest.write_bytes(newest.read_bytes()[:-1] + b"x")
@@ -98,6 +99,6 @@ def test_truncated_newest_checkpoint_is_skipped(tmp_path):
 
 def test_prune_removes_digests(tmp_path):
     for step in (1, 2, 3):
-        ckpt.save_atomic({"step": step}, ckpt.checkpoint_path(tmp_path, step))
+        ckpt.save_atomic({"step": step}, checkpoint_path(tmp_path, step))
     ckpt.prune(tmp_path, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt", "step-00000003.pt.sha256"]

@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from helpers import spawn_ranks
-from launcher import ranks, try_all_gpus, try_gpu
+from launcher import dist_helpers, try_all_gpus, try_gpu
 from launcher.dataparallel import HandDataParallel, allreduce_devices, split_batch
 from launcher.env import DistEnv
 from launcher.rendezvous import process_group
@@ -16,15 +16,15 @@ from models import LeNet
 def _seeds_allreduce(rank, world, out_dir):
     # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
     data = torch.ones((1, 2)) * (rank + 1)
-    ranks.all_reduce(data)
+    dist_helpers.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
     mean = torch.ones(2) * (rank + 1)
-    ranks.all_reduce(mean, op="mean")
+    dist_helpers.all_reduce(mean, op="mean")
     torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
-    assert ranks.get_rank() == rank and ranks.get_world_size() == world
-    assert ranks.all_gather_object(f"r{rank}") == ["r0", "r1"]
-    assert ranks.broadcast_object({"from": rank}) == {"from": 0}
-    ranks.barrier()
+    assert dist_helpers.get_rank() == rank and dist_helpers.get_world_size() == world
+    assert dist_helpers.all_gather_object(f"r{rank}") == ["r0", "r1"]
+    assert dist_helpers.broadcast_object({"from": rank}) == {"from": 0}
+    dist_helpers.barrier()
 
 
 def test_seeds_allreduce_example_on_two_ranks(tmp_path):
@@ -32,12 +32,12 @@ def test_seeds_allreduce_example_on_two_ranks(tmp_path):
 
 
 def test_helpers_without_process_group():
-    assert not ranks.is_initialized()
+    assert not dist_helpers.is_initialized()
     t = torch.tensor([1.0, 2.0])
-    assert ranks.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
-    assert (ranks.get_rank(), ranks.get_world_size(), ranks.is_main_process()) == (0, 1, True)
-    assert ranks.all_gather_object(7) == [7] and ranks.broadcast_object(7) == 7
-    ranks.barrier()
+    assert dist_helpers.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
+    assert (dist_helpers.get_rank(), dist_helpers.get_world_size(), dist_helpers.is_main_process()) == (0, 1, True)
+    assert dist_helpers.all_gather_object(7) == [7] and dist_helpers.broadcast_object(7) == 7
+    dist_helpers.barrier()
 
 
 def test_process_group_destroyed_even_on_error():

@@ -30,7 +30,7 @@ def test_torchrun_table():
     env = DistEnv.resolve(TORCHRUN)
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (3, 1, 4, 2)
     assert (env.node_rank, env.num_nodes, env.master_addr, env.master_port) == (1, 2, "10.0.0.1", 29500)
-    assert env.source == "elastic" and env.agent_store and env.job_id == "abc"
+    assert env.source == "elastic" and env.agent_store and env.launch_id == "abc"
 
 
 def test_slurm_table():
@@ -44,7 +44,7 @@ def test_slurm_table():
 
 def test_requeued_slurm_job_is_a_later_attempt():
     env = DistEnv.resolve({**SLURM, "SLURM_RESTART_COUNT": "2"})
-    assert env.restart_count == 2 and env.describe().endswith("via slurm, attempt 2")
+    assert env.attempt == 2 and env.describe().endswith("via slurm, attempt 2")
 
 
 def test_torchrun_wins_over_slurm():

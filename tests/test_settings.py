@@ -96,7 +96,7 @@ def test_a_preemption_beyond_max_requeues_is_not_requeued_and_says_how_to_resume
     if done:
         (tmp_path / "requeues.json").write_text(json.dumps({"count": done}))
     with pytest.raises(RuntimeError) as info:
-        requeue(job, DistEnv(job_id="17", source="slurm"), RuntimeError("stopped at step 15 on SIGUSR2"))
+        requeue(job, DistEnv(launch_id="17", source="slurm"), RuntimeError("stopped at step 15 on SIGUSR2"))
     assert str(info.value) == (
         f"stopped at step 15 on SIGUSR2; not requeued: cluster.max_requeues={allowed} reached. HINT: resubmit with "
         f"hydra.run.dir={tmp_path} to resume from the checkpoint"

@@ -314,7 +314,7 @@ def test_taken_store_port_is_named():
         holder.bind(("", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        env = DistEnv(master_port=port, job_id="77", hostname="node1")
+        env = DistEnv(master_port=port, launch_id="77", hostname="node1")
         with pytest.raises(
             RuntimeError,
             match=rf"MASTER_PORT {port} \(derived from job id 77 \(20000 \+ id % 20000\)\)"

@@ -22,21 +22,16 @@ class ClusterConfig:
     max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
     min_nodes: Optional[int] = None  # sim, ssh: keep training on this many machines when others are lost
     #                                  (restart on the survivors from the newest checkpoint); slurm: submit with
-    #                                  --nodes=MIN-MAX (start on what is free); null = nodes
+    #                                  --nodes=MIN-MAX (start on what is free); null = nodes (plan_job writes it)
     master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
     master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
     gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
 
     @property
-    def fewest_nodes(self) -> int:
-        """The fewest machines the job may run on (``cluster.min_nodes``, else every one)."""
-        return self.min_nodes or self.nodes
-
-    @property
     def may_shrink(self) -> bool:
         """``cluster.min_nodes`` < ``cluster.nodes``: the job may run on fewer machines than listed."""
-        return self.fewest_nodes < self.nodes
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, f"cluster.nodes={self.nodes} must be >= 1; HINT: set cluster.nodes=1 for one machine")

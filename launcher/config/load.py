@@ -96,10 +96,10 @@ def default_run_name(node_rank: int | None = None, master_addr: str = "", master
     if node_rank is not None:
         return f"nodes-{master_addr}-{master_port}"
     env = DistEnv.resolve()
-    if env.source == "elastic" and env.job_id:
-        return f"torchrun-{env.job_id}"
+    if env.source == "elastic" and env.launch_id:
+        return f"torchrun-{env.launch_id}"
     if env.source == "slurm":
-        return f"slurm-{env.job_id}"
+        return f"slurm-{env.launch_id}"
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3]
 
 

@@ -6,17 +6,7 @@
 4. ``ssh``: ``+cluster=ssh``, one elastic agent per host, started over ssh from this head host;
 5. ``sim``: ``+cluster=sim``, one elastic agent per virtual node on this host;
 6. ``local``: one elastic agent on this host (or, by hand, this machine's node of a several-machine job).
+
+The order is ``MODES`` in ``plan.py``; ``plan_job`` there chooses the mode and plans the job. Nothing is imported
+here, so the head-side modules (``ssh``, ``sim``, ``hosts``, ``head``) import without torch.
 """
-
-from .local import LocalMode
-from .mode import BaseMode
-from .plan import LaunchPlan, plan_job
-from .sim import SimMode
-from .slurm import SlurmMode
-from .slurm_task import SlurmTaskMode
-from .ssh import SshMode
-from .torchrun import TorchrunMode
-
-MODES: tuple[BaseMode, ...] = (TorchrunMode(), SlurmTaskMode(), SlurmMode(), SshMode(), SimMode(), LocalMode())
-
-__all__ = ["MODES", "BaseMode", "LaunchPlan", "plan_job"]

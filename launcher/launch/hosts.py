@@ -1,7 +1,7 @@
-"""The ssh side of ``+cluster=ssh``: the hostfile, the command a host runs (its shell prelude and forwarded
-environment), and the checks every host passes before anything starts (``launch/probe.py`` over ssh, in parallel),
-also before each restart, where under ``cluster.min_nodes`` a host failing them is lost and one passing them
-again joins (``launcher.membership``)."""
+"""The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), the
+command a host runs (its shell prelude and forwarded environment), and the checks every host passes before
+anything starts (``launch/host_check.py`` over ssh, in parallel), also before each restart, where under
+``cluster.min_nodes`` a host failing them is lost and one passing them again joins (``launcher.membership``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..membership import Membership
-from .probe import token_path
+from .host_check import token_path
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
 SSH_OPTIONS = (
@@ -63,6 +65,50 @@ def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
     return hosts
 
 
+def resolve_hosts(cluster: DictConfig) -> None:
+    """``cluster.hosts`` or ``cluster.hostfile`` into the hosts the job uses (``cluster.nodes`` of them, every one
+    listed by default), their ranks per node (the hostfile's ``slots``, all equal, unless
+    ``cluster.procs_per_node`` says) and ``cluster.master_addr`` (the first host unless given); written into the
+    composed config before validation."""
+    if cluster.hostfile and cluster.hosts:
+        raise ConfigError("cluster.hosts and cluster.hostfile are both set; HINT: give the hosts one way")
+    listed = parse_hostfile(cluster.hostfile) if cluster.hostfile else [(str(h), None) for h in cluster.hosts]
+    if not listed:
+        where = f"cluster.hostfile={cluster.hostfile!r} lists no host" if cluster.hostfile else "no hosts given"
+        raise ConfigError(f"+cluster=ssh: {where}; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH")
+    hosts = [host for host, _ in listed]
+    if dups := sorted({h for h in hosts if hosts.count(h) > 1}):
+        raise ConfigError(
+            f"cluster.hosts lists {', '.join(dups)} more than once; HINT: one entry per machine, "
+            "cluster.procs_per_node ranks run on each"
+        )
+    nodes = int(cluster.nodes) or len(hosts)
+    if nodes > len(hosts):
+        raise ConfigError(
+            f"cluster.nodes={nodes} but only {len(hosts)} host(s) are listed; HINT: list more hosts or omit "
+            "cluster.nodes (every listed host is used)"
+        )
+    used = listed[:nodes]
+    slots = {host: n for host, n in used if n is not None}
+    if cluster.procs_per_node is None and slots:
+        if len(set(slots.values())) > 1 or len(slots) < nodes:
+            given = ", ".join(f"{h}: {n if n is not None else 'none'}" for h, n in used)
+            raise ConfigError(
+                f"the hostfile's slots differ ({given}); every node runs the same number of ranks; HINT: set "
+                f"cluster.procs_per_node={min(slots.values())}"
+            )
+        cluster.procs_per_node = next(iter(slots.values()))
+    elif cluster.procs_per_node is not None:
+        for host, n in slots.items():
+            if cluster.procs_per_node > n:
+                raise ConfigError(
+                    f"cluster.procs_per_node={cluster.procs_per_node} but the hostfile gives {host} slots={n}; "
+                    f"HINT: cluster.procs_per_node={n}, or raise its slots"
+                )
+    cluster.hosts, cluster.nodes = [h for h, _ in used], nodes
+    cluster.master_addr = cluster.master_addr or used[0][0]
+
+
 def ready_hosts(
     job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str]
 ) -> tuple[list[str], str, list[dict]]:
@@ -70,13 +116,13 @@ def ready_hosts(
     (each failing one is named, nothing starts). A restart checks the running hosts and, under
     ``cluster.min_nodes``, those lost earlier but not in ``skip`` (just lost: not waited for): a running host that
     fails the checks is lost (if enough are left), one lost earlier that passes them joins."""
-    candidates = [h for h in members.all if h in members.live or (members.elastic and h not in skip)]
+    candidates = [h for h in members.all if h in members.live or (members.may_shrink and h not in skip)]
     while True:
         master = c.master_addr if candidates[0] == members.all[0] else candidates[0]
         results = check_hosts(job, c, candidates, master)
         failing = {host: problems for host, (_, problems) in zip(candidates, results) if problems}
         down = {h: f"fails the host checks: {problems[0]}" for h, problems in failing.items() if h in members.live}
-        if down and (members.attempt == 0 or not members.elastic or not members.change(down)):
+        if down and (members.attempt == 0 or not members.may_shrink or not members.change(down)):
             lines = [f"  {host}: {p}" for host, problems in failing.items() for p in problems]
             raise ConfigError(f"{len(lines)} problem(s) on the hosts, nothing started:\n" + "\n".join(lines))
         if candidates[0] in failing:  # the master is gone: check the others again against the next one
@@ -125,8 +171,8 @@ def ssh_problem(stderr: str, host: str) -> str:
 def check_host(
     job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
 ) -> tuple[dict, list[str]]:
-    """One host's facts (``launch/probe.py``) and its problems."""
-    argv = [c.python, "-m", "launcher.launch.probe", job.run_dir, token, master, port]
+    """One host's facts (``launch/host_check.py``) and its problems."""
+    argv = [c.python, "-m", "launcher.launch.host_check", job.run_dir, token, master, port]
     try:
         out = subprocess.run(
             ssh_command(c, host, remote_shell(c, argv)),

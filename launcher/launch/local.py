@@ -32,10 +32,9 @@ from ..config import ConfigError, JobConfig
 from ..env import DistEnv
 from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
-from ..worker import run_worker
+from ..rank_work import run_rank_work
 from .agent import agent_config, run_agent
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .mode import BaseMode, LaunchPlan
 from .ports import check_port
 
 log = logging.getLogger(__name__)
@@ -91,7 +90,7 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         # its exit code is settled by the caller once known (a sweep runs several jobs)
         end_process_at_exit(0)
         try:
-            run_worker(job, DistEnv(hostname=socket.gethostname()))
+            run_rank_work(job, DistEnv(hostname=socket.gethostname()))
         except Exception:
             print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
             return 1
@@ -105,10 +104,11 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     if c.master_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     if c.nodes > 1:  # by hand: the same launch id on every machine; an earlier run's records must not count
-        node, run_id = int(c.node_rank or 0), f"nodes-{c.master_port}"
-        shutil.rmtree(Path(job.run_dir) / "failures" / run_id, ignore_errors=True)
+        node, launch_id = int(c.node_rank or 0), f"nodes-{c.master_port}"
+        shutil.rmtree(Path(job.run_dir) / "failures" / launch_id, ignore_errors=True)
         addr = c.master_addr if node == 0 else socket.gethostname()
-        config = agent_config(job, c.nodes, f"{c.master_addr}:{c.master_port}", run_id, addr, node, fixed=True)
+        endpoint = f"{c.master_addr}:{c.master_port}"
+        config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)
         return run_agent(job, config, node=node)
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
     return run_agent(job, config)

@@ -1,4 +1,5 @@
-"""The launch-mode protocol: each way to start a job is one module in ``launch/`` with one ``LaunchMode`` class.
+"""The launch-mode protocol: each way to start a job is one module in ``launch/`` with one ``BaseMode`` subclass,
+run with the ``LaunchPlan`` that ``plan_job`` (``launch/plan.py``) made.
 
 A mode answers five questions, in this order, for ``plan_job``:
   detect         is it the mode of this process? (``MODES`` asks in a fixed order, the first yes wins)
@@ -12,22 +13,60 @@ modes can submit and return (``submit``), so a sweep waits for all its points to
 
 Adding a mode: a module with a class following ``BaseMode``, its schema in ``config/schema.py`` (a
 ``ClusterConfig`` subclass, registered in ``config/load.py``), ``conf/cluster/<kind>.yaml``, and its place in
-``MODES`` (``launch/__init__.py``).
+``MODES`` (``launch/plan.py``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig
 from ..env import DistEnv
 
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
-
 CPU_PROCS_PER_NODE = 2
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What ``plan_job`` decided, handed to the mode's ``run`` (``dry_run=true`` prints ``describe()``)."""
+
+    mode: str  # the chosen mode's name (plan.MODES)
+    nodes: int
+    min_nodes: int  # cluster.min_nodes: the job may run on fewer machines, down to this (= nodes: never)
+    procs_per_node: int
+    gpus_per_node: int
+    backend: str
+    rendezvous: str
+    max_restarts: int
+    run_dir: str
+    entry: str
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def may_shrink(self) -> bool:
+        """The job may run on fewer machines than ``nodes`` (``ClusterConfig.may_shrink``)."""
+        return self.min_nodes < self.nodes
+
+    def describe(self) -> str:
+        devices = f"{self.gpus_per_node} GPU(s)/node, nccl" if self.gpus_per_node else "CPU"
+        return "\n".join(
+            [
+                f"mode        : {self.mode}",
+                f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}"
+                + (f" (or down to {self.min_nodes} node(s): cluster.min_nodes)" if self.may_shrink else ""),
+                f"devices     : {devices} (backend {self.backend})",
+                f"rendezvous  : {self.rendezvous}",
+                f"max restarts: {self.max_restarts}",
+                f"entry       : {self.entry}",
+                f"run dir     : {self.run_dir}",
+            ]
+        )
 
 
 class BaseMode:

@@ -1,21 +1,22 @@
-"""One node's elastic agent of a several-node job:
-``python -m launcher.launch.node RUN_DIR NNODES NODE ENDPOINT RUN_ID ADDR [--over-ssh] [--restarts N]``.
+"""One node's process of a several-node job, running torch's elastic agent for this node's ranks:
+``python -m launcher.launch.node RUN_DIR NODES NODE ENDPOINT LAUNCH_ID ADDR [--stdin-control]
+[--static-rendezvous] [--head-restarts --attempt N]`` (built and parsed by ``head.NodeArgs``).
 
-Started once per node by the sim launcher (inside the node's network namespace when there is one) and by the
-ssh launcher on each host. The launcher that started the agents reports once for all nodes.
+Started once per node by the head: the sim launcher (inside the node's network namespace when there is one) and
+the ssh launcher on each host. The head reports once for all nodes.
 
-``--restarts N``: the head restarts the whole job (it has done so N times: the ssh head, and the sim head under
-``cluster.min_nodes``), so this agent does not. ``--over-ssh``: the head controls this agent through stdin (a line
-``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at once: another machine is
-lost, no checkpoint can be agreed; the end of input, when the head or its connection is gone,
-stops it as SIGTERM), and the workers' output goes through a pipe this agent copies to the ssh channel: when the
-channel breaks, lines are dropped (they are in the rank logs) instead of ranks failing on a broken pipe while they
-checkpoint.
+``--static-rendezvous``: node ranks as given (the ssh hosts' order), torch's static rendezvous. ``--head-restarts``:
+the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based; the ssh head, and the sim head
+under ``cluster.min_nodes``), so the agent does not. ``--stdin-control``: the head controls this node through stdin
+(``head.Control``: a line ``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at
+once: another machine is lost, no checkpoint can be agreed; ``PING`` is a heartbeat; the end of input, when the
+head or its connection is gone, stops it as SIGTERM), and the workers' output goes through a pipe this process
+copies to the ssh channel: when the channel breaks, lines are dropped (they are in the rank logs) instead of ranks
+failing on a broken pipe while they checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import os
@@ -25,18 +26,19 @@ import sys
 import threading
 
 from ..config import load_frozen
-from ..env import HEAD_RESTARTS
+from ..env import HEAD_ATTEMPT
 from ..exiting import children
 from ..files import no_world_writable_files
 from .agent import agent_config, run_agent
+from .head import Control, NodeArgs
 
 HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
 
 
 def stop_on_request(silent_s: float) -> None:
-    """Turn the head's requests on stdin into one stop signal for this process (the elastic agent passes it on
-    to the workers). The head also writes a heartbeat line every few seconds: silence for ``silent_s`` (its link
-    or this host's is down, the head is suspended) stops the job as the end of input does."""
+    """Turn the head's ``Control`` words on stdin into one stop signal for this process (the elastic agent passes
+    it on to the workers). The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or
+    this host's is down, the head is suspended) stops the job as the end of input does."""
 
     def watch() -> None:
         requested, pending = signal.SIGTERM, b""
@@ -51,14 +53,15 @@ def stop_on_request(silent_s: float) -> None:
                 HEAD_GONE.set()
                 break
             *lines, pending = (pending + chunk).split(b"\n")
-            if b"ABORT" in lines:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
+            words = [Control[w] for line in lines if (w := line.decode(errors="replace")) in Control.__members__]
+            if Control.ABORT in words:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
                 for pid in children(os.getpid()):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 continue  # the agent sees its workers die, and ends
-            stops = [line for line in lines if line in (b"INT", b"TERM")]  # other lines: heartbeats
+            stops = [word for word in words if word in (Control.INT, Control.TERM)]  # PING: a heartbeat
             if stops:
-                requested = signal.SIGINT if stops[0] == b"INT" else signal.SIGTERM
+                requested = stops[0].signum
                 break
         os.kill(os.getpid(), requested)
 
@@ -107,33 +110,25 @@ def relay_output() -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.launch.node")
-    for name in ("run_dir", "nnodes", "node", "endpoint", "run_id", "addr"):
-        parser.add_argument(name)
-    parser.add_argument("--over-ssh", action="store_true")
-    parser.add_argument(
-        "--restarts", type=int, default=None, help="the head restarts the job (this many times so far), not the agent"
-    )
-    args = parser.parse_args(argv)
+    args = NodeArgs.parse(argv)
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
     job = load_frozen(args.run_dir)
-    if args.restarts is not None:
-        os.environ[HEAD_RESTARTS] = str(args.restarts)  # the workers' DistEnv.restart_count (faults' attempt=)
-    if args.over_ssh:
+    if args.head_restarts:
+        os.environ[HEAD_ATTEMPT] = str(args.attempt)  # the workers' DistEnv.attempt (faults' attempt=)
+    if args.stdin_control:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
-    node = int(args.node)
     config = agent_config(
         job,
-        int(args.nnodes),
+        args.nodes,
         args.endpoint,
-        args.run_id,
+        args.launch_id,
         args.addr,
-        node,
-        fixed=args.over_ssh,
-        agent_restarts=args.restarts is None,
+        args.node,
+        static_rendezvous=args.static_rendezvous,
+        head_restarts=args.head_restarts,
     )
-    return run_agent(job, config, node=node, report=False)
+    return run_agent(job, config, node=args.node, report=False)
 
 
 if __name__ == "__main__":

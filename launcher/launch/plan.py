@@ -1,5 +1,5 @@
-"""From a composed config to a launch plan: which mode (``launch/mode.py``), how many nodes and ranks, which
-backend, where.
+"""From a composed config to a launch plan (``LaunchPlan``, in ``launch/mode.py``): which mode (``MODES``, in
+detection order), how many nodes and ranks, which backend, where.
 
 Machine-dependent defaults are filled by the mode BEFORE validation, so the frozen config holds the values the
 job really ran with. Anything wrong is a ``ConfigError`` before a process starts.
@@ -7,53 +7,25 @@ job really ran with. Anything wrong is a ``ConfigError`` before a process starts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, to_job
-from ..devices import backend_for
 from ..env import DistEnv
-from .mode import BaseMode
+from ..gpus import backend_for
+from .local import LocalMode
+from .mode import BaseMode, LaunchPlan
+from .sim import SimMode
+from .slurm import SlurmMode
+from .slurm_task import SlurmTaskMode
+from .ssh import SshMode
+from .torchrun import TorchrunMode
 
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    mode: str  # the chosen mode's name (launch.MODES)
-    nodes: int
-    min_nodes: int  # cluster.min_nodes: the job may run on fewer machines, down to this (= nodes: never)
-    procs_per_node: int
-    gpus_per_node: int
-    backend: str
-    rendezvous: str
-    max_restarts: int
-    run_dir: str
-    entry: str
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
-
-    def describe(self) -> str:
-        devices = f"{self.gpus_per_node} GPU(s)/node, nccl" if self.gpus_per_node else "CPU"
-        return "\n".join(
-            [
-                f"mode        : {self.mode}",
-                f"layout      : {self.nodes} node(s) x {self.procs_per_node} rank(s) = world size {self.world_size}"
-                + (f" (or down to {self.min_nodes} node(s): cluster.min_nodes)" if self.min_nodes < self.nodes else ""),
-                f"devices     : {devices} (backend {self.backend})",
-                f"rendezvous  : {self.rendezvous}",
-                f"max restarts: {self.max_restarts}",
-                f"entry       : {self.entry}",
-                f"run dir     : {self.run_dir}",
-            ]
-        )
+# The detection order (``launch/__init__.py``'s docstring says why): the first mode that says yes runs the job.
+MODES: tuple[BaseMode, ...] = (TorchrunMode(), SlurmTaskMode(), SlurmMode(), SshMode(), SimMode(), LocalMode())
 
 
 def choose_mode(env: DistEnv, kind: str) -> BaseMode:
     """The first mode in ``MODES`` order that recognises this process (torchrun, srun task) or the cluster kind."""
-    from . import MODES
-
     for mode in MODES:
         if mode.detect(env, kind):
             return mode
@@ -64,6 +36,8 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     """Choose the mode, fill its defaults into ``cfg``, validate into a JobConfig, and plan the launch."""
     mode = choose_mode(env, str(cfg.cluster.kind))
     mode.fill_defaults(cfg.cluster, env, gpus_visible)
+    if cfg.cluster.min_nodes is None:  # every machine needed: the frozen config says so with the number
+        cfg.cluster.min_nodes = cfg.cluster.nodes
     job = to_job(cfg)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
@@ -78,7 +52,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     plan = LaunchPlan(
         mode=mode.name,
         nodes=c.nodes,
-        min_nodes=c.fewest_nodes,
+        min_nodes=cfg.cluster.min_nodes,
         procs_per_node=procs,
         gpus_per_node=gpus,
         backend=backend_for(bool(gpus)) if job.comm.backend == "auto" else job.comm.backend,

@@ -1,11 +1,12 @@
-"""``+cluster=sim``: several virtual nodes on this host, one elastic agent process per node.
+"""``+cluster=sim``: several virtual nodes on this host, one node process (``launch/node.py``, running torch's
+elastic agent) per node, started and watched by this head (``launch/head.py``).
 
 Each agent joins one c10d rendezvous, so workers get real GROUP_RANK / LOCAL_WORLD_SIZE and the Topology is the
 one a real cluster would give. With ``cluster.netns=true`` each agent runs in its own network namespace
 (``ip netns exec``), gloo talks over the node's veth, and ``cluster.link_gbit`` shapes the links.
-When an agent fails, the others get ``agent.GRACE_S`` to stop on their own (their collectives fail fast once a peer
-is gone), then are terminated; then one report for the whole job names the root cause across all nodes
-(``launcher.failures``).
+When a node fails, the others get ``head.AFTER_FAILURE_GRACE_S`` to stop on their own (their collectives fail fast
+once a peer is gone), then are terminated; then one report for the whole job names the root cause across all
+nodes (``launcher.failures``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
 from ..membership import Membership
-from .agent import print_stopped, wait_agents
-from .mode import BaseMode
+from .head import NodeArgs, print_stopped, wait_nodes
+from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
-from .plan import LaunchPlan
 from .ports import free_port
 
 SIM_PORT = 29400  # inside fresh namespaces nothing else listens
@@ -53,17 +53,17 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     if not isinstance(c, SimClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
-    head_restarts = c.max_restarts if c.may_shrink else 0
-    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], c.fewest_nodes, head_restarts)
+    head_max_restarts = c.max_restarts if c.may_shrink else 0
+    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
-            run_id = uuid.uuid4().hex[:12]
+            launch_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
-            codes, first = run_nodes(job, c, net, nodes, run_id, members.attempt if members.elastic else None)
+            codes, first = run_attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
                 break
-            lost = {  # a simulated machine lost: its agent ended by a signal nobody here sent
+            lost = {  # a simulated machine lost: its node process ended by a signal nobody here sent
                 f"node-{n}": f"its agent was killed by {signal.Signals(-rc).name}"
                 for n, rc in zip(nodes, codes)
                 if rc < 0
@@ -72,7 +72,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
                 break
         if code in STOP_CODES:
             print_stopped(code, job.run_dir)
-        elif code and not report_failures(job.run_dir, run_id):
+        elif code and not report_failures(job.run_dir, launch_id):
             print(
                 f"launcher: node {nodes[first]}'s agent exited with code {code} (no rank recorded a failure; "
                 f"see {job.run_dir}/logs)",
@@ -81,35 +81,32 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     return code if code >= 0 else 1
 
 
-def run_nodes(
+def run_attempt(
     job: JobConfig,
     c: SimClusterConfig,
     net: SimNetwork,
     nodes: list[int],
-    run_id: str,
-    head_restarts: int | None,
+    launch_id: str,
+    attempt: int,
+    head_restarts: bool,
 ) -> tuple[list[int], int]:
-    """One attempt: an agent for each of ``nodes`` (simulated machines, in their namespaces), the first as the
-    master; returns ``wait_agents``'s codes and failing position. ``head_restarts``: the head restarts the job
-    (this many times so far) and the agents do not."""
+    """One attempt: a node process for each of ``nodes`` (simulated machines, in their namespaces), the first as
+    the master; returns ``wait_nodes``'s codes and failing position. ``head_restarts``: the head restarts the job
+    (this is its attempt ``attempt``) and the agents do not."""
     master = net.addr(nodes[0])
     port = c.master_port or (SIM_PORT if c.netns else free_port(master))
-    agents = []
+    procs = []
     for position, node in enumerate(nodes):
         env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
-        cmd = [
-            *net.prefix(node),
-            sys.executable,
-            "-m",
-            "launcher.launch.node",
+        args = NodeArgs(
             job.run_dir,
-            str(len(nodes)),
-            str(position),
+            len(nodes),
+            position,
             f"{master}:{port}",
-            run_id,
+            launch_id,
             net.addr(node),
-        ]
-        if head_restarts is not None:
-            cmd += ["--restarts", str(head_restarts)]
-        agents.append(subprocess.Popen(cmd, env=env))
-    return wait_agents(agents)
+            head_restarts=head_restarts,
+            attempt=attempt,
+        )
+        procs.append(subprocess.Popen([*net.prefix(node), *args.argv(sys.executable)], env=env))
+    return wait_nodes(procs)

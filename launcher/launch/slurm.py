@@ -29,8 +29,7 @@ from ..env import DistEnv
 from ..failures import Failure
 from ..failures import report as report_failures
 from ..logs import rank_log_path
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .mode import BaseMode, LaunchPlan
 from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
     layout = f"{plan.world_size} task(s) on {plan.nodes} node(s)"
-    if plan.min_nodes < plan.nodes:
+    if plan.may_shrink:
         layout = (
             f"{plan.min_nodes * plan.procs_per_node}-{plan.world_size} task(s) on {node_range(job.cluster)} node(s) "
             "(cluster.min_nodes: as many nodes as are free when it starts)"

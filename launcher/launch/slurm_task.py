@@ -13,16 +13,13 @@ import logging
 import signal
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..files import write_json_atomic
-from .mode import StartedMode
+from .mode import LaunchPlan, StartedMode
 from .ports import port_in_use
-
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +38,7 @@ class SlurmTaskMode(StartedMode):
 
 def node_range(c: ClusterConfig) -> str:
     """``--nodes`` as Slurm reads it: ``MAX``, or ``MIN-MAX`` under ``cluster.min_nodes``."""
-    return f"{c.fewest_nodes}-{c.nodes}" if c.may_shrink else str(c.nodes)
+    return f"{c.min_nodes}-{c.nodes}" if c.may_shrink else str(c.nodes)
 
 
 class SlurmTask:
@@ -57,7 +54,7 @@ class SlurmTask:
 def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) -> Any:
     """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun, where every task composed the
     config): SIGUSR2 stops all ranks at one step with a checkpoint, then rank 0 requeues the job."""
-    from ..rank import rank_main
+    from ..rank_entry import rank_main
 
     if job.cluster.master_port:
         env = dataclasses.replace(env, master_port=job.cluster.master_port)
@@ -71,7 +68,7 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
         composed_here=composed_here,
         stop_signals=(signal.SIGUSR2,),
         after_stop=requeue_after_stop,
-        task=f"task {env.rank} of Slurm job {env.job_id}",
+        task=f"task {env.rank} of Slurm job {env.launch_id}",
     )
 
 
@@ -86,7 +83,7 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
     """Rank 0 hosts the rendezvous store on MASTER_PORT: if something else holds it, say so, not a timeout."""
     reason = port_in_use("", env.master_port)
     if reason:
-        origin = f"derived from job id {env.job_id} (20000 + id % 20000)" if derived else "cluster.master_port"
+        origin = f"derived from job id {env.launch_id} (20000 + id % 20000)" if derived else "cluster.master_port"
         raise RuntimeError(
             f"MASTER_PORT {env.master_port} ({origin}) is taken on {env.hostname}: {reason}; HINT: "
             "resubmit with cluster.master_port=<a free port>"
@@ -107,8 +104,8 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     # anyway, and what follows (the log line, the node range asked again, in a child that inherits this) must not be
     # cut short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
-    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.job_id, count + 1, c.max_requeues)
+    subprocess.run(["scontrol", "requeue", env.launch_id], check=True, timeout=60)
+    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.launch_id, count + 1, c.max_requeues)
     if c.may_shrink:
         ask_node_range_again(c, env)
 
@@ -121,9 +118,9 @@ def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
     update = [
         "scontrol",
         "update",
-        f"JobId={env.job_id}",
+        f"JobId={env.launch_id}",
         f"NumNodes={node_range(c)}",
-        f"NumTasks={c.fewest_nodes * per_node}",
+        f"NumTasks={(c.min_nodes or c.nodes) * per_node}",
     ]
     done = subprocess.run(update, capture_output=True, text=True, timeout=60)
     if done.returncode:

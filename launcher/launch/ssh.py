@@ -1,27 +1,39 @@
 """``+cluster=ssh``: one command on a head host (one of the hosts, or a login node that is none of them) runs a
-job on several machines, one torch elastic agent per host started over ssh (``launch/node.py``, the agent
-``+cluster=sim`` uses), rendezvous on the first host.
+job on several machines: one node process per host started over ssh (``launch/node.py``, the one ``+cluster=sim``
+uses too), each running torch's elastic agent for that host's ranks; rendezvous on the first host.
+
+Reading map, in the order things happen (from ``SshMode.run`` to a rank):
+  1. ``hosts.resolve_hosts`` (from ``SshMode.fill_defaults``, before validation): the hosts, slots, master.
+  2. ``launch_ssh`` (here): the attempts; ``membership.Membership`` decides, after a failed one, whether and on
+     which hosts the job goes on (``cluster.max_restarts``, ``cluster.min_nodes``).
+  3. ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over ssh by ``host_check.py``.
+  4. ``run_attempt`` (here): per host an ``SshNode`` (its ssh client: ``hosts.ssh_command`` +
+     ``hosts.remote_shell`` running ``head.NodeArgs.argv``); stop signals forwarded and heartbeats written as
+     ``head.Control`` words; ``head.wait_nodes`` waits, then ``failures.report`` names the root cause.
+  5. on each host, ``node.py``: reads the ``Control`` words, relays output, runs ``agent.run_agent``
+     (torch's elastic agent, static rendezvous), which starts ``python -m launcher.rank_entry RUN_DIR`` per rank.
+  6. ``rank.rank_main`` -> ``worker.run_rank_work`` -> the trainer (or the user's script).
 
 What each host needs: passwordless ssh from the head (``BatchMode``: a password or host-key prompt is an error,
 never a hang), the same python path (``cluster.python``, default this interpreter's; ``cluster.setup`` lines run
 first, e.g. ``source venv/bin/activate``), and the run dir on a shared file system.
 
 Order of events:
-1. Before anything starts, every host is checked in parallel (``launch/probe.py`` over ssh, within
+1. Before anything starts, every host is checked in parallel (``launch/host_check.py`` over ssh, within
    ``cluster.check_timeout_s``): ssh answers, python and the launcher import, the run dir is the head's and
    writable, ``cluster.master_addr`` resolves, enough GPUs; the master host picks (or checks) the port. Every
    failing host is named with its cause (exit 2).
-2. One agent per host. Forwarded to it: ``LAUNCHER_*``, ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES``,
-   ``PYTHONPATH``, ``OMP_NUM_THREADS`` and ``cluster.env``. Its output is streamed here, each line prefixed with
-   its host.
-3. The head controls each agent through its ssh stdin (``node.py --over-ssh``): Ctrl-C / SIGTERM here becomes the
-   same signal there (the ranks agree on a step, checkpoint, exit 130 / 143); the end of input (the head killed,
-   the connection dropped) stops the agent as SIGTERM would. An ssh session ending does not by itself end its
-   remote processes: this is what does.
-4. The first failure ends the job on every host (the others get ``GRACE_S``, then are stopped), then one report
-   names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255: the host or its
-   link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and restarts the job
-   on all of them from the newest checkpoint (the agents themselves do not restart).
+2. One node process per host. Forwarded to it: ``LAUNCHER_*``, ``NCCL_*``, ``GLOO_*``, ``TORCH_*``,
+   ``CUDA_VISIBLE_DEVICES``, ``PYTHONPATH``, ``OMP_NUM_THREADS`` and ``cluster.env``. Its output is streamed here,
+   each line prefixed with its host.
+3. The head controls each node through its ssh stdin (``node.py --stdin-control``, ``head.Control``): Ctrl-C /
+   SIGTERM here becomes the same signal there (the ranks agree on a step, checkpoint, exit 130 / 143); the end of
+   input (the head killed, the connection dropped) stops the node as SIGTERM would. An ssh session ending does not
+   by itself end its remote processes: this is what does.
+4. The first failure ends the job on every host (the others get ``head.AFTER_FAILURE_GRACE_S``, then are stopped),
+   then one report names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255:
+   the host or its link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and
+   restarts the job on all of them from the newest checkpoint (the agents themselves do not restart).
 """
 
 from __future__ import annotations
@@ -43,55 +55,18 @@ from ..env import DistEnv
 from ..failures import STOP_CODES
 from ..failures import report as report_failures
 from ..membership import Membership
-from .agent import print_stopped, wait_agents
-from .hosts import SSH_LOST, parse_hostfile, ready_hosts, remote_shell, ssh_command
-from .mode import BaseMode
-from .plan import LaunchPlan
+from .head import Control, NodeArgs, print_stopped, wait_nodes
+from .hosts import SSH_LOST, ready_hosts, remote_shell, resolve_hosts, ssh_command
+from .mode import BaseMode, LaunchPlan
 
-HEARTBEAT_S = 5.0  # the head writes to every agent this often (cluster.heartbeat_timeout_s)
+HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
 
 
 class SshMode(BaseMode):
     name = "ssh"
 
     def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
-        if cluster.hostfile and cluster.hosts:
-            raise ConfigError("cluster.hosts and cluster.hostfile are both set; HINT: give the hosts one way")
-        listed = parse_hostfile(cluster.hostfile) if cluster.hostfile else [(str(h), None) for h in cluster.hosts]
-        if not listed:
-            where = f"cluster.hostfile={cluster.hostfile!r} lists no host" if cluster.hostfile else "no hosts given"
-            raise ConfigError(f"+cluster=ssh: {where}; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH")
-        hosts = [host for host, _ in listed]
-        if dups := sorted({h for h in hosts if hosts.count(h) > 1}):
-            raise ConfigError(
-                f"cluster.hosts lists {', '.join(dups)} more than once; HINT: one entry per machine, "
-                "cluster.procs_per_node ranks run on each"
-            )
-        nodes = int(cluster.nodes) or len(hosts)
-        if nodes > len(hosts):
-            raise ConfigError(
-                f"cluster.nodes={nodes} but only {len(hosts)} host(s) are listed; HINT: list more hosts or omit "
-                "cluster.nodes (every listed host is used)"
-            )
-        used = listed[:nodes]
-        slots = {host: n for host, n in used if n is not None}
-        if cluster.procs_per_node is None and slots:
-            if len(set(slots.values())) > 1 or len(slots) < nodes:
-                given = ", ".join(f"{h}: {n if n is not None else 'none'}" for h, n in used)
-                raise ConfigError(
-                    f"the hostfile's slots differ ({given}); every node runs the same number of ranks; HINT: set "
-                    f"cluster.procs_per_node={min(slots.values())}"
-                )
-            cluster.procs_per_node = next(iter(slots.values()))
-        elif cluster.procs_per_node is not None:
-            for host, n in slots.items():
-                if cluster.procs_per_node > n:
-                    raise ConfigError(
-                        f"cluster.procs_per_node={cluster.procs_per_node} but the hostfile gives {host} slots={n}; "
-                        f"HINT: cluster.procs_per_node={n}, or raise its slots"
-                    )
-        cluster.hosts, cluster.nodes = [h for h, _ in used], nodes
-        cluster.master_addr = cluster.master_addr or used[0][0]
+        resolve_hosts(cluster)
         cluster.python = cluster.python or sys.executable
         if shutil.which("ssh") is None:
             raise ConfigError("+cluster=ssh needs the ssh client here; HINT: apt-get install openssh-client")
@@ -106,11 +81,11 @@ class SshMode(BaseMode):
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         if not isinstance(job.cluster, SshClusterConfig):
             raise TypeError(f"cluster.kind={job.cluster.kind!r}: the ssh launcher needs +cluster=ssh")
-        return launch_ssh(job, job.cluster)
+        return launch_ssh(plan, job, job.cluster)
 
 
-def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
-    members = Membership(job.run_dir, list(c.hosts), c.fewest_nodes, c.max_restarts)
+def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
+    members = Membership(job.run_dir, list(c.hosts), plan.min_nodes, c.max_restarts)
     lost: list[str] = []
     code = 1
     while True:
@@ -121,7 +96,7 @@ def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
                 raise
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
-        code, lost = run_agents(job, c, hosts, master, facts, uuid.uuid4().hex[:12], members.attempt)
+        code, lost = run_attempt(job, c, hosts, master, facts, uuid.uuid4().hex[:12], members.attempt)
         if code == 0 or code in STOP_CODES:
             return code
         why = "its ssh connection dropped while its ranks ran (the host or its link went down)"
@@ -129,9 +104,9 @@ def launch_ssh(job: JobConfig, c: SshClusterConfig) -> int:
             return code
 
 
-class RemoteAgent:
-    """One host's agent, through its ssh client: output streamed here with the host as prefix, stop requests
-    written to its stdin (``node.py --over-ssh``)."""
+class SshNode:
+    """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
+    prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
 
     def __init__(self, host: str, cmd: list[str], lock: threading.Lock) -> None:
         self.host = host
@@ -153,11 +128,12 @@ class RemoteAgent:
                 dst.write(f"[{self.host}] {line.decode(errors='replace')}")
                 dst.flush()
 
-    def request(self, what: str) -> None:
-        """``INT`` or ``TERM``: the agent stops its ranks as that signal would; ``PING``: a heartbeat."""
+    def request(self, word: Control) -> None:
+        """``INT`` or ``TERM``: the node stops its ranks as that signal would; ``ABORT``: at once; ``PING``: a
+        heartbeat."""
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(f"{what}\n".encode())
+            self.proc.stdin.write(word.line())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it has ended already
@@ -171,8 +147,8 @@ class RemoteAgent:
 
 
 @contextlib.contextmanager
-def forwarding_stops(agents: list[RemoteAgent]) -> Iterator[list[int]]:
-    """While the job runs, SIGINT / SIGTERM here are forwarded to every agent (once); yields the signals got."""
+def forwarding_stops(nodes: list[SshNode]) -> Iterator[list[int]]:
+    """While the job runs, SIGINT / SIGTERM here are forwarded to every node (once); yields the signals got."""
     got: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -181,8 +157,8 @@ def forwarding_stops(agents: list[RemoteAgent]) -> Iterator[list[int]]:
                 f"launcher: {signal.Signals(signum).name}: stopping the job on every host (the ranks checkpoint)",
                 file=sys.stderr,
             )
-            for agent in agents:
-                agent.request("INT" if signum == signal.SIGINT else "TERM")
+            for node in nodes:
+                node.request(Control.stop_for(signum))
         got.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -194,15 +170,15 @@ def forwarding_stops(agents: list[RemoteAgent]) -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def heartbeats(agents: list[RemoteAgent]) -> Iterator[None]:
-    """A line to every agent every ``HEARTBEAT_S``: an agent that hears nothing for ``cluster.heartbeat_timeout_s``
+def heartbeats(nodes: list[SshNode]) -> Iterator[None]:
+    """``PING`` to every node every ``HEARTBEAT_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
     stops its ranks (its host cannot reach us, so nobody else would stop them)."""
     done = threading.Event()
 
     def beat() -> None:
         while not done.wait(HEARTBEAT_S):
-            for agent in agents:
-                agent.request("PING")
+            for node in nodes:
+                node.request(Control.PING)
 
     thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
     thread.start()
@@ -213,32 +189,34 @@ def heartbeats(agents: list[RemoteAgent]) -> Iterator[None]:
         thread.join()
 
 
-def run_agents(
-    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, facts: list[dict], run_id: str, attempt: int
+def run_attempt(
+    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, facts: list[dict], launch_id: str, attempt: int
 ) -> tuple[int, list[str]]:
     """One attempt on ``hosts`` (node 0 on the first, its store at ``master``): the exit code, and the hosts whose
     ssh connection dropped while their ranks ran."""
     endpoint = f"{master}:{facts[0]['port']}"
     lock = threading.Lock()
-    agents: list[RemoteAgent] = []
-    with forwarding_stops(agents) as stops:
+    nodes: list[SshNode] = []
+    with forwarding_stops(nodes) as stops:
         for node, host in enumerate(hosts):
             addr = master if node == 0 else (facts[node]["addr"] or host)
-            argv = [c.python, "-u", "-m", "launcher.launch.node", job.run_dir, str(len(hosts)), str(node), endpoint]
-            argv += [run_id, addr, "--over-ssh", "--restarts", str(attempt)]
-            agents.append(RemoteAgent(host, ssh_command(c, host, remote_shell(c, argv)), lock))
-        if stops:  # a stop signal while the agents were being started
-            for agent in agents:
-                agent.request("INT" if stops[0] == signal.SIGINT else "TERM")
-        with heartbeats(agents):
+            args = NodeArgs(
+                job.run_dir, len(hosts), node, endpoint, launch_id, addr,
+                stdin_control=True, static_rendezvous=True, head_restarts=True, attempt=attempt,
+            )  # fmt: skip
+            nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock))
+        if stops:  # a stop signal while the nodes were being started
+            for ssh_node in nodes:
+                ssh_node.request(Control.stop_for(stops[0]))
+        with heartbeats(nodes):
             # a host lost: its peers' ranks hang in collectives with it and cannot checkpoint; end them at once
             def stop(proc: subprocess.Popen) -> None:
-                lost = any(a.proc.returncode == SSH_LOST for a in agents)
-                request_of(agents, proc, "ABORT" if lost else "TERM")
+                lost = any(n.proc.returncode == SSH_LOST for n in nodes)
+                next(n for n in nodes if n.proc is proc).request(Control.ABORT if lost else Control.TERM)
 
-            codes, first = wait_agents([a.proc for a in agents], stop=stop, at_once=(SSH_LOST,))
-    for agent in agents:
-        agent.finish()
+            codes, first = wait_nodes([n.proc for n in nodes], stop=stop, at_once=(SSH_LOST,))
+    for ssh_node in nodes:
+        ssh_node.finish()
     if stops:
         print_stopped(128 + stops[0], job.run_dir)
         return 128 + stops[0], []
@@ -258,14 +236,10 @@ def run_agents(
             f"their logs: {job.run_dir}/logs",
             file=sys.stderr,
         )
-    elif not report_failures(job.run_dir, run_id):
+    elif not report_failures(job.run_dir, launch_id):
         print(
             f"launcher: node {first}'s agent on {hosts[first]} exited with code {codes[first]} (no rank recorded "
             f"a failure; see {job.run_dir}/logs)",
             file=sys.stderr,
         )
     return (codes[first] if codes[first] in STOP_CODES else 1), lost
-
-
-def request_of(agents: list[RemoteAgent], proc: subprocess.Popen, what: str) -> None:
-    next(a for a in agents if a.proc is proc).request(what)

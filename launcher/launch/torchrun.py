@@ -7,14 +7,9 @@ agent reports the failing rank's traceback; the launcher's own failure records a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..config import JobConfig
 from ..env import DistEnv
-from .mode import StartedMode
-
-if TYPE_CHECKING:
-    from .plan import LaunchPlan
+from .mode import LaunchPlan, StartedMode
 
 
 class TorchrunMode(StartedMode):
@@ -25,7 +20,7 @@ class TorchrunMode(StartedMode):
     store_host = "torchrun's store"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
-        from ..rank import rank_main
+        from ..rank_entry import rank_main
 
         rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: the same stop signals as ours
         return 0

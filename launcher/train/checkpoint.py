@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -20,32 +19,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .. import ranks
+from .. import dist_helpers
+from ..checkpoint_names import list_checkpoints
 from ..files import atomic_file, write_atomic
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-_NAME = re.compile(r"step-(\d+)\.pt$")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"step-{step:08d}.pt"
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first (by step)."""
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def newest_step(directory: Path) -> Optional[int]:
-    """The step of the newest checkpoint in ``directory`` (by its name), None when there is none."""
-    found = list_checkpoints(directory)
-    match = _NAME.search(found[-1].name) if found else None
-    return int(match.group(1)) if match else None
 
 
 def _digest_path(path: Path) -> Path:
@@ -187,7 +167,7 @@ def agreed_resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tup
     file system lagging) would otherwise resume from different steps or measure different bucket layouts."""
     path, state = resume_source(mode, ckpt_dir, device)
     mine = str(path) if path is not None else None
-    chosen = ranks.broadcast_object(mine)
+    chosen = dist_helpers.broadcast_object(mine)
     if chosen != mine:
         log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
         path = Path(chosen) if chosen is not None else None

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.nn import functional as F
 
-from .. import ranks
+from .. import dist_helpers
 from ..config import JobConfig
 from ..devices import seed_all
 
@@ -26,7 +26,7 @@ def check_same_weights(model: nn.Module) -> None:
     """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
-    sums = ranks.all_gather_object(checksum)
+    sums = dist_helpers.all_gather_object(checksum)
     bad = [r for r, s in enumerate(sums) if s != sums[0]]
     if bad:
         raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
@@ -37,7 +37,7 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, flo
     """(test loss, accuracy) over every rank's disjoint shard of the held-out split (collective), with rank 0's
     buffers (batch-norm statistics)."""
     model.eval()
-    ranks.broadcast_buffers(model)
+    dist_helpers.broadcast_buffers(model)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for x, y in loader:
         x, y = x.to(device), y.to(device)
@@ -49,5 +49,5 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, flo
                 torch.tensor(float(len(y)), dtype=torch.float64, device=device),
             ]
         )
-    ranks.all_reduce(totals)
+    dist_helpers.all_reduce(totals)
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()

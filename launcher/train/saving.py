@@ -10,7 +10,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .. import ranks
+from .. import dist_helpers
+from ..checkpoint_names import checkpoint_path, list_checkpoints
 from ..devices import rng_state, seed_all, set_rng_state
 from . import checkpoint as ckpt
 
@@ -46,13 +47,13 @@ class Checkpointing:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         self._phase = f"the checkpoint at step {self.pos.step}"
         self.sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        rngs = ranks.all_gather_object(rng_state())
+        rngs = dist_helpers.all_gather_object(rng_state())
         if self.env.is_main:
-            path = ckpt.checkpoint_path(self.ckpt_dir, self.pos.step)
+            path = checkpoint_path(self.ckpt_dir, self.pos.step)
             try:
                 ckpt.save_atomic(dict(self.state(), rng=rngs), path)
             except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
-                earlier = [p for p in ckpt.list_checkpoints(self.ckpt_dir) if p != path]
+                earlier = [p for p in list_checkpoints(self.ckpt_dir) if p != path]
                 kept = (
                     f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
                 )

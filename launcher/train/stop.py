@@ -4,13 +4,13 @@ same step, write one checkpoint together and leave. Used for Ctrl-C / SIGTERM on
 preemption and timeouts (SIGUSR2).
 
 A rank that cannot reach a step boundary (stuck in a collective or in user code) must not outlive a SIGTERM /
-SIGINT: ``GRACE_S`` after it, the rank writes every thread's stack to its log (that names where it was stuck)
-and exits. The grace timer is started by a watcher thread woken through ``signal.set_wakeup_fd``: Python signal
+SIGINT: ``STOP_DEADLINE_S`` after it, the rank writes every thread's stack to its log (that names where it was stuck)
+and exits. The deadline timer is started by a watcher thread woken through ``signal.set_wakeup_fd``: Python signal
 handlers only run when the main thread returns to Python, which a rank blocked inside a C++ collective never
 does. SIGUSR2 (Slurm's warning, ``cluster.signal_delay_s`` ahead) gets no timer: Slurm's own kill follows.
 When another rank has already failed (``failing()``: its failure record exists), no stop checkpoint can be agreed,
-so the stacks are written and the rank ends at once: a job with one stuck rank fails in seconds, not ``GRACE_S``.
-Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
+so the stacks are written and the rank ends at once: a job with one stuck rank fails in seconds, not
+``STOP_DEADLINE_S``. Outside the training loop (start-up, evaluation at the end) a termination signal acts at once."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 25.0  # the elastic agent kills workers 30 s after passing a signal on: dump the stack before that
+# a signalled rank's time to reach a step boundary; the elastic agent kills workers 30 s after passing a signal on:
+# dump the stacks before that
+STOP_DEADLINE_S = 25.0
 
 
 class Preempted(Exception):
@@ -45,14 +47,14 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    def __init__(self, grace_s: float = GRACE_S) -> None:
+    def __init__(self, deadline_s: float = STOP_DEADLINE_S) -> None:
         self.signum: Optional[int] = None
         # True once another rank of this attempt has failed (nothing left to agree on); set by the rank's entry
         self.failing: Callable[[], bool] = lambda: False
         self.armed = False  # True while the training loop checks ``agreed()`` at every step
-        self.grace_s = grace_s
+        self.deadline_s = deadline_s
         self._timer: Optional[threading.Timer] = None
-        self._agreed = False  # the ranks agreed to stop: writing the checkpoint, no grace timer any more
+        self._agreed = False  # the ranks agreed to stop: writing the checkpoint, no deadline timer any more
         self._signums: tuple[int, ...] = ()
         self._wakeup: Optional[tuple[socket.socket, socket.socket]] = None
         self._lock = threading.Lock()
@@ -76,7 +78,7 @@ class StopRequest:
         while data := reader.recv(64):
             for signum in data:
                 if signum in (signal.SIGTERM, signal.SIGINT):
-                    self._start_grace(signum)
+                    self._start_deadline(signum)
 
     def hold(self) -> None:
         """This rank is failing and ending: from now on stop signals are ignored (main thread only), so the
@@ -86,8 +88,8 @@ class StopRequest:
         for signum in self._signums:
             signal.signal(signum, signal.SIG_IGN)
 
-    def _start_grace(self, signum: int) -> None:
-        """Armed: stop at the next step boundary, or after ``grace_s`` with the stacks. Not armed (start-up, the
+    def _start_deadline(self, signum: int) -> None:
+        """Armed: stop at the next step boundary, or after ``deadline_s`` with the stacks. Not armed (start-up, the
         evaluation at the end): nothing to checkpoint, so end now, even while the main thread is blocked in C++
         (joining the group, a collective) where the Python handler would not run."""
         with self._lock:
@@ -97,8 +99,8 @@ class StopRequest:
                 sys.stderr.flush()
                 os._exit(128 + signum)
             if self._timer is None and not self._agreed:
-                grace_s = 0.0 if self.failing() else self.grace_s
-                self._timer = threading.Timer(grace_s, self._expire, args=(signum, grace_s))
+                deadline_s = 0.0 if self.failing() else self.deadline_s
+                self._timer = threading.Timer(deadline_s, self._expire, args=(signum, deadline_s))
                 self._timer.daemon = True
                 self._timer.start()
 
@@ -131,10 +133,10 @@ class StopRequest:
             return
         self.signum = signum
 
-    def _expire(self, signum: int, grace_s: float) -> None:
+    def _expire(self, signum: int, deadline_s: float) -> None:
         why = (
-            f"did not reach a step boundary within {grace_s:.0f} s of {signal.Signals(signum).name}"
-            if grace_s
+            f"did not reach a step boundary within {deadline_s:.0f} s of {signal.Signals(signum).name}"
+            if deadline_s
             else f"was stopped by {signal.Signals(signum).name} after another rank failed, before reaching a step "
             "boundary"
         )
@@ -148,7 +150,7 @@ class StopRequest:
         os._exit(128 + signum)
 
     def agreed(self, device: torch.device, pipelined: bool = False) -> bool:
-        """Collective: True on every rank if any rank was signalled (the grace timer stops: we are leaving).
+        """Collective: True on every rank if any rank was signalled (the deadline timer stops: we are leaving).
         ``pipelined``: this step's question is sent without waiting and the previous step's answer returned (the
         stop comes one step later, on every rank alike): a blocking collective here would wait behind the buckets
         still in flight under the forward overlap and hide nothing."""

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import membership, ranks
+from .. import dist_helpers, membership
 from ..comm import trace
 from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
@@ -98,7 +98,7 @@ class Trainer(Checkpointing):
         """One screen at start (rank 0); every rank's node, host and device are gathered for it (and the hosts
         for the summary)."""
         env = self.env
-        facts = ranks.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
+        facts = dist_helpers.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
         self.hosts = [host for _, host in sorted({node: host for node, host, _ in reversed(facts)}.items())]
         if env.is_main:
             t = self.job.train
@@ -227,7 +227,7 @@ class Trainer(Checkpointing):
             return
         if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
             self._tracing.close()
-            events = ranks.all_gather_object(self._tracer.trace_events())
+            events = dist_helpers.all_gather_object(self._tracer.trace_events())
             if self.env.is_main:
                 log.info(
                     "comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events)
@@ -238,7 +238,7 @@ class Trainer(Checkpointing):
         """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
         window[2] = self._exposed_s
         self._exposed_s = 0.0
-        ranks.all_reduce(window)
+        dist_helpers.all_reduce(window)
         batches = window[1].item() / self.env.world_size
         loss = window[0].item() / max(1.0, window[1].item())
         step_s = (time.perf_counter() - t0) / max(1.0, batches)

@@ -1,5 +1,5 @@
-"""What one host of an ssh job says about itself before anything starts (``+cluster=ssh``, run over ssh by the
-head): ``python -m launcher.launch.probe RUN_DIR TOKEN MASTER_ADDR PORT``.
+"""The check one host of an ssh job passes before anything starts (``+cluster=ssh``, run over ssh by the
+head): ``python -m launcher.launch.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
 
 Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
 count, where it resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is
@@ -21,7 +21,7 @@ def token_path(run_dir: str | Path, token: str) -> Path:
     return Path(run_dir) / f".ssh-check-{token}"
 
 
-def probe(run_dir: str, token: str, master_addr: str, port: str) -> dict:
+def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> dict:
     facts: dict = {"host": socket.gethostname(), "problems": []}
     problems: list[str] = facts["problems"]
     connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
@@ -65,4 +65,4 @@ def probe(run_dir: str, token: str, master_addr: str, port: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe(*sys.argv[1:5])), flush=True)
+    print(json.dumps(check_this_host(*sys.argv[1:5])), flush=True)

@@ -1,5 +1,6 @@
-"""What every rank runs, whichever launcher started it: resolve the DistEnv once, set up logging and the
-device, open the process group, then train (or run the user's script), and always close the group."""
+"""What every rank does (``run_rank_work``, called by ``rank_entry.rank_main``), whichever launcher started it:
+resolve the DistEnv once, set up logging and the device, open the process group, then train (or run the user's
+script), and always close the group."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from pathlib import Path
 import torch
 
 from .config import JobConfig
-from .devices import backend_for, rank_device
+from .devices import rank_device
 from .env import TORCHRUN_VARS, DistEnv
 from .failures import FailureLog
 from .faults import faults_for
+from .gpus import backend_for
 from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary
@@ -36,7 +38,7 @@ def set_threads(job: JobConfig, env: DistEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-def run_worker(
+def run_rank_work(
     job: JobConfig, env: DistEnv, stop: StopRequest | None = None, failures: FailureLog | None = None
 ) -> RunSummary | dict | None:
     """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
@@ -67,7 +69,7 @@ def run_worker(
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",
             env.num_nodes,
-            job.cluster.fewest_nodes,
+            job.cluster.min_nodes,
             job.cluster.nodes,
             env.world_size,
         )

@@ -1,6 +1,7 @@
-"""``rank_main``: how every in-process path runs one rank to its end, whatever started the process.
+"""The entry of a rank's process, ``rank_main``: how every in-process path runs one rank to its end, whatever
+started the process (what the rank then does is ``rank_work.py``).
 
-- the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank RUN_DIR`` per rank;
+- the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank_entry RUN_DIR`` per rank;
 - under torchrun, or as an srun task of a user's sbatch script, ``python -m launcher`` is already one rank;
 - submitit's Slurm tasks call it through ``launcher.launch.slurm_task.SlurmTask``.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -26,15 +26,12 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_e
 from .config import JobConfig, freeze, load_frozen
 from .env import DistEnv
 from .exiting import end_process_at_exit
-from .failures import FailureLog
+from .failures import STOP_SIGNALS, FailureLog
 from .logs import rank_log_path
+from .rank_work import run_rank_work
 from .train.stop import Preempted, StopRequest
-from .worker import run_worker
 
 log = logging.getLogger(__name__)
-
-# Local and torchrun workers: Ctrl-C / SIGTERM (or the agent passing either on) stop at an agreed step.
-ELASTIC_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
@@ -51,7 +48,7 @@ def rank_main(
     env: DistEnv,
     *,
     composed_here: bool = False,
-    stop_signals: tuple[int, ...] = ELASTIC_STOP_SIGNALS,
+    stop_signals: tuple[int, ...] = STOP_SIGNALS,  # under an elastic agent (ours, torchrun): Ctrl-C / SIGTERM
     after_stop: Callable[[JobConfig, DistEnv, Preempted], None] = end_by_signal,
     task: str = "",
 ) -> Any:
@@ -65,7 +62,7 @@ def rank_main(
     elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
     elastic_errors.initialize()
     try:
-        result = run_worker(job, env, stop=stop, failures=failures)
+        result = run_rank_work(job, env, stop=stop, failures=failures)
     except Preempted as exc:
         stop.uninstall()
         try:
@@ -97,7 +94,7 @@ def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseExceptio
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m launcher.rank RUN_DIR``: one worker of the launcher's own elastic agents. A failure's
+    """``python -m launcher.rank_entry RUN_DIR``: one worker of the launcher's own elastic agents. A failure's
     traceback goes to the rank's log, not the console: the launcher prints the job's report, root cause first."""
     (run_dir,) = sys.argv[1:] if argv is None else argv
     env = DistEnv.resolve()

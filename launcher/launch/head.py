@@ -1,0 +1,127 @@
+"""The head of a several-node job (``+cluster=sim``, ``+cluster=ssh``) and its node processes (``launch/node.py``,
+one per machine, each running torch's elastic agent): how the head starts one (``NodeArgs``: node.py's command line,
+built here and parsed here), what it writes to one (``Control``), waiting for them all and ending the others after
+a failure, and the line a stopped job ends with. No torch here: the head only starts and watches processes."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from ..failures import STOP_CODES
+
+AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own (the report follows)
+
+
+class Control(str, Enum):
+    """What the head writes to a node process's stdin (``NodeArgs.stdin_control``), one word per line."""
+
+    INT = "INT"  # stop the job as SIGINT would: the ranks agree on a step, checkpoint, exit 130
+    TERM = "TERM"  # the same as SIGTERM (exit 143)
+    ABORT = "ABORT"  # kill the ranks at once: another machine is lost, no checkpoint can be agreed
+    PING = "PING"  # a heartbeat: the head is there (silence for cluster.heartbeat_timeout_s stops the node)
+
+    @classmethod
+    def stop_for(cls, signum: int) -> Control:
+        """The word that stops a node as ``signum`` (SIGINT / SIGTERM) stops the head."""
+        return cls.INT if signum == signal.SIGINT else cls.TERM
+
+    @property
+    def signum(self) -> signal.Signals:
+        """The signal a stop word stands for."""
+        return signal.SIGINT if self is Control.INT else signal.SIGTERM
+
+    def line(self) -> bytes:
+        return f"{self.value}\n".encode()
+
+
+@dataclass(frozen=True)
+class NodeArgs:
+    """``python -m launcher.launch.node``'s command line: built by the head (ssh, sim) with ``argv``, read back by
+    node.py with ``parse``, so the two sides cannot drift apart."""
+
+    run_dir: str
+    nodes: int  # the nodes of this attempt
+    node: int  # this node's rank among them (0 hosts the rendezvous store)
+    endpoint: str  # HOST:PORT of the rendezvous store, on node 0
+    launch_id: str  # this attempt's identity (the elastic run id; failure records are kept under it)
+    addr: str  # this node's address, as the other nodes reach it
+    stdin_control: bool = False  # the head controls the node through stdin (``Control``); output relayed (ssh)
+    static_rendezvous: bool = False  # node ranks as given, no agent restarts (machines named by the user)
+    head_restarts: bool = False  # the head restarts the whole job, not the agent (ssh; sim under min_nodes)
+    attempt: int = 0  # the head's 0-based attempt number (with ``head_restarts``): the workers' DistEnv.attempt
+
+    def argv(self, python: str) -> list[str]:
+        argv = [python, "-u", "-m", "launcher.launch.node", self.run_dir, str(self.nodes), str(self.node)]
+        argv += [self.endpoint, self.launch_id, self.addr]
+        argv += ["--stdin-control"] if self.stdin_control else []
+        argv += ["--static-rendezvous"] if self.static_rendezvous else []
+        argv += ["--head-restarts", "--attempt", str(self.attempt)] if self.head_restarts else []
+        return argv
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> NodeArgs:
+        parser = argparse.ArgumentParser(prog="python -m launcher.launch.node", description=cls.__doc__)
+        for name in ("run_dir", "nodes", "node", "endpoint", "launch_id", "addr"):
+            parser.add_argument(name, type=int if name in ("nodes", "node") else str)
+        for flag in ("--stdin-control", "--static-rendezvous", "--head-restarts"):
+            parser.add_argument(flag, action="store_true")
+        parser.add_argument("--attempt", type=int, default=0)
+        return cls(**vars(parser.parse_args(argv)))
+
+
+def print_stopped(code: int, run_dir: str) -> None:
+    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143)."""
+    print(
+        f"launcher: stopped by {signal.Signals(code - 128).name}; the ranks wrote a checkpoint, run again with "
+        f"hydra.run.dir={run_dir} to continue",
+        file=sys.stderr,
+    )
+
+
+def wait_nodes(
+    nodes: list[subprocess.Popen],
+    stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
+    at_once: tuple[int, ...] = (),
+) -> tuple[list[int], int]:
+    """Wait for the node processes of a several-node job (``launch/node.py``, or the ssh clients running it);
+    returns every exit code (node order) and the node that failed first (-1: none did). After a failure the others
+    get ``AFTER_FAILURE_GRACE_S`` to end on their own (their collectives fail fast once a peer is gone), then
+    ``stop`` is applied to each one still running and they are waited for; after an exit code in ``at_once`` (a
+    machine lost: its peers hang in collectives with it) they get no grace. A node stopped by a stop signal (exit
+    130 / 143) starts no grace period: the others are stopping too."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for index, proc in enumerate(nodes):
+        threading.Thread(target=lambda n=index, p=proc: done.put((n, p.wait())), daemon=True).start()
+    codes: list[int] = [0] * len(nodes)
+    first, grace, remaining = -1, None, len(nodes)
+    while remaining:
+        try:
+            node, code = done.get(timeout=grace)
+        except queue.Empty:
+            after = (
+                f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure" if grace else "at once: they wait for a lost machine"
+            )
+            print(f"launcher: stopping the nodes still running {after}", file=sys.stderr)
+            for proc in nodes:
+                if proc.poll() is None:
+                    stop(proc)
+            for index, proc in enumerate(nodes):
+                codes[index] = proc.wait()
+            break
+        remaining -= 1
+        codes[node] = code
+        if code != 0 and first < 0:
+            first = node
+        if code in at_once:
+            grace = 0.0
+        elif code not in (0, *STOP_CODES) and grace is None:
+            grace = AFTER_FAILURE_GRACE_S
+    return codes, first
