@@ -12,7 +12,7 @@ Reading map, in the order things happen (from ``SshMode.run`` to a rank):
      ``head.Control`` words; ``head.wait_nodes`` waits, then ``failures.report`` names the root cause.
   5. on each host, ``node.py``: reads the ``Control`` words, relays output, runs ``agent.run_agent``
      (torch's elastic agent, static rendezvous), which starts ``python -m launcher.rank_entry RUN_DIR`` per rank.
-  6. ``rank.rank_main`` -> ``worker.run_rank_work`` -> the trainer (or the user's script).
+  6. ``rank_entry.rank_main`` -> ``rank_work.run_rank_work`` -> the trainer (or the user's script).
 
 What each host needs: passwordless ssh from the head (``BatchMode``: a password or host-key prompt is an error,
 never a hang), the same python path (``cluster.python``, default this interpreter's; ``cluster.setup`` lines run
