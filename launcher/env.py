@@ -45,6 +45,12 @@ SLURM_VARS = {
 # cluster.min_nodes): their own restart count starts at 0 again, so this is added to TORCHELASTIC_RESTART_COUNT.
 HEAD_ATTEMPT = "LAUNCHER_HEAD_ATTEMPT"
 
+
+def head_attempt(environ: Mapping[str, str]) -> int:
+    """The head's attempt number (0 unless the head restarts the job): added to the agent's own restarts."""
+    return _int(environ, HEAD_ATTEMPT, 0)
+
+
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 20000
 
@@ -145,7 +151,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         hostname=socket.gethostname(),
         launch_id=environ.get(v["launch_id"], ""),
         agent_store=environ.get(v["agent_store"], "") == "True",
-        attempt=_int(environ, v["attempt"], 0) + _int(environ, HEAD_ATTEMPT, 0),
+        attempt=_int(environ, v["attempt"], 0) + head_attempt(environ),
     )
 
 

@@ -5,7 +5,7 @@ backward pass can be seen, not just inferred.
 Tracks: ``step`` (forward, backward, optimizer, as the trainer marks them), ``buckets`` (each bucket's allreduce
 from launch to completion) and, for node-first reduction, one track per phase (``reduce (node)``,
 ``allreduce (leaders)``, ``broadcast (node)``). Times come from ``time.perf_counter_ns`` (CLOCK_MONOTONIC): ranks
-on one host share that clock; across hosts each rank's track is shifted by its own start.
+on one host share that clock; across hosts each host's tracks are shifted by that host's start (``write_trace``).
 
 Recording is off unless a ``Tracer`` is active (``with Tracer(rank).activate(): ...``); when off, the cost is
 one global read per bucket.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -100,12 +101,27 @@ def until_done(future: Future, name: str, track: str, **args: Any) -> None:
 
 
 def write_trace(path: str | Path, per_rank: list[list[dict[str, Any]]]) -> Path:
-    """Merge every rank's ``trace_events()`` into one Chrome trace file, times relative to the earliest."""
-    events = [e for rank_events in per_rank for e in rank_events]
-    t0 = min((e["ts"] for e in events if "ts" in e), default=0.0)
-    for e in events:
-        if "ts" in e:
-            e["ts"] = round(e["ts"] - t0, 3)
+    """Merge every rank's ``trace_events()`` into one Chrome trace file. CLOCK_MONOTONIC counts from each host's
+    boot: each host's events are taken relative to that host's earliest (the traced steps begin together on every
+    rank, after a collective), so ranks on one host keep their exact offsets and hosts line up at the start."""
+    t0: dict[str, float] = {}
+    for rank_events in per_rank:
+        host = _host(rank_events)
+        t0[host] = min([t0.get(host, math.inf), *(e["ts"] for e in rank_events if "ts" in e)])
+    for rank_events in per_rank:
+        start = t0[_host(rank_events)]
+        for e in rank_events:
+            if "ts" in e:
+                e["ts"] = round(e["ts"] - start, 3)
     path = Path(path)
+    events = [e for rank_events in per_rank for e in rank_events]
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return path
+
+
+def _host(rank_events: list[dict[str, Any]]) -> str:
+    """The host in the rank's process label ("rank 3 (node2)"), "" when none."""
+    for e in rank_events:
+        if e.get("name") == "process_name":
+            return str(e["args"]["name"]).partition(" (")[2].rstrip(")")
+    return ""

@@ -18,6 +18,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTime
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import JobConfig
+from ..env import head_attempt
 from ..failures import attempt_dir, exit_failure, record_exits
 from ..failures import report as report_failures
 from ..rendezvous import listening_store
@@ -81,9 +82,10 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         # the exit code of every worker, not only the first in its poll order.
         elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank_entry", job.run_dir)
     except ChildFailedError as exc:
-        # restarts are exhausted: the workers' records are in the last attempt's directory
+        # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
+        # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)
         record_exits(
-            attempt_dir(job.run_dir, config.run_id, config.max_restarts),
+            attempt_dir(job.run_dir, config.run_id, config.max_restarts + head_attempt(os.environ)),
             [
                 exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node, config.max_nodes)
                 for rank, f in exc.failures.items()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -101,14 +102,14 @@ def wait_nodes(
     for index, proc in enumerate(nodes):
         threading.Thread(target=lambda n=index, p=proc: done.put((n, p.wait())), daemon=True).start()
     codes: list[int] = [0] * len(nodes)
-    first, grace, remaining = -1, None, len(nodes)
+    first, deadline, lost, remaining = -1, None, False, len(nodes)
     while remaining:
-        try:
-            node, code = done.get(timeout=grace)
+        try:  # the grace runs from the first failure, not from each exit after it
+            node, code = done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            after = (
-                f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure" if grace else "at once: they wait for a lost machine"
-            )
+            after = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
+            if lost:
+                after = "at once: they wait for a lost machine"
             print(f"launcher: stopping the nodes still running {after}", file=sys.stderr)
             for proc in nodes:
                 if proc.poll() is None:
@@ -121,7 +122,7 @@ def wait_nodes(
         if code != 0 and first < 0:
             first = node
         if code in at_once:
-            grace = 0.0
-        elif code not in (0, *STOP_CODES) and grace is None:
-            grace = AFTER_FAILURE_GRACE_S
+            deadline, lost = time.monotonic(), True
+        elif code not in (0, *STOP_CODES) and deadline is None:
+            deadline = time.monotonic() + AFTER_FAILURE_GRACE_S
     return codes, first
