@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import dist_helpers
+from .comm.sizes import MB
 from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
@@ -103,7 +104,7 @@ def time_allreduce(
     group: dist.ProcessGroup | None, device: torch.device, mb: float = DOCTOR_ALLREDUCE_MB, reps: int = REPS
 ) -> float:
     """Median seconds of an allreduce of ``mb`` over ``group`` (every member calls this)."""
-    tensor = torch.ones(max(1, int(mb * 2**20) // 4), device=device)
+    tensor = torch.ones(max(1, int(mb * MB) // 4), device=device)
     return median_seconds(lambda: dist.all_reduce(tensor, group=group), device, reps, group=group)
 
 

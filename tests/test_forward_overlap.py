@@ -94,7 +94,7 @@ def flushed(topo, rank) -> dict:
         xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
         F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
         ref_opt.step()
-    pending = sum(b.update for b in reducer.buckets)
+    pending = sum(b.claimed for b in reducer.buckets)
     differs = lambda: max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))  # noqa: E731
     before = differs()
     reducer.flush()

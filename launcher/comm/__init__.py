@@ -1,6 +1,13 @@
-"""Gradient sync engine: topology, flat and node-first allreduce (also as DDP comm hooks), the bucketed
-reducer that overlaps allreduce with backward, and the start-up choice between strategies.
-Knows nothing of Hydra or the launcher's config: plain arguments in, tensors and Futures out."""
+"""Gradient sync engine: plain arguments in, tensors and Futures out; it knows nothing of Hydra, the config or the
+launcher (an import-linter contract holds that). Read in this order:
+
+- ``topology.py``: the process groups of a layout (world, my node's ranks, the same local rank across nodes);
+- ``collectives.py``: flat and node-first allreduce (pipelined in segments on comm threads), also as DDP comm
+  hooks; ``strategy.py``: the start-up choice between them; ``policy.py``: the bucket cap from the measured link;
+- ``reducer.py``: our bucketed reducer's core (its docstring maps its rooms: buckets, state, unused, forward,
+  updates, schedule, tail, hooks);
+- ``sizes.py``: MB and a tensor's bytes; ``trace.py``: the Chrome-trace timeline of a few steps.
+"""
 
 from .collectives import flat_allreduce, flat_hook, hierarchical_allreduce, hierarchical_hook
 from .topology import Layout, Topology

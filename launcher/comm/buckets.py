@@ -51,7 +51,7 @@ class Bucket:
     seen: set = field(default_factory=set)
     sparse: bool = False  # one parameter with sparse gradients: reduced by a sparse allreduce, not in ``buffer``
     chunks: list[torch.Tensor] = field(default_factory=list)  # forward overlap: the buffer in ~chunk_mb pieces
-    update: bool = False  # forward overlap: step() was called, this bucket's optimizer update is still to run
+    claimed: bool = False  # forward overlap: claimed by step(), this bucket's optimizer update is still to run
 
 
 def build_buckets(

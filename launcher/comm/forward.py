@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from .buckets import Bucket
-from .hooks import weak_hook
 from .schedule import WarmUp
 from .sizes import nbytes
 from .tail import TailLinear, tail_linear
@@ -57,8 +56,8 @@ class _Pass:
     """One backward pass's sending state."""
 
     link_free: float = 0.0  # in the schedule's model: when the link has carried all chunks launched so far
-    tail_sent: int = 0  # chunks of the last bucket sent before its gradients were complete
-    early: set[int] = dataclasses.field(default_factory=set)  # the tail layer's parameters sent that way
+    early_sent: int = 0  # chunks of the last bucket sent before its gradients were complete
+    early_params: set[int] = dataclasses.field(default_factory=set)  # the tail layer's parameters sent that way
 
 
 class ForwardOverlap:
@@ -69,7 +68,7 @@ class ForwardOverlap:
         buckets: list[Bucket],
         where: dict[int, tuple[int, int]],
         names: dict[int, str],
-        optimizer: torch.optim.Optimizer,
+        updates: BucketUpdates,
         chunk_bytes: int,
     ) -> None:
         self.core = core  # a weakref.proxy: the reducer owns this object, not the reverse
@@ -79,19 +78,13 @@ class ForwardOverlap:
             if not bucket.sparse:
                 bucket.chunks = list(bucket.buffer.split(max(1, chunk_bytes // bucket.buffer.element_size())))
         self.warmup = WarmUp()  # measures the first passes; then its schedule says when chunks may be launched
-        self.now = _Pass()
+        self.this_pass = _Pass()
         self.pool: list[tuple[int, int]] = []  # (bucket, chunk) ready to send, the next forward's needs first
-        self.updates = BucketUpdates(core, buckets, optimizer)
+        self.updates = updates  # read only: whether a step() claimed the buckets in flight
         self.early_chunks = 0  # chunks sent before their bucket's gradients were complete, all passes
         last = buckets[-1] if buckets else None
         layer = tail_linear(model, last.params) if last is not None and not last.sparse else None
         self.tail = TailLinear(weakref.ref(self), layer, chunk_bytes) if layer is not None else None
-        self.hooks = []
-        for module in model.modules():  # each module waits for the buckets that hold its own parameters
-            mine = {where[id(q)][0] for q in module.parameters(recurse=False) if id(q) in where}
-            if mine:
-                hook = weak_hook(self.updates, "complete_claimed_in", tuple(sorted(mine)))
-                self.hooks.append(module.register_forward_pre_hook(hook))
 
     @property
     def scheduled(self) -> bool:
@@ -102,20 +95,17 @@ class ForwardOverlap:
         return None if self.tail is None else self.names[id(self.tail.module.weight)]
 
     def close(self) -> None:
-        for handle in self.hooks:
-            handle.remove()
-        self.hooks.clear()
         if self.tail is not None:
             self.tail.remove()
 
     # ------------------------------------------------------------------ the backward pass
     def arm(self) -> None:
-        self.now = _Pass()
+        self.this_pass = _Pass()
         self.warmup.begin_pass()
 
     def took(self, param: nn.Parameter) -> bool:
         """``param``'s gradient already went to its bucket row block by row block (tail.py)."""
-        if id(param) not in self.now.early:
+        if id(param) not in self.this_pass.early_params:
             return False
         if param.grad is not None:
             self._untail(param, param.grad)
@@ -125,7 +115,7 @@ class ForwardOverlap:
         """Dense bucket ``index``'s event: its chunks go first in the pool (it holds earlier layers than any
         already ready), then what the schedule lets through."""
         event = self.warmup.event()
-        sent = self.now.tail_sent if index == len(self.buckets) - 1 else 0
+        sent = self.this_pass.early_sent if index == len(self.buckets) - 1 else 0
         self.pool[:0] = [(index, c) for c in range(sent, len(self.buckets[index].chunks))]
         schedule, tail = self.warmup.schedule, self.tail
         if self.scheduled and schedule is not None:
@@ -136,7 +126,7 @@ class ForwardOverlap:
 
     def backward_over(self) -> None:
         """Autograd's work for this pass is done: no gradient of it arrives row block by row block any more."""
-        self.now.early = set()
+        self.this_pass.early_params = set()
 
     def drain(self) -> None:
         """Every bucket has had its event: send whatever is still pooled."""
@@ -146,7 +136,6 @@ class ForwardOverlap:
         """True: this pass was scheduled, step() and the next forward wait, bucket by bucket."""
         scheduled = self.scheduled
         self.warmup.synced += 1
-        self.updates.unclaimed = scheduled
         return scheduled
 
     def after_wait(self) -> None:
@@ -165,7 +154,7 @@ class ForwardOverlap:
         while self.pool:
             index, c = self.pool[0]
             chunk = self.buckets[index].chunks[c]
-            if schedule is not None and not schedule.fits(self.now.link_free, now, until, nbytes(chunk)):
+            if schedule is not None and not schedule.fits(self.this_pass.link_free, now, until, nbytes(chunk)):
                 break
             self.pool.pop(0)
             self._send(index, c, now)
@@ -173,7 +162,7 @@ class ForwardOverlap:
     def _send(self, index: int, c: int, now: float) -> None:
         chunk = self.buckets[index].chunks[c]
         if self.warmup.schedule is not None:
-            self.now.link_free = self.warmup.schedule.carried(self.now.link_free, now, nbytes(chunk))
+            self.this_pass.link_free = self.warmup.schedule.carried(self.this_pass.link_free, now, nbytes(chunk))
         self.core.launch(index, chunk, chunk=c)
 
     # ------------------------------------------------------------------ the tail (tail.py calls these)
@@ -189,14 +178,14 @@ class ForwardOverlap:
         bucket = self.buckets[index]
         layer = self.tail.module
         mine = [p for p in (layer.weight, layer.bias) if p is not None and id(p) in self.where]
-        if self.core.next_bucket != index or bucket.update or self.updates.unclaimed or bucket.pending != len(mine):
+        if self.core.next_bucket != index or bucket.claimed or self.updates.unclaimed or bucket.pending != len(mine):
             return None
         if any(p.grad is not None for p in mine):  # no_sync micro-steps' sum, or zeroed in place: autograd adds
             return None
         if layer.bias is not None and id(layer.bias) in self.where:
             assert bias_grad is not None
             torch.div(bias_grad, self.world_size, out=bucket.views[self.where[id(layer.bias)][1]])
-        self.now.early = {id(p) for p in mine}
+        self.this_pass.early_params = {id(p) for p in mine}
         return bucket.views[self.where[id(layer.weight)][1]]
 
     def tail_rows(self, rows: int, block: torch.Tensor) -> None:
@@ -207,23 +196,23 @@ class ForwardOverlap:
         bucket = self.buckets[index]
         weight = bucket.views[-1]  # the tail's weight: the bucket's end
         done = weight.data_ptr() + rows * weight.stride(0) * weight.element_size()  # the bucket is filled below
-        schedule, sent = self.warmup.schedule, self.now.tail_sent
+        schedule, sent = self.warmup.schedule, self.this_pass.early_sent
         times = schedule.tail if schedule is not None and schedule.tail else [0.0] * len(bucket.chunks)
-        while self.now.tail_sent < len(bucket.chunks):
-            chunk = bucket.chunks[self.now.tail_sent]
+        while self.this_pass.early_sent < len(bucket.chunks):
+            chunk = bucket.chunks[self.this_pass.early_sent]
             if chunk.data_ptr() + nbytes(chunk) > done:
                 break
-            self._send(index, self.now.tail_sent, times[self.now.tail_sent])
-            self.now.tail_sent += 1
+            self._send(index, self.this_pass.early_sent, times[self.this_pass.early_sent])
+            self.this_pass.early_sent += 1
             self.early_chunks += 1
-        if sent < self.now.tail_sent and schedule is not None and schedule.tail:  # then what fits until the next
-            self._pump(*schedule.after_tail_chunk(self.now.tail_sent - 1))
+        if sent < self.this_pass.early_sent and schedule is not None and schedule.tail:  # then what fits until the next
+            self._pump(*schedule.after_tail_chunk(self.this_pass.early_sent - 1))
 
     def tail_end(self) -> None:
         """The tail weight's gradient is complete: the last bucket's event sends what is left."""
         bucket = self.buckets[-1]
-        bucket.seen |= self.now.early
-        bucket.pending -= len(self.now.early)
+        bucket.seen |= self.this_pass.early_params
+        bucket.pending -= len(self.this_pass.early_params)
         self.core.launch_ready()
 
     def _untail(self, param: nn.Parameter, grad: torch.Tensor) -> None:

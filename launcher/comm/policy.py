@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from .collectives import start_allreduce
-from .sizes import MB
+from .sizes import DDP_BUCKET_CAP_MB, MB
 from .strategy import median_seconds
 from .topology import Topology
 
 LATENCY_SHARE = 0.1
 MIN_CAP_MB = 1.0
-MAX_CAP_MB = 25.0
+MAX_CAP_MB = DDP_BUCKET_CAP_MB
 MIN_BUCKETS = 4
 LINK_PROBE_MB = (0.25, 4.0)  # the two allreduce sizes the link's latency and rate are fitted from
 

@@ -40,11 +40,11 @@ from .buckets import Bucket, build_buckets, sparse_allreduce
 from .collectives import start_allreduce
 from .forward import ForwardOverlap
 from .hooks import weak_hook
-from .sizes import MB, mb
+from .sizes import DDP_BUCKET_CAP_MB, MB, mb
 from .state import ModelState
 from .topology import Topology
 from .unused import UnusedParameters
-from .updates import choose_overlap
+from .updates import BucketUpdates, choose_overlap
 
 
 class BucketedReducer:
@@ -52,7 +52,7 @@ class BucketedReducer:
         self,
         model: nn.Module,
         topology: Topology,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float = DDP_BUCKET_CAP_MB,
         first_bucket_mb: float = 1.0,
         hierarchical: bool = False,
         find_unused_parameters: bool = False,
@@ -68,8 +68,7 @@ class BucketedReducer:
         self.overlap, self.overlap_reason = choose_overlap(overlap, optimizer, find_unused_parameters)
         self.optimizer = optimizer
         self.model, self.topology, self.world_size = model, topology, topology.world_size
-        self.hierarchical = hierarchical
-        self.find_unused_parameters = find_unused_parameters
+        self.hierarchical, self.find_unused_parameters = hierarchical, find_unused_parameters
         self.state = ModelState(model, self.world_size, broadcast_buffers)  # broadcasts rank 0's state
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in named}
@@ -83,11 +82,14 @@ class BucketedReducer:
         self.hooks = [p.register_post_accumulate_grad_hook(weak_hook(self, "_on_grad")) for _, p in named]
         self.hooks.append(model.register_forward_pre_hook(weak_hook(self, "_before_forward")))
         self.hooks.append(model.register_forward_hook(weak_hook(self, "_after_forward")))
-        self.forward: ForwardOverlap | None = None
+        self.forward: ForwardOverlap | None = None  # the sending side of the forward overlap
+        self.updates: BucketUpdates | None = None  # its optimizer side
         if self.overlap == "forward":
             assert optimizer is not None
-            core, chunk_bytes = weakref.proxy(self), int(chunk_mb * MB)  # a proxy: the overlap does not own us
-            self.forward = ForwardOverlap(core, model, self.buckets, self.where, self.names, optimizer, chunk_bytes)
+            core = weakref.proxy(self)  # a proxy: they do not own the reducer
+            self.updates = BucketUpdates(core, model, self.buckets, self.where, optimizer)
+            chunk_bytes = int(chunk_mb * MB)
+            self.forward = ForwardOverlap(core, model, self.buckets, self.where, self.names, self.updates, chunk_bytes)
 
     # ------------------------------------------------------------------ public
     @property
@@ -104,9 +106,8 @@ class BucketedReducer:
         overlap = f"{self.overlap} overlap" + (f" ({self.overlap_reason})" if self.overlap_reason else "")
         if self.forward is not None and (tail := self.forward.tail_name()) is not None:
             overlap += f", {tail}'s gradient sent as its rows are computed"
-        return (
-            f"{len(self.buckets)} bucket(s) [{sizes}] MB, {'hierarchical' if self.hierarchical else 'flat'}, {overlap}"
-        )
+        path = "hierarchical" if self.hierarchical else "flat"
+        return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {path}, {overlap}"
 
     def step(self) -> None:
         """The optimizer step, in place of ``optimizer.step()``. Forward overlap: the buckets whose allreduce has
@@ -114,16 +115,16 @@ class BucketedReducer:
         with the hyperparameters of this call (an LR scheduler may step right after)."""
         if self.optimizer is None:
             raise RuntimeError("step() needs the optimizer: BucketedReducer(..., optimizer=opt); else optimizer.step()")
-        if self.forward is None or not self.forward.updates.unclaimed:  # backward overlap, warm-up, or waited for
+        if self.updates is None or not self.updates.unclaimed:  # backward overlap, warm-up, or waited for
             self.optimizer.step()
             return
-        self.last_wait_s = self.forward.updates.step()
+        self.last_wait_s = self.updates.step()
 
     def flush(self) -> None:
         """Every bucket reduced and every pending update applied: before anything that reads all parameters or
         gradients at once (evaluation elsewhere, a checkpoint, gradient clipping, the end of training)."""
-        if self.forward is not None:
-            self.forward.updates.flush()
+        if self.updates is not None:
+            self.updates.flush()
 
     def close(self) -> None:
         """Remove the gradient and forward hooks (the model trains on without this reducer, e.g. under another).
@@ -131,12 +132,13 @@ class BucketedReducer:
         for handle in self.hooks:
             handle.remove()
         self.hooks.clear()
-        if self.forward is not None:
-            self.forward.close()
+        for part in (self.forward, self.updates):
+            if part is not None:
+                part.close()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for bucket in self.buckets:
-            if bucket.update or bucket.futures:  # forward overlap: the reducer's until applied (.grad is None)
+            if bucket.claimed or bucket.futures:  # forward overlap: the reducer's until applied (.grad is None)
                 continue
             if set_to_none or bucket.sparse:
                 for p in bucket.params:
@@ -214,22 +216,22 @@ class BucketedReducer:
     # ------------------------------------------------------------------ hooks
     def _before_forward(self, *_: object) -> None:
         self.state.check_unchanged()
-        if self.forward is not None and self.forward.updates.unclaimed:  # a backward not followed by step(): its
-            self.forward.updates.keep_unclaimed()  # gradients are kept, as without overlap
+        if self.updates is not None and self.updates.unclaimed:  # a backward not followed by step(): its
+            self.updates.keep_unclaimed()  # gradients are kept, as without overlap
         self.state.sync_buffers()
 
     def _after_forward(self, *_: object) -> None:
         self.state.after_forward(self.sync)  # DDP's rule for the next forward's buffer broadcast
-        if self.forward is not None:
-            self.forward.updates.complete_claimed()  # parameters no module claimed
+        if self.updates is not None:
+            self.updates.complete_claimed()  # parameters no module claimed
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.forward is not None and self.forward.took(param):
             return
         index, slot = self.where[id(param)]
         bucket = self.buckets[index]
-        if self.forward is not None:
-            self.forward.updates.before_grad(index, slot, param)
+        if self.updates is not None:
+            self.updates.before_grad(index, slot, param)
         if param.grad is not None:
             self.unused.used.add(id(param))
         if bucket.sparse:
@@ -284,7 +286,8 @@ class BucketedReducer:
         # after the buckets: on a rank whose unused parameter held a bucket back, that bucket was launched just
         # now, on another during backward; the default group must see one order on every rank
         used = self.unused.start_map(self.buckets) if self.find_unused_parameters else None
-        if self.forward is not None and self.forward.end_backward():  # step() and the next forward wait
+        if self.forward is not None and self.updates is not None and self.forward.end_backward():
+            self.updates.unclaimed = True  # step() and the next forward wait for the buckets, one by one
             self.last_wait_s = 0.0
             return
         start = time.perf_counter()

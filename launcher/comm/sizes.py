@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 MB = 1024 * 1024
+DDP_BUCKET_CAP_MB = 25.0  # torch DDP's default bucket cap
 
 
 def nbytes(tensor: torch.Tensor) -> int:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import flat_allreduce, hierarchical_allreduce
+from .sizes import MB
 from .topology import Topology
 
 MARGIN = 0.05
@@ -100,14 +101,14 @@ def choose(
     if not topology.useful:
         return StrategyChoice(False, "one rank per node: nothing to reduce inside a node")
     flat_ms, hier_ms = measure(topology, numel, device, reps)
-    mb = numel * 4 / 2**20
+    size_mb = numel * 4 / MB
     if hier_ms < (1 - MARGIN) * flat_ms:
         return StrategyChoice(
-            True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {mb:.1f} MB", flat_ms, hier_ms
+            True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {size_mb:.1f} MB", flat_ms, hier_ms
         )
     return StrategyChoice(
         False,
-        f"measured flat {flat_ms:.1f} ms vs hierarchical {hier_ms:.1f} ms on {mb:.1f} MB "
+        f"measured flat {flat_ms:.1f} ms vs hierarchical {hier_ms:.1f} ms on {size_mb:.1f} MB "
         f"(the hierarchy must win by {MARGIN:.0%})",
         flat_ms,
         hier_ms,

@@ -1,7 +1,7 @@
 """The tail of the forward overlap: its first chunks sent while backward still computes them.
 
 Backward produces the first layer's weight gradient last, and the next forward needs that layer first: its
-allreduce is the one piece of communication nothing after backward can hide (bench/README.md, "the tail").
+allreduce is the one piece of communication nothing after backward can hide (bench/README.md, "Overlap at defaults").
 When that layer is an ``nn.Linear``, the forward overlap replaces its ``forward`` (``TailLinear``, removed by
 ``close()``) by one autograd Function whose backward computes the weight gradient in row blocks of about a chunk
 each, straight into the bucket, and hands every chunk to the link the moment its rows exist: the first chunks
@@ -45,7 +45,7 @@ class TailSink(Protocol):
     def tail_end(self) -> None: ...  # the weight's gradient is complete
 
 
-class _Pass:
+class _CallMark:
     """One call's mark: alive while that call's graph is and its backward has not run."""
 
     def __init__(self) -> None:
@@ -59,7 +59,7 @@ class TailLinear:
         self.sink, self.module = sink, module
         row_bytes = module.in_features * module.weight.element_size()
         self.rows = max(1, chunk_bytes // row_bytes)  # per block: about one chunk
-        self.live: weakref.WeakSet[_Pass] = weakref.WeakSet()
+        self.live: weakref.WeakSet[_CallMark] = weakref.WeakSet()
         module.forward = self  # type: ignore[method-assign]
 
     def remove(self) -> None:
@@ -75,7 +75,7 @@ class TailLinear:
         m = self.module
         if not (torch.is_grad_enabled() and m.weight.requires_grad) or torch.is_autocast_enabled(input.device.type):
             return F.linear(input, m.weight, m.bias)
-        mark = _Pass()
+        mark = _CallMark()
         self.live.add(mark)
         return _RowBlockLinear.apply(input, m.weight, m.bias, self, mark)
 
@@ -90,7 +90,7 @@ class TailLinear:
             shares.append(min(rows, -(-needed // self.rows) * self.rows) / rows)
         return shares
 
-    def start(self, mark: _Pass, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
+    def start(self, mark: _CallMark, bias_grad: torch.Tensor | None) -> torch.Tensor | None:
         """The backward of the forward ``mark`` begins: the bucket view to compute the weight gradient into, rows
         sent as they come (None: the plain path)."""
         if len(self.live) > 1:  # the layer called twice, two forwards' graphs alive...: all of them plain
@@ -108,7 +108,7 @@ def _plain_forward(module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class _RowBlockLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, owner: TailLinear, mark: _Pass):
+    def forward(ctx, input, weight, bias, owner: TailLinear, mark: _CallMark):
         ctx.save_for_backward(input, weight)
         ctx.owner, ctx.mark, ctx.has_bias = owner, mark, bias is not None
         return F.linear(input, weight, bias)

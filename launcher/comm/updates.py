@@ -23,6 +23,7 @@ from torch import nn
 
 from . import trace
 from .buckets import Bucket
+from .hooks import weak_hook
 
 OVERLAPS = ("forward", "backward")
 # optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
@@ -77,11 +78,29 @@ class Waits(Protocol):
 
 
 class BucketUpdates:
-    def __init__(self, core: Waits, buckets: list[Bucket], optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self,
+        core: Waits,
+        model: nn.Module,
+        buckets: list[Bucket],
+        where: dict[int, tuple[int, int]],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
         self.core, self.buckets, self.optimizer = core, buckets, optimizer
         self.unclaimed = False  # buckets in flight that no step() has claimed yet
         self.hparams: list[dict] = []  # each param group's hyperparameters when step() was called
         self.waited = 0.0  # seconds waited for buckets since the last step()
+        self.hooks = []
+        for module in model.modules():  # each module waits for the buckets that hold its own parameters
+            mine = {where[id(q)][0] for q in module.parameters(recurse=False) if id(q) in where}
+            if mine:
+                hook = weak_hook(self, "complete_claimed_in", tuple(sorted(mine)))
+                self.hooks.append(module.register_forward_pre_hook(hook))
+
+    def close(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
 
     def step(self) -> float:
         """Claim the buckets in flight: those whose allreduce is done are updated now, the others before their
@@ -93,7 +112,7 @@ class BucketUpdates:
         ]
         claimed = [i for i, b in enumerate(self.buckets) if b.futures]
         for i in claimed:
-            self.buckets[i].update = True
+            self.buckets[i].claimed = True
         self._apply([i for i in claimed if all(f.done() for f in self.buckets[i].futures)])
         waited, self.waited = self.waited, 0.0
         return waited
@@ -105,11 +124,11 @@ class BucketUpdates:
 
     def complete_claimed(self) -> None:
         """Every claimed update applied."""
-        self.complete([i for i, b in enumerate(self.buckets) if b.update])
+        self.complete([i for i, b in enumerate(self.buckets) if b.claimed])
 
     def complete_claimed_in(self, indices: tuple[int, ...], *_: object) -> None:
         """A module's forward pre-hook: the claimed updates of the buckets that hold its parameters."""
-        self.complete([i for i in indices if self.buckets[i].update])
+        self.complete([i for i in indices if self.buckets[i].claimed])
 
     def complete(self, indices: Sequence[int]) -> None:
         """Wait for these buckets, then run their update."""
@@ -128,7 +147,7 @@ class BucketUpdates:
         """A gradient arrives for bucket ``index``: a backward without a forward since step() applies the pending
         update first (it consumes the old gradient); a second backward without step() keeps the first's."""
         bucket = self.buckets[index]
-        if bucket.update:
+        if bucket.claimed:
             fresh = param.grad
             self.complete([index])
             param.grad = fresh
@@ -167,6 +186,6 @@ class BucketUpdates:
                 group.update(before)
         for index in indices:
             bucket = self.buckets[index]
-            bucket.update = False
+            bucket.claimed = False
             for p in bucket.params:  # consumed: .grad is None after the update, as after zero_grad()
                 p.grad = None

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..comm import Topology, hierarchical_hook
 from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import BucketedReducer
-from ..comm.sizes import MB
+from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
 from ..env import DistEnv
@@ -23,13 +23,10 @@ from ..env import DistEnv
 log = logging.getLogger(__name__)
 
 
-DDP_CAP_MB = 25.0  # torch DDP's default bucket cap
-
-
 def bucket_cap_for(topology: Topology, hierarchical: bool, device: torch.device, model_bytes: int) -> tuple[float, str]:
     """The bucketed reducer's cap at defaults: launcher/comm/policy.py (collective: every rank agrees)."""
     if topology.world_size == 1:
-        return DDP_CAP_MB, "one rank: nothing to overlap"
+        return DDP_BUCKET_CAP_MB, "one rank: nothing to overlap"
     link = measure_link(topology, hierarchical, device)
     return bucket_cap_mb(link, model_bytes), f"sized from the link: {link.describe()}, model {model_bytes / MB:.1f} MB"
 
@@ -48,7 +45,7 @@ class GradientSync:
         self.model = model
         self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_CAP_MB) * MB)) // 4)
+        probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB) * MB)) // 4)
         if cfg.hierarchical == "auto" and resumed_hierarchical is not None:
             self.choice = StrategyChoice(bool(resumed_hierarchical), "kept from the checkpoint this run resumes")
         else:
@@ -76,7 +73,7 @@ class GradientSync:
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
         else:
-            cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_CAP_MB
+            cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB
             with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers (older ones lack the new name)
                 warnings.simplefilter("ignore", FutureWarning)
                 ddp = DistributedDataParallel(
