@@ -11,7 +11,7 @@ A mode answers five questions, in this order, for ``plan_job``:
 ``in_process`` modes are already one rank of a job that something else started (torchrun, srun); ``batch``
 modes can submit and return (``submit``), so a sweep waits for all its points together.
 
-Adding a mode: a module with a class following ``BaseMode``, its schema in ``config/schema.py`` (a
+Adding a mode: a module with a class following ``BaseMode``, its schema in ``config/clusters.py`` (a
 ``ClusterConfig`` subclass, registered in ``config/load.py``), ``conf/cluster/<kind>.yaml``, and its place in
 ``MODES`` (``launch/plan.py``).
 """
@@ -70,7 +70,7 @@ class LaunchPlan:
 
 
 class BaseMode:
-    """Defaults shared by the modes that start processes themselves (local, sim, Slurm)."""
+    """Defaults shared by the modes that start processes themselves (local, sim, ssh, Slurm)."""
 
     name: ClassVar[str] = ""
     in_process: ClassVar[bool] = False  # this process is already one rank

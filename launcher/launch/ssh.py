@@ -31,8 +31,9 @@ Order of events:
    input (the head killed, the connection dropped) stops the node as SIGTERM would. An ssh session ending does not
    by itself end its remote processes: this is what does.
 4. The first failure ends the job on every host (the others get ``head.AFTER_FAILURE_GRACE_S``, then are stopped),
-   then one report names the root cause (``launcher.failures``); a host whose ssh connection dropped (exit 255:
-   the host or its link went down) is named first. ``cluster.max_restarts``: the head checks the hosts again and
+   then one report names the root cause (``launcher.failures``). A host whose ssh connection dropped (exit 255:
+   the host or its link went down) is named instead of a report: its peers, which wait for it in collectives,
+   are ended at once (``Control.ABORT``) and not blamed. ``cluster.max_restarts``: the head checks the hosts again and
    restarts the job on all of them from the newest checkpoint (the agents themselves do not restart).
 """
 
