@@ -146,11 +146,48 @@ def fallback(topo, rank, env) -> dict:
     return {"lbfgs": lbfgs.describe(), "unused": unused.describe(), "plain": plain.describe(), **banners}
 
 
+class Sparse(nn.Module):
+    """Logits straight from a sparse embedding: its gradient's hook is the first of a backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(20, 4, sparse=True)
+
+    def forward(self, x):
+        return self.embed((x.abs() * 3).long().clamp(max=19)).mean(1)
+
+
+def sparse_backward_twice(topo, rank) -> dict:
+    """A second backward through a retained graph before step(): both passes' averages add up, the sparse
+    embedding's too (its reduced gradient is bound only when waited for). Reference: one process, the same two
+    backward passes over the global batch."""
+    model, reference = Sparse(), Sparse()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    reducer = reducer_for(model, topo, opt)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
+    for step in range(WARMUP_STEPS + 2):
+        opt.zero_grad()
+        x, y = batch(step, rank)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        reducer.step()
+        ref_opt.zero_grad()
+        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
+        ref_loss = F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys))
+        ref_loss.backward(retain_graph=True)
+        ref_loss.backward()
+        ref_opt.step()
+    reducer.flush()
+    return {n: (p - q).abs().max().item() for (n, p), q in zip(model.named_parameters(), reference.parameters())}
+
+
 def _all(rank, world, out_dir):
     env = virtual_env(rank, world, 1)
     with Topology.build(env) as topo:
         seen = {}
-        for check in (chunk_order, flushed, closed):
+        for check in (chunk_order, flushed, closed, sparse_backward_twice):
             dist.barrier()
             seen[check.__name__] = check(topo, rank)
         seen["fallback"] = fallback(topo, rank, env)
@@ -221,3 +258,8 @@ def test_the_fallback_to_the_backward_overlap_says_why(seen):
     assert "backward overlap (comm.reducer=ddp: torch DDP waits for its buckets in backward); " in got["banner_ddp"], (
         got["banner_ddp"]
     )
+
+
+def test_a_second_backward_before_step_adds_both_averages_sparse_gradients_too(seen):
+    for rank, s in enumerate(seen):
+        assert max(s["sparse_backward_twice"].values()) < 1e-5, f"rank {rank}: {s['sparse_backward_twice']}"

@@ -100,8 +100,11 @@ def sparse_parameters(model: nn.Module) -> set[int]:
     }
 
 
-def sparse_allreduce(param: nn.Parameter, world_size: int) -> Future:
-    """Average a sparse gradient over all ranks (gloo's sparse allreduce returns a new tensor)."""
+def sparse_allreduce(param: nn.Parameter, world_size: int, consume: bool = False) -> Future:
+    """Average a sparse gradient over all ranks (gloo's sparse allreduce returns a new tensor). ``consume``: the
+    parameter's ``.grad`` is None afterwards (the forward overlap's rule: the reduced one comes at its update)."""
     assert param.grad is not None
     grad = param.grad.coalesce() / world_size
+    if consume:
+        param.grad = None
     return dist.all_reduce(grad, async_op=True).get_future()

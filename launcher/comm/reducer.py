@@ -6,10 +6,9 @@ concern has a room of its own (read in this order):
 - ``state.py``: the model's state across ranks (the same model checked, rank 0's state broadcast, buffers
   before each forward, a model changed after construction refused), as torch DDP keeps it;
 - ``unused.py``: parameters without a gradient (an error naming them, or DDP's ``find_unused_parameters``);
-- ``forward.py``: the forward overlap (chunks by priority), with ``updates.py`` (the optimizer step per bucket),
-  ``schedule.py`` (its model of the link, agreed in a warm-up) and ``tail.py`` (the first layer's gradient sent
-  by row blocks);
-- ``collectives.py``: the flat and node-first allreduce every bucket goes through.
+- ``forward.py``: the forward overlap's sending (chunks by priority; ``schedule.py``, its model of the link;
+  ``tail.py``, the first layer sent by row blocks); ``updates.py``, its optimizer step per bucket;
+- ``hooks.py``: hooks that hold the reducer weakly; ``collectives.py``: the allreduce every bucket goes through.
 
 The core: ``param.grad`` is a view into its bucket, where the optimiser reads the reduced gradient (nothing is
 copied back). After ``zero_grad()`` (``.grad`` None) autograd hands over the gradient it computed and the hook
@@ -183,7 +182,8 @@ class BucketedReducer:
     def launch(self, index: int, tensor: torch.Tensor, chunk: int | None = None) -> None:
         bucket = self.buckets[index]
         if bucket.sparse:
-            future = sparse_allreduce(bucket.params[0], self.world_size)
+            consume = self.forward is not None and self.forward.scheduled  # .grad the reducer's until updated
+            future = sparse_allreduce(bucket.params[0], self.world_size, consume)
         else:
             future = start_allreduce(tensor, self.topology, self.hierarchical)
         bucket.futures.append(future)

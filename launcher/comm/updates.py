@@ -154,7 +154,9 @@ class BucketUpdates:
         elif self.unclaimed:
             fresh = param.grad
             self.keep_unclaimed()
-            if fresh is not None and not bucket.sparse:
+            if fresh is not None and bucket.sparse:  # the first pass's average is bound to .grad: add to it
+                param.grad = fresh if param.grad is None else param.grad + fresh
+            elif fresh is not None:
                 bucket.views[slot].add_(fresh)
 
     def _wait(self, indices: Sequence[int]) -> None:
