@@ -59,14 +59,14 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
         while True:
             launch_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
-            codes, first = run_attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
+            codes, first, stopped = run_attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
                 break
             lost = {  # a simulated machine lost: its node process ended by a signal nobody here sent
                 f"node-{n}": f"its agent was killed by {signal.Signals(-rc).name}"
-                for n, rc in zip(nodes, codes)
-                if rc < 0
+                for position, (n, rc) in enumerate(zip(nodes, codes))
+                if rc < 0 and position not in stopped
             }
             if not members.again(lost, "node"):
                 break
@@ -89,10 +89,11 @@ def run_attempt(
     launch_id: str,
     attempt: int,
     head_restarts: bool,
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, set[int]]:
     """One attempt: a node process for each of ``nodes`` (simulated machines, in their namespaces), the first as
-    the master; returns ``wait_nodes``'s codes and failing position. ``head_restarts``: the head restarts the job
-    (this is its attempt ``attempt``) and the agents do not."""
+    the master; returns ``wait_nodes``'s codes and failing position, and the positions the head stopped itself
+    (after another's failure). ``head_restarts``: the head restarts the job (this is its attempt ``attempt``) and
+    the agents do not."""
     master = net.addr(nodes[0])
     port = c.master_port or (SIM_PORT if c.netns else free_port(master))
     procs = []
@@ -109,4 +110,11 @@ def run_attempt(
             attempt=attempt,
         )
         procs.append(subprocess.Popen([*net.prefix(node), *args.argv(sys.executable)], env=env))
-    return wait_nodes(procs)
+    stopped: set[int] = set()
+
+    def stop(proc: subprocess.Popen) -> None:
+        stopped.add(procs.index(proc))
+        proc.terminate()
+
+    codes, first = wait_nodes(procs, stop)
+    return codes, first, stopped
