@@ -20,7 +20,7 @@ import torch
 
 from helpers import REPO, run_launcher
 from test_launch import assert_same_trajectory
-from test_root_cause import MESSAGES, REPEAT, expect_root_cause, job_args, run_watched
+from test_root_cause import REPEAT, expect_root_cause, job_args, run_watched
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
 # Pinned: two separate runs under comm.hierarchical=auto could measure differently and sum in another order;
@@ -216,7 +216,7 @@ def test_failing_rank_is_named_first_with_its_error(slurm, tmp_path, kind, where
     --kill-on-bad-exit ends the others, and the report follows within 10 s of the failure."""
     args, env = job_args(kind, where, rank)
     code, stderr, at = run_watched([*TWO_BY_TWO, *args], tmp_path, {**slurm, **env}, timeout=300)
-    expect_root_cause(code, stderr, at, tmp_path, rank, MESSAGES[where][kind].format(r=rank))
+    expect_root_cause(code, stderr, at, tmp_path, rank, kind, where)
     assert re.search(
         rf"^launcher: rank {rank} \(task {rank} of Slurm job \d+, node {rank // 2}, pid \d+\) on "
         rf"node{rank // 2 + 1} failed:",

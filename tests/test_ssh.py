@@ -17,7 +17,7 @@ import pytest
 
 from helpers import REPO, run_launcher
 from launcher.train.checkpoint import verify
-from test_root_cause import MESSAGES, expect_root_cause, job_args, run_watched
+from test_root_cause import expect_root_cause, job_args, run_watched
 
 PREFIX, SUBNET, BRIDGE = "lnchvm", "10.97.0", "lnchtestbr0"
 HOSTS = [f"{PREFIX}1", f"{PREFIX}2"]  # the jobs' machines; a third one joins the doctor's
@@ -106,7 +106,7 @@ def test_failing_rank_on_the_second_machine_is_named(ssh_args, tmp_path, kind, w
     args, env = job_args(kind, where, rank=3)
     started = time.monotonic()
     code, stderr, at = run_watched([*ssh_args, "cluster.procs_per_node=2", *args], tmp_path, env, timeout=60)
-    expect_root_cause(code, stderr, at, tmp_path, 3, MESSAGES[where][kind].format(r=3))
+    expect_root_cause(code, stderr, at, tmp_path, 3, kind, where)
     assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", stderr, re.M), stderr[-2000:]
     assert time.monotonic() - started < 60
 
