@@ -136,8 +136,16 @@ def final_params(run_dir):
     return torch.load(path, weights_only=True)
 
 
-def test_two_nodes_two_tasks_train(slurm, tmp_path):
-    result = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=tmp_path, env=slurm, timeout=300)
+@pytest.fixture(scope="module")
+def two_by_two(slurm, tmp_path_factory):
+    """The plain job (2 nodes x 2 tasks, SHORT) on this cluster, run once: its test and, on the one-host cluster,
+    the requeue test's uninterrupted reference (the same job, the same cluster)."""
+    run_dir = tmp_path_factory.mktemp("two-by-two")
+    return run_launcher(*TWO_BY_TWO, *SHORT, run_dir=run_dir, env=slurm, timeout=300), run_dir
+
+
+def test_two_nodes_two_tasks_train(slurm, two_by_two):
+    result, tmp_path = two_by_two
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["nodes"], summary["procs_per_node"]) == (4, 2, 2)
@@ -173,9 +181,9 @@ def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):
     assert all(s["allreduce"] == 10.0 and s["WORLD_SIZE"] == "4" for s in seen)
 
 
-def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, tmp_path):
-    reference, preempted = tmp_path / "reference", tmp_path / "preempted"
-    plain = run_launcher(*TWO_BY_TWO, *SHORT, run_dir=reference, env=slurm, timeout=300)
+def test_preemption_twice_requeues_and_resumes_bit_identical(slurm, two_by_two, tmp_path):
+    plain, reference = two_by_two
+    preempted = tmp_path / "preempted"
     assert plain.returncode == 0, plain.stderr
     # SIGUSR2 (what Slurm sends before a time limit, or `scancel --signal=USR2`): to rank 1 at step 15 of the
     # first attempt, to rank 2 at step 30 of the second
