@@ -50,6 +50,24 @@ if running "$ROOT/run/slurmctld.pid"; then
   exit 0
 fi
 
+# From here on a failure (a daemon not ready in time, a command failing, SIGTERM / Ctrl-C) undoes what this run
+# started: stop-cluster.sh stops its daemons and removes its /etc/hosts lines, namespaces and bridge, and the state
+# dir goes too when this run created it. Nothing is left half-started for the next run to trip on.
+fresh=0
+[[ -e $ROOT ]] || fresh=1
+undo() {
+  local code=$?
+  trap - EXIT INT TERM
+  if ((code != 0)); then
+    echo "[slurm] start failed (exit $code): undoing what it started" >&2
+    if ((fresh)); then "$(dirname "$0")/stop-cluster.sh" --wipe; else "$(dirname "$0")/stop-cluster.sh"; fi
+  fi
+  exit "$code"
+}
+trap undo EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
 mkdir -p "$ROOT"/{etc,state,log,run,munge,db}
 for k in $(seq 1 "$NODES"); do mkdir -p "$ROOT/spool/node$k"; done
 chmod 755 "$ROOT" "$ROOT/munge"   # munged wants every parent of its socket o+x
@@ -135,6 +153,7 @@ for k in $(seq 1 "$NODES"); do
 done
 
 if ((NETNS)); then  # a bridge (slurmctld's side: .254) and one namespace per node; stop-cluster.sh removes them
+  : > "$ROOT/run/netns"  # written before the bridge: its presence tells stop-cluster.sh to remove the bridge too
   ip link show "$BRIDGE" >/dev/null 2>&1 || {
     ip link add "$BRIDGE" type bridge
     ip addr add "$SUBNET.254/24" dev "$BRIDGE"

@@ -5,6 +5,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,20 +44,61 @@ def torch_cache_dir_removed():
         shutil.rmtree(path, ignore_errors=True)
 
 
+def descendants(pid: int) -> list[str]:
+    """``pid: command line`` of every live process below ``pid``, multiprocessing's own helper (its resource
+    tracker lives as long as the test process) aside; zombies are not running."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            state, ppid = (proc / "stat").read_text().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(proc.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo += children.get(child, [])
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "multiprocessing.resource_tracker" not in cmdline:
+            found.append(f"{child}: {cmdline[:160]}")
+    return found
+
+
+def nothing_left(find: Callable[[], list[str]], what: str) -> None:
+    """Wait up to LINGER_S for ``find()`` to come back empty; kill what is left (the next test starts clean
+    either way) and fail naming it."""
+    deadline = time.monotonic() + LINGER_S
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for line in left:
+        try:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"processes still running after {what}:\n" + "\n".join(left)
+
+
 @pytest.fixture(autouse=True)
 def nothing_of_the_job_remains(request):
     """After every test that used a tmp_path (every launcher run's run dir lives there): no process of the job
     (launcher, agents, ranks: their command lines name the run dir) is left, pass or fail."""
     yield
     tmp_path = request.node.funcargs.get("tmp_path")
-    if tmp_path is None:
-        return
-    deadline = time.monotonic() + LINGER_S
-    while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for line in left:  # the next test starts clean either way
-        try:
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
-        except OSError:
-            pass
-    assert not left, "processes of the job still running after the test:\n" + "\n".join(left)
+    if tmp_path is not None:
+        nothing_left(lambda: processes_mentioning(str(tmp_path)), "the test")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def nothing_of_the_module_remains(tmp_path_factory):
+    """After a test module, once its module fixtures are torn down (ranks a fixture spawned once for several tests,
+    the ssh machines' sshd and what ran on them): no process started under the session's temporary directory, and
+    no process of this one's is left."""
+    yield
+    base = str(tmp_path_factory.getbasetemp()) + os.sep  # not a later run's pytest-NN when this one is pytest-N
+    nothing_left(lambda: sorted({*processes_mentioning(base), *descendants(os.getpid())}), "the module")

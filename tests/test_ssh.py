@@ -17,12 +17,13 @@ import pytest
 
 from helpers import REPO, run_launcher
 from launcher.train.checkpoint import verify
-from test_root_cause import MESSAGES, expect_root_cause, job_args, run_watched
+from test_root_cause import expect_root_cause, job_args, run_watched
 
 PREFIX, SUBNET, BRIDGE = "lnchvm", "10.97.0", "lnchtestbr0"
 HOSTS = [f"{PREFIX}1", f"{PREFIX}2"]  # the jobs' machines; a third one joins the doctor's
 ALL = [*HOSTS, f"{PREFIX}3"]
 LEFT_S = 15.0  # the issue's bound: nothing of a job left on any machine this long after it ended
+AT_ONCE_S = 3.0  # a lost machine's peers are ended at once: well under the 5 s a failed rank's peers get
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the ssh test machines need root and iproute2"
@@ -45,8 +46,13 @@ def machines(tmp_path_factory):
         yield state / "state"
     finally:
         subprocess.run([REPO / "scripts" / "ssh-hosts" / "stop.sh"], env=env, capture_output=True, timeout=60)
-    assert not Path(f"/etc/netns/{HOSTS[0]}").exists()
-    assert BRIDGE not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        left = [f"namespace {h}" for h in ALL if h in namespaces]
+        left += [f"/etc/netns/{h}" for h in ALL if Path(f"/etc/netns/{h}").exists()]
+        links = (BRIDGE, *(f"{h}h" for h in ALL))
+        left += [f"link {link}" for link in links if Path(f"/sys/class/net/{link}").exists()]
+        left += [f"state dir {state / 'state'}"] if (state / "state").exists() else []
+        assert not left, "the machines' stop left: " + ", ".join(left)
 
 
 def job_processes(state: Path, sessions: bool = True) -> list[str]:
@@ -66,6 +72,27 @@ def command_line(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
     except OSError:
         return "(ended)"
+
+
+def ranks_on(hosts: list[str]) -> list[str]:
+    """The pids of the ranks (``launcher.rank`` workers) running on ``hosts``."""
+    pids = []
+    for host in hosts:
+        pids += subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
+    return [p for p in pids if "launcher.rank" in command_line(p)]
+
+
+def ssh_client(head: subprocess.Popen, host: str) -> str:
+    """The pid of the head's ssh connection to ``host``'s agent."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = (proc / "stat").read_text().rpartition(")")[2].split()[1]
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if ppid == str(head.pid) and argv[0] == b"ssh" and host.encode() in argv:
+            return proc.name
+    raise AssertionError(f"the head has no ssh connection to {host}")
 
 
 def wait_nothing_left(state: Path, within_s: float = LEFT_S, sessions: bool = True) -> None:
@@ -106,7 +133,7 @@ def test_failing_rank_on_the_second_machine_is_named(ssh_args, tmp_path, kind, w
     args, env = job_args(kind, where, rank=3)
     started = time.monotonic()
     code, stderr, at = run_watched([*ssh_args, "cluster.procs_per_node=2", *args], tmp_path, env, timeout=60)
-    expect_root_cause(code, stderr, at, tmp_path, 3, MESSAGES[where][kind].format(r=3))
+    expect_root_cause(code, stderr, at, tmp_path, 3, kind, where)
     assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", stderr, re.M), stderr[-2000:]
     assert time.monotonic() - started < 60
 
@@ -173,32 +200,46 @@ def test_head_killed_ends_the_job_on_every_machine(ssh_args, machines, tmp_path)
     finally:
         if head.poll() is None:
             head.kill()
-    assert sorted(run_dir.glob("checkpoints/step-*.pt"))[-1] not in first, "the ranks did not checkpoint"
+    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
+    assert last not in first, "the ranks did not checkpoint"
+    step = int(last.stem.split("-")[1])  # the stop's checkpoint, not one of the cadence's (every 20 steps)
+    # every rank says so in its log (rank 0's line goes to the console only, gone with the head); its own agent's
+    # SIGTERM or another machine's may have made the ranks agree first
+    said = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
+    stopped = rf"stopped at step {step} (on SIGTERM|\(another rank was signalled\)): checkpoint written"
+    assert len(re.findall(stopped, said)) >= 3, said[-3000:]
 
 
 def test_bad_hosts_are_named_before_anything_starts(ssh_args, machines, tmp_path):
-    """One run, three bad hosts: unreachable, without our key, unknown; each named with its cause, exit 2."""
+    """One run, four bad hosts: unreachable, without our key, a name that does not resolve, an unknown host key
+    (BatchMode: never a prompt); each named with its cause, exit 2."""
     config = tmp_path / "ssh_config"
     stranger = tmp_path / "stranger"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
     config.write_text(
         f"Host nokey\n  HostName {SUBNET}.2\n  User root\n  IdentityFile {stranger}\n  IdentitiesOnly yes\n"
         "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
-        f"Host down\n  HostName {SUBNET}.99\n  ConnectTimeout 3\n" + (machines / "ssh_config").read_text()
+        f"Host down\n  HostName {SUBNET}.99\n  ConnectTimeout 3\n"
+        f"Host stranger\n  HostName {SUBNET}.2\n  User root\n  IdentityFile {machines}/id_ed25519\n"
+        f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {tmp_path}/known_hosts\n"
+        + (machines / "ssh_config").read_text()
     )
     args = [
         "+cluster=ssh",
-        f"cluster.hosts=[{HOSTS[0]},nokey,down,no-such-host.invalid]",
+        f"cluster.hosts=[{HOSTS[0]},nokey,down,no-such-host.invalid,stranger]",
         f"cluster.ssh_options=[-F,{config}]",
         "cluster.procs_per_node=1",
+        "train.batch_size_per_rank=16",
     ]
     out = run_launcher(*args, run_dir=tmp_path / "run", timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
     err = out.stderr
-    assert "3 problem(s) on the hosts, nothing started:" in err, err
+    assert "4 problem(s) on the hosts, nothing started:" in err, err
     assert re.search(r"^  nokey: ssh failed: .*Permission denied.*HINT: passwordless ssh", err, re.M), err
     assert re.search(r"^  down: ssh failed: .*(No route to host|timed out).*HINT: is down up", err, re.M), err
     assert re.search(r"^  no-such-host.invalid: ssh failed: .*Could not resolve hostname", err, re.M), err
+    unknown = "  stranger: ssh failed: Host key verification failed.; HINT: ssh stranger once to accept its host key"
+    assert unknown in err, err
     assert not list((tmp_path / "run").glob("logs/rank-*")), "a rank started"
 
 
@@ -323,12 +364,18 @@ def test_first_machine_lost_the_others_go_on_and_it_joins_again(machines, tmp_pa
     )
     try:
         wait_first_checkpoint(head, run_dir, log)
+        client = ssh_client(head, ALL[0])
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "down"], check=True)
         down = time.time()
         deadline = time.monotonic() + 60
+        lost_at = peers_ended_at = None  # the head's ssh to the first machine gave up; the others' ranks ended
         while "continuing on 2 of 3 nodes" not in log.read_text():
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+            if lost_at is None and not Path(f"/proc/{client}").exists():
+                lost_at = time.time()
+            if peers_ended_at is None and not ranks_on(ALL[1:]):
+                peers_ended_at = time.time()
+            time.sleep(0.1)
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "up"], check=True)
         assert head.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
@@ -361,6 +408,10 @@ def test_first_machine_lost_the_others_go_on_and_it_joins_again(machines, tmp_pa
     assert joined["why"] == f"{ALL[0]}: answers again", joined
     # ssh gives up after 3 unanswered keep-alives 5 s apart (15-20 s); the others are stopped at once
     assert lost["time"] - down < 20 + 10, f"scale-down decided {lost['time'] - down:.0f} s after the loss"
+    # "at once": the others' ranks end as soon as the head knows (no GRACE_S wait for them to fail on their own)
+    assert "launcher: stopping the agents still running at once: they wait for a lost machine" in stderr, stderr
+    assert lost_at is not None and peers_ended_at is not None, (lost_at, peers_ended_at)
+    assert peers_ended_at - lost_at < AT_ONCE_S, f"the others ended {peers_ended_at - lost_at:.1f} s after the loss"
     assert "died with signal 9" not in stderr, "the ranks ended by the launcher were blamed"
     assert summary["test_accuracy"] >= 0.95, summary
     assert summary["resumed_from"].endswith("step-00000040.pt"), summary

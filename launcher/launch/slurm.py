@@ -20,6 +20,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often the log is streamed and the job state polled while waiting
+# A task's result file may lag the job's end on a shared file system: waited for this long, once for all tasks
+# (submitit waits 15 s per task: a job whose tasks srun killed reported ~50 s late instead of within 10 s).
+RESULTS_WAIT_S = 2.0
 
 
 class SlurmMode(BaseMode):
@@ -186,9 +190,25 @@ def report(submitted, job: JobConfig) -> int:
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     known = []
-    for rank in range(tasks_run(submitted, job)):
+    tasks = [submitted.task(rank) for rank in range(tasks_run(submitted, job))]
+    deadline = time.monotonic() + RESULTS_WAIT_S
+    while not all(t.paths.result_pickle.exists() for t in tasks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    failed = submitted.state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
+    for rank, task in enumerate(tasks):
+        if failed and not task.paths.result_pickle.exists():  # killed (srun ends the others after a failure)
+            summary = f"Job {submitted.job_id} (task: {rank}) has not produced any output (state: {submitted.state})"
+            known.append(
+                Failure(
+                    rank=rank,
+                    kind="stopped",
+                    summary=summary,
+                    task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}",
+                )
+            )
+            continue
         try:
-            submitted.task(rank).result()
+            task.result()
         except (FailedJobError, UncompletedJobError) as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             kind = "died" if isinstance(exc, FailedJobError) else "stopped"
