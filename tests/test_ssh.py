@@ -75,11 +75,11 @@ def command_line(pid: str) -> str:
 
 
 def ranks_on(hosts: list[str]) -> list[str]:
-    """The pids of the ranks (``launcher.rank`` workers) running on ``hosts``."""
+    """The pids of the ranks (``launcher.rank_entry`` workers) running on ``hosts``."""
     pids = []
     for host in hosts:
         pids += subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
-    return [p for p in pids if "launcher.rank" in command_line(p)]
+    return [p for p in pids if "launcher.rank_entry" in command_line(p)]
 
 
 def ssh_client(head: subprocess.Popen, host: str) -> str:
@@ -408,8 +408,8 @@ def test_first_machine_lost_the_others_go_on_and_it_joins_again(machines, tmp_pa
     assert joined["why"] == f"{ALL[0]}: answers again", joined
     # ssh gives up after 3 unanswered keep-alives 5 s apart (15-20 s); the others are stopped at once
     assert lost["time"] - down < 20 + 10, f"scale-down decided {lost['time'] - down:.0f} s after the loss"
-    # "at once": the others' ranks end as soon as the head knows (no GRACE_S wait for them to fail on their own)
-    assert "launcher: stopping the agents still running at once: they wait for a lost machine" in stderr, stderr
+    # "at once": the others' ranks end as soon as the head knows (no AFTER_FAILURE_GRACE_S wait for them to fail)
+    assert "launcher: stopping the nodes still running at once: they wait for a lost machine" in stderr, stderr
     assert lost_at is not None and peers_ended_at is not None, (lost_at, peers_ended_at)
     assert peers_ended_at - lost_at < AT_ONCE_S, f"the others ended {peers_ended_at - lost_at:.1f} s after the loss"
     assert "died with signal 9" not in stderr, "the ranks ended by the launcher were blamed"
