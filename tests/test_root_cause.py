@@ -177,7 +177,9 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
     from launcher.env import DistEnv
 
     def log(rank: int) -> failures.FailureLog:
-        env = DistEnv(rank=rank, world_size=4, node_rank=rank // 2, num_nodes=2, hostname=f"m{rank // 2}", launch_id="j")
+        env = DistEnv(
+            rank=rank, world_size=4, node_rank=rank // 2, num_nodes=2, hostname=f"m{rank // 2}", launch_id="j"
+        )
         return failures.FailureLog(tmp_path, env)
 
     log(0).record(RuntimeError("Connection closed by peer [10.0.0.2]:4242"))
