@@ -31,7 +31,7 @@ from .logs import rank_log_path
 from .rank_work import run_rank_work
 from .train.stop import Preempted, StopRequest
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("launcher.rank_entry")  # not __name__: run as __main__ it would miss the rank log
 
 
 def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
