@@ -34,8 +34,7 @@ from .mode import BaseMode, LaunchPlan
 from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0  # how often rank 0's log is streamed while waiting
-STATE_POLL_S = 1.0  # how often the job's state is asked of sacct while waiting (one call)
+POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of sacct (one call) while waiting
 # A task's result file may lag the job's end on a shared file system: waited for this long, once for all tasks
 # (submitit waits 15 s per task: a job whose tasks srun killed reported ~50 s late instead of within 10 s). The
 # tasks srun killed never write one; the report leads with the ranks' own records, which do not wait for this.
@@ -170,14 +169,12 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
 
 
 def stream_until_done(submitted, log: Path) -> None:
-    """Print rank 0's log as it grows until the job ends. The state comes from sacct every ``STATE_POLL_S``
-    (submitit's own rhythm backs off to one call per half the job's age: a job that failed at 10 s was seen ~6 s
-    late, past the report's 10 s)."""
-    offset, tick, checked = 0, threading.Event(), time.monotonic()
+    """Print rank 0's log as it grows until the job ends. The state comes from sacct at each turn (``POLL_S``):
+    submitit's own rhythm backs off to one call per half the job's age, and a job that failed at 10 s was seen
+    ~6 s late, past the report's 10 s."""
+    offset, tick = 0, threading.Event()
     while True:
-        force = time.monotonic() - checked >= STATE_POLL_S
-        checked = time.monotonic() if force else checked
-        done = submitted.done(force_check=force)
+        done = submitted.done(force_check=True)
         if log.exists():
             with open(log, encoding="utf-8", errors="replace") as f:
                 f.seek(offset)
