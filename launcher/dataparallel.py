@@ -53,5 +53,6 @@ class HandDataParallel:
                 allreduce_devices([p.grad for p in params])
             for replica in self.replicas:
                 for p in replica.parameters():
-                    p -= lr * p.grad / x.shape[0]
+                    if p.grad is not None:
+                        p.sub_(lr * p.grad / x.shape[0])
         return float(sum(loss.item() for loss in losses)) / x.shape[0]

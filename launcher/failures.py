@@ -15,6 +15,7 @@ The choice does not rest on the clocks of different machines: records are ranked
 kind (several ranks failing on their own at once: any of them is a true cause):
 
   error    the rank's own exception: what we look for
+  hang     named by the progress watch at comm.timeout_s: every other rank waited for this one (launcher.watch)
   died     killed by a signal other than the launcher's stop signals, or exited without a record (OOM killer,
            segfault, ``os._exit``)
   peer     a consequence of another rank failing: connection closed or reset by a peer, a collective or the
@@ -45,7 +46,7 @@ from .env import DistEnv
 from .files import write_json_atomic
 from .logs import rank_log_path
 
-KINDS = ("error", "died", "peer", "stopped")  # the order in which a cause is looked for
+KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
 STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
 
@@ -157,6 +158,8 @@ class FailureLog:
         self.written = True
         if self.on_failure is not None:
             self.on_failure()
+        if self.path.exists():  # the watch named this rank as the hang's culprit: that record says more
+            return
         summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
         _write(
             self.path,
@@ -246,7 +249,8 @@ def ranked(failures: Iterable[Failure]) -> list[Failure]:
 def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
     cause, *others = ranked(failures)
     nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
-    what = cause.summary if cause.kind in ("died", "stopped") else "failed:"
+    says = {"died": cause.summary, "stopped": cause.summary, "hang": f"hung: {cause.summary}"}
+    what = says.get(cause.kind, "failed:")
     lines = [f"launcher: {cause.who(nodes)} {what}"]
     lines.append(cause.traceback or (cause.summary if what == "failed:" else ""))
     lines.append(f"launcher: log of rank {cause.rank}: {rank_log_path(run_dir, cause.rank)}")

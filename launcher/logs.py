@@ -15,6 +15,7 @@ from .env import DistEnv
 
 FILE_FORMAT = "%(asctime)s %(levelname)s [rank {rank} {host}] %(name)s: %(message)s"
 CONSOLE_FORMAT = "[launcher] %(message)s"
+console_fd: int | None = None  # a rank other than 0: its console before stdout/stderr went to its log
 
 
 def rank_log_path(run_dir: str | Path, rank: int) -> Path:
@@ -39,8 +40,11 @@ def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = Tru
         console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
         logger.addHandler(console)
     elif redirect_output:
+        global console_fd
         sys.stdout.flush()
         sys.stderr.flush()
+        if console_fd is None:
+            console_fd = os.dup(2)  # for the watch's stand-in reporter (launcher.watch.reporter)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)

@@ -22,6 +22,7 @@ from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary
 from .train.stop import StopRequest
+from .watch import start_watch
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,19 @@ def run_rank_work(
     or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""
     failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
+    c = job.comm
+    watch = start_watch(job.run_dir, env, c.hang_warn_s, c.timeout_s, c.flight_recorder_entries)
+    how = "raised"
+    try:
+        result = _run(job, env, stop, failures)
+        how = "returned"
+        return result
+    finally:
+        if watch is not None:
+            watch.end(how)
+
+
+def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:
     if job.script is not None:
         os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
         store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only

@@ -37,6 +37,7 @@ class RunSummary:
     resumed_from: Optional[str]  # the checkpoint this run resumed from
     hosts: list[str] = field(default_factory=list)  # each node's host name, in node order
     membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.membership)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # slow ranks the watch named (launcher.watch)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -86,6 +86,9 @@ class CommConfig:
     broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long, named
+    hang_warn_s: float = 60.0  # no rank completed a collective for this long while one waits: the watch names the
+    #                            rank(s) holding the job up, with their live stacks (launcher/watch); 0 = no watch
+    flight_recorder_entries: int = 2000  # torch's flight recorder (TORCH_FR_BUFFER_SIZE): collectives kept per rank
     overlap: str = "forward"  # forward: bucketed updates each bucket as soon as it is reduced, hiding the tail of
     #                           communication behind the optimizer and the next forward (where the run allows it:
     #                           the banner names what disables it) | backward: wait for every bucket in backward
@@ -108,6 +111,11 @@ class CommConfig:
         _check(self.overlap in ("forward", "backward"), f"comm.overlap={self.overlap!r}; HINT: forward or backward")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
+        _check(self.hang_warn_s >= 0, f"comm.hang_warn_s={self.hang_warn_s} must be >= 0 (0 switches the watch off)")
+        _check(
+            self.flight_recorder_entries >= 16,
+            f"comm.flight_recorder_entries={self.flight_recorder_entries} must be >= 16; HINT: 2000 (torch's default)",
+        )
         _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")
 
 

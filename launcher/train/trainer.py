@@ -25,6 +25,7 @@ from ..faults import faults_for
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
+from ..watch import note_step, stragglers
 from . import checkpoint as ckpt
 from .banner import format_banner
 from .data import build_datasets, eval_loader, train_loader
@@ -198,6 +199,7 @@ class Trainer(Checkpointing):
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._phase = f"step {self.pos.step + 1}"
+        note_step(self.pos.step)
         if (fault := self._faults.get(self.pos.step + 1)) is not None:
             if not fault.backward:
                 fault.fire()
@@ -291,6 +293,7 @@ class Trainer(Checkpointing):
             resumed_from=self.resumed_from,
             hosts=self.hosts,
             membership=membership.changes(self.run_dir),
+            stragglers=stragglers(),
         )
         if env.is_main:
             summary.write(self.run_dir)

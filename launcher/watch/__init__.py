@@ -1,0 +1,86 @@
+"""The progress watch: names the rank that holds a job up (stuck, desynced, or slow) while every rank is alive, in
+every mode and entry (local, sim, ssh, Slurm, by hand, torchrun; the trainer and ``script=``).
+
+Built on torch's flight recorder (``recorder.py``, the only torch side): a thread in every rank publishes what it
+says each beat (``publisher.py``); rank 0's thread compares (``reporter.py``: names hangs at ``comm.hang_warn_s``,
+ends them at ``comm.timeout_s``, names stragglers) with the pure rules of ``verdict.py``. The user's code is not
+touched: no wrapper around its collectives, no hook in its loop (the trainer only tells the watch its step).
+
+Reading map: ``start_watch`` (from ``rank_work``) -> ``Watch.run``: ``Publisher.beat`` + ``Publisher.answer`` every
+``BEAT_S``, then ``Reporter.tick`` on rank 0 (rank 1 stands in while rank 0 is silent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ..env import DistEnv
+from . import recorder
+from .publisher import Publisher
+from .reporter import Reporter
+
+log = logging.getLogger(__name__)
+BEAT_S = 1.0  # how often each rank publishes its progress and the reporter compares
+
+_current: Optional[Watch] = None
+
+
+class Watch(threading.Thread):
+    def __init__(self, run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float) -> None:
+        super().__init__(name="launcher-watch", daemon=True)
+        self.publisher = Publisher(run_dir, env)
+        self.reporter = Reporter(run_dir, env, self.publisher.dir, warn_s, timeout_s) if env.rank in (0, 1) else None
+        self.halt = threading.Event()
+        self.failed = False
+
+    def run(self) -> None:
+        while not self.halt.wait(BEAT_S):
+            try:
+                self.publisher.beat(with_arrivals=True)
+                self.publisher.answer(threading.get_ident())
+                if self.reporter is not None:
+                    self.reporter.tick(time.time_ns())
+            except Exception:  # the watch must never take a rank down; say it once
+                if not self.failed:
+                    log.exception("the progress watch failed a beat (it goes on)")
+                self.failed = True
+
+    def end(self, how: str) -> None:
+        """The rank's work ended (``how``: returned / raised ...): stop, and say so in the last progress."""
+        self.halt.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+        self.publisher.ended = how
+        try:
+            self.publisher.beat(with_arrivals=False)
+        except Exception:  # the recorder is gone with the process group: the last progress stands
+            pass
+
+
+def start_watch(run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float, entries: int) -> Optional[Watch]:
+    """Size the flight recorder (before the rank's first process group) and start the watch thread; None for a
+    single rank or ``comm.hang_warn_s=0``."""
+    global _current
+    recorder.enable(entries)
+    if env.world_size < 2 or warn_s <= 0:
+        return None
+    _current = Watch(run_dir, env, warn_s, timeout_s)
+    _current.start()
+    return _current
+
+
+def note_step(step: int) -> None:
+    """The trainer's step (the straggler report says from which step)."""
+    if _current is not None:
+        _current.publisher.note_step(step)
+
+
+def stragglers() -> list[dict[str, Any]]:
+    """The stragglers named in this run so far (rank 0): for ``summary.json``."""
+    if _current is None or _current.reporter is None:
+        return []
+    return [dict(event) for event in _current.reporter.events]

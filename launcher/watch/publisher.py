@@ -1,0 +1,142 @@
+"""Every rank's side of the watch: each beat, what its flight recorder says (per process group the newest entered
+and completed collective, the one it waits in) goes into ``RUN_DIR/watch/<launch>/attempt-<n>/rank-<k>.json``;
+every few seconds also when it entered each recent collective (stragglers); and when the reporter asks
+(``request.json``), its whole flight recorder and the live stack of every thread go into the hang's folder.
+
+Files, not the rendezvous store: rank 0 hosts the store, and a stopped rank 0 would silence every rank; the run dir
+is on a shared file system in every multi-node mode (the failure records rely on it too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..env import DistEnv
+from ..failures import WRAPPER_FRAMES
+from ..files import write_atomic, write_json_atomic
+from . import recorder
+
+ARRIVALS_EVERY_S = 5.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
+ARRIVALS_MAX = 512  # the newest entries handed out per read
+
+
+def watch_dir(run_dir: str | Path, env: DistEnv) -> Path:
+    return Path(run_dir) / "watch" / (env.launch_id or "local") / f"attempt-{env.attempt}"
+
+
+OWN_THREADS = ("launcher-watch", "stop-watch")  # the launcher's own threads in a rank: not where it is stuck
+NOT_WHERE = (*WRAPPER_FRAMES, "threading.py")  # frames that only carry a thread to its work
+
+
+def stacks(skip: int | None = None) -> str:
+    """Every thread's Python stack as a traceback prints it, innermost last, the main thread first; without the
+    launcher's own threads (``skip``: the calling thread) and the frames that only carry a thread to its work."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    parts = []
+    for ident in sorted(frames, key=lambda i: (names.get(i) != "MainThread", str(names.get(i, i)))):
+        if ident == skip or names.get(ident) in OWN_THREADS:
+            continue
+        kept = [e for e in traceback.format_stack(frames[ident]) if not any(p in e.split('"')[1] for p in NOT_WHERE)]
+        parts.append(f"Thread {names.get(ident, ident)} (most recent call last):\n{''.join(kept).rstrip()}")
+    return "\n\n".join(parts)
+
+
+class Publisher:
+    def __init__(self, run_dir: str | Path, env: DistEnv) -> None:
+        self.env = env
+        self.dir = watch_dir(run_dir, env)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"rank-{env.rank}.json"
+        self.recorder = recorder.Recorder()
+        self.last: dict[str, tuple[int, int]] = {}
+        self.progress_ns = time.time_ns()
+        self.waiting: dict[tuple[str, int], dict[str, Any]] = {}  # (group, seq) -> its entry, once looked up
+        self.arrivals: list[list[Any]] = []
+        self.arrivals_at = 0.0
+        self.batch = 0
+        self.steps: deque[list[int]] = deque(maxlen=64)
+        self.answered = 0
+        self.request_seen = 0.0
+        self.ended = ""
+
+    def note_step(self, step: int) -> None:
+        self.steps.append([step, time.time_ns()])
+
+    def beat(self, with_arrivals: bool) -> dict[str, Any]:
+        """Read the recorder, write this rank's progress; returns it."""
+        status = self.recorder.status()
+        if any(status.get(g, (0, -1))[1] != self.last.get(g, (0, -1))[1] for g in status):
+            self.progress_ns = time.time_ns()
+        previous, self.last = self.last, status
+        groups = {}
+        names = recorder.members()
+        for group, (enqueued, completed) in status.items():
+            waiting = None
+            if enqueued > completed:
+                key = (group, completed + 1)
+                if key not in self.waiting and previous.get(group) == (enqueued, completed):  # a beat or more
+                    self.waiting[key] = self._entry(group, completed + 1)
+                waiting = self.waiting.get(key)
+            groups[group] = {
+                "members": names.get(group),
+                "desc": self.recorder.descs.get(group, ""),
+                "enqueued": enqueued,
+                "completed": completed,
+                "waiting": waiting,
+            }
+        if with_arrivals and time.monotonic() - self.arrivals_at >= ARRIVALS_EVERY_S:
+            self.arrivals_at = time.monotonic()
+            self.arrivals, self.batch = self.recorder.arrivals(ARRIVALS_MAX), self.batch + 1
+        progress = {
+            "rank": self.env.rank,
+            "host": self.env.hostname or socket.gethostname(),
+            "node": self.env.node_rank,
+            "pid": os.getpid(),
+            "beat_ns": time.time_ns(),
+            "progress_ns": self.progress_ns,
+            "ended": self.ended,
+            "steps": list(self.steps),
+            "groups": groups,
+            "batch": self.batch,
+            "arrivals": self.arrivals,
+            "answered": self.answered,
+        }
+        write_json_atomic(self.path, progress)
+        return progress
+
+    def _entry(self, group: str, seq: int) -> dict[str, Any]:
+        entry = self.recorder.waiting(group, seq) or {"seq": seq, "what": "", "since_ns": time.time_ns()}
+        before = self.recorder.waiting(group, seq - 1) if seq > 1 else None
+        entry["prev"] = before["what"] if before else ""
+        return entry
+
+    def answer(self, skip_thread: int | None) -> None:
+        """Answer the reporter's newest request: the flight recorder and the stacks into the hang's folder."""
+        request = self.dir / "request.json"
+        try:
+            changed = request.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if changed == self.request_seen:
+            return
+        self.request_seen = changed
+        try:
+            asked = json.loads(request.read_text())
+        except (OSError, ValueError):
+            return
+        if asked["id"] <= self.answered:
+            return
+        folder = Path(asked["dir"])
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / f"rank-{self.env.rank}.fr.json", recorder.dump_json())
+        write_atomic(folder / f"rank-{self.env.rank}.stack.txt", stacks(skip_thread) + "\n")
+        self.answered = asked["id"]

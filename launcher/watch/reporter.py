@@ -1,0 +1,284 @@
+"""The one place that compares the ranks' progress: rank 0's watch (rank 1's while rank 0 is silent, e.g.
+stopped). Each beat it reads every rank's progress file and:
+
+- names a hang once it has lasted ``comm.hang_warn_s``: asks every rank for its flight recorder and live stacks,
+  waits for the answers (``ANSWER_WAIT_S`` at most: a stopped rank never answers), then prints the report,
+  culprit first, on rank 0's console (the console of the command the user started, in every mode; Slurm streams
+  rank 0's log) and writes ``RUN_DIR/hangs/<id>/report.json`` beside the dumps;
+- at ``comm.timeout_s`` ends the job: failure records for the culprits (kind ``hang``, with their stacks) and for
+  the ranks waiting for them (``peer``), then this process exits 1; the launcher ends the other ranks and its
+  report leads with the culprit (``launcher.failures``); ``cluster.max_restarts`` applies as for any failure;
+- names stragglers (``verdict.find_stragglers``) when they start and when they recover: console, ``metrics.jsonl``
+  and, through ``stragglers()``, the run's ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import logs
+from ..env import DistEnv
+from ..failures import Failure, attempt_dir, record_exits
+from ..files import write_json_atomic
+from .verdict import Hang, find_hang, find_stragglers
+
+log = logging.getLogger("launcher.watch")
+STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen)
+ANSWER_WAIT_S = 6.0  # how long a hang report waits for the ranks' stacks
+STRAGGLER_WINDOW_S = 15.0
+STRAGGLER_SHARE = 0.2  # of the step time
+KEEP_ARRIVALS_S = 60.0
+
+
+def group_label(name: str, progress: dict[str, Any]) -> str:
+    group = progress.get("groups", {}).get(name, {})
+    if group.get("desc") == "default_pg" or name == "0":
+        return "the default group"
+    members = group.get("members") or []
+    ranks = ",".join(map(str, members)) if len(members) <= 8 else f"{len(members)} ranks"
+    return f"group {name[:12]} (ranks {ranks})"
+
+
+def who(rank: int, ranks: dict[int, dict[str, Any]]) -> str:
+    p = ranks.get(rank)
+    return f"rank {rank} (pid {p['pid']}) on {p['host']}" if p else f"rank {rank}"
+
+
+def _ranks(numbers: tuple[int, ...] | list[int]) -> str:
+    return ("rank " if len(numbers) == 1 else "ranks ") + ", ".join(map(str, numbers))
+
+
+class Reporter:
+    def __init__(self, run_dir: str | Path, env: DistEnv, folder: Path, warn_s: float, timeout_s: float) -> None:
+        self.run_dir, self.env, self.dir = Path(run_dir), env, folder
+        self.timeout_s = timeout_s
+        self.warn_s = min(warn_s, 0.75 * timeout_s)  # a report (with stacks) always comes before the end
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self.request: dict[str, Any] | None = None
+        self.reported: tuple[Any, ...] | None = None
+        self.stacks: dict[int, str] = {}
+        self.asked = 0
+        self.batches: dict[int, int] = {}
+        self.arrivals: dict[str, dict[int, dict[int, tuple[int, str]]]] = {}
+        self.slow: dict[int, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------------------------ beat
+    def active(self) -> bool:
+        """Rank 0 reports; rank 1 only while rank 0 is silent (stopped or frozen) and has not ended."""
+        if self.env.rank == 0:
+            return True
+        zero = self.ranks.get(0)
+        if zero is None or zero.get("ended"):
+            return False
+        return (time.time_ns() - zero["beat_ns"]) / 1e9 > STALE_S
+
+    def tick(self, now_ns: int) -> None:
+        for rank in range(self.env.world_size):
+            try:
+                self.ranks[rank] = json.loads((self.dir / f"rank-{rank}.json").read_text())
+            except (OSError, ValueError):
+                continue  # not written yet, or being replaced: the previous read stands
+        if not self.active():
+            return
+        if self.env.rank == 0:
+            self._stragglers(now_ns)
+        hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
+        if hang is None or hang.stalled_s < self.warn_s:
+            if self.reported is not None and hang is None:
+                self.say("hang over: every rank is moving again")
+            self.reported, self.request = (None, None) if hang is None else (self.reported, self.request)
+            return
+        key = (hang.kind, hang.group, hang.seq, hang.culprits)
+        if key != self.reported and self.request is None:
+            self._ask(now_ns)
+        if self.request is not None and self._answered(hang, now_ns):
+            self._report(hang, now_ns)
+            self.reported, self.request = key, None
+        if self.reported == key and hang.stalled_s >= self.timeout_s:
+            self._end(hang)
+
+    def say(self, text: str) -> None:
+        log.warning("%s", text)
+        if self.env.rank != 0 and logs.console_fd is not None:  # the stand-in reporter: its stderr is its log
+            os.write(logs.console_fd, f"[launcher] {text}\n".encode())
+
+    # ------------------------------------------------------------------------------------------------ hangs
+    def _ask(self, now_ns: int) -> None:
+        self.asked += 1
+        folder = self.run_dir / "hangs" / f"{self.env.launch_id or 'local'}-attempt-{self.env.attempt}-{self.asked}"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.request = {"id": self.asked, "dir": str(folder), "at_ns": now_ns}
+        write_json_atomic(self.dir / "request.json", self.request)
+
+    def _answered(self, hang: Hang, now_ns: int) -> bool:
+        assert self.request is not None
+        folder = Path(self.request["dir"])
+        wanted = set(hang.culprits) | {r for _, side in hang.sides for r in side[:1]}
+        have = {r for r in wanted if (folder / f"rank-{r}.stack.txt").exists()}
+        return have == wanted or (now_ns - self.request["at_ns"]) / 1e9 >= ANSWER_WAIT_S
+
+    def _stack(self, rank: int, folder: Path) -> str:
+        path = folder / f"rank-{rank}.stack.txt"
+        if path.exists():
+            return path.read_text()
+        return (
+            f"(not taken: rank {rank} did not answer within {ANSWER_WAIT_S:.0f} s: stopped, or stuck holding the GIL)"
+        )
+
+    def _report(self, hang: Hang, now_ns: int) -> None:
+        folder = Path(self.request["dir"]) if self.request else self.run_dir / "hangs"
+        self.stacks = {r: self._stack(r, folder) for r in {*hang.culprits, *(s[1][0] for s in hang.sides)}}
+        lines = [self.headline(hang)]
+        for rank in hang.culprits:
+            if rank in hang.notes:
+                lines.append(f"  rank {rank} {hang.notes[rank]}")
+        for rank in sorted(self.stacks, key=lambda r: (r not in hang.culprits, r)):
+            lines.append(f"  stack of rank {rank} (live, every thread):")
+            lines.extend("    " + line for line in self.stacks[rank].rstrip().splitlines())
+        lines.append(
+            f"  report and every rank's flight recorder: {folder}; the job is ended at comm.timeout_s="
+            f"{self.timeout_s:.0f} s unless it moves on"
+        )
+        self.say("\n".join(lines))
+        write_json_atomic(
+            folder / "report.json",
+            {
+                "kind": hang.kind,
+                "headline": lines[0],
+                "culprits": [
+                    {**self._ident(r), "note": hang.notes.get(r, ""), "stack": self.stacks.get(r, "")}
+                    for r in hang.culprits
+                ],
+                "group": hang.group,
+                "seq": hang.seq,
+                "collective": hang.what,
+                "waiting": list(hang.waiting),
+                "sides": [{"collective": what, "ranks": list(ranks)} for what, ranks in hang.sides],
+                "stalled_s": round(hang.stalled_s, 1),
+                "time_ns": now_ns,
+            },
+        )
+
+    def _ident(self, rank: int) -> dict[str, Any]:
+        p = self.ranks.get(rank, {})
+        return {"rank": rank, "host": p.get("host", "?"), "pid": p.get("pid", 0), "node": p.get("node", 0)}
+
+    def headline(self, hang: Hang, ending: bool = False) -> str:
+        """The report's first line: the culprit before any other rank."""
+        kind, culprits, rest = self._parts(hang, ending)
+        return f"{kind}: {culprits} {rest}"
+
+    def _parts(self, hang: Hang, ending: bool) -> tuple[str, str, str]:
+        """(kind, the culprits, what they did): the failure record names the culprit itself."""
+        anchor = self.ranks.get(hang.waiting[0], {}) if hang.waiting else {}
+        label = group_label(hang.group, anchor)
+        culprits = ", ".join(who(r, self.ranks) for r in hang.culprits)
+        if hang.kind == "desync":
+            theirs = " vs ".join(what for what, _ in hang.sides)
+            rest = f"in another collective than {_ranks(list(hang.sides[1][1]))} at #{hang.seq} of {label}: {theirs}"
+            return "desync", culprits, rest
+        others = [r for r in hang.waiting if r not in hang.culprits]
+        waiters = f"{_ranks(others)} {'waits' if len(others) == 1 else 'wait'}" if others else "the others wait"
+        what = f" ({hang.what})" if hang.what else ""
+        late = f"after {hang.stalled_s:.0f} s (comm.timeout_s)" if ending else f"for {hang.stalled_s:.0f} s"
+        verb = "has" if len(hang.culprits) == 1 else "have"
+        rest = f"{verb} not entered collective #{hang.seq} of {label} {late}; {waiters} in it{what}"
+        return ("deadlock" if hang.kind == "deadlock" else "hang"), culprits, rest
+
+    def _end(self, hang: Hang) -> None:
+        """Past comm.timeout_s: records naming the culprit first, then this rank exits; the launcher ends the rest."""
+        kind, _, rest = self._parts(hang, ending=True)
+        self.say(f"{self.headline(hang, ending=True)}; ending the job")
+        now, nodes = time.time_ns(), self.env.num_nodes
+        records = [
+            Failure(
+                **self._ident(r),
+                kind="hang",
+                nodes=nodes,
+                summary=rest if kind == "hang" else f"{kind}: {rest}",
+                traceback=(f"rank {r} {hang.notes[r]}\n" if r in hang.notes else "")
+                + f"its stack when the hang was reported:\n{self.stacks.get(r)}",
+                time_ns=now,
+            )
+            for r in hang.culprits
+        ]
+        waited = f"waited {hang.stalled_s:.0f} s in collective #{hang.seq} for {_ranks(list(hang.culprits))}"
+        records += [
+            Failure(**self._ident(r), kind="peer", nodes=nodes, summary=waited, time_ns=now)
+            for r in hang.waiting
+            if r not in hang.culprits
+        ]
+        record_exits(attempt_dir(self.run_dir, self.env.launch_id, self.env.attempt), records)
+        logging.shutdown()
+        os._exit(1)
+
+    # ------------------------------------------------------------------------------------------------ stragglers
+    def _stragglers(self, now_ns: int) -> None:
+        fresh = False
+        for rank, p in self.ranks.items():
+            if p.get("batch", 0) != self.batches.get(rank):
+                self.batches[rank], fresh = p.get("batch", 0), True
+                for group, seq, t, sig in p.get("arrivals", []):
+                    self.arrivals.setdefault(group, {}).setdefault(rank, {})[seq] = (t, sig)
+        if not fresh:
+            return
+        found: dict[int, Any] = {}
+        for group, by_rank in self.arrivals.items():
+            for rank in by_rank:
+                by_rank[rank] = {s: v for s, v in by_rank[rank].items() if now_ns - v[0] < KEEP_ARRIVALS_S * 1e9}
+            members = next(
+                (p["groups"][g].get("members") for p in self.ranks.values() if (g := group) in p["groups"]), None
+            )
+            if not members or len(members) < 2 or any(m not in by_rank for m in members):
+                continue
+            for s in find_stragglers({m: by_rank[m] for m in members}, STRAGGLER_WINDOW_S, STRAGGLER_SHARE):
+                if s.rank not in found or s.share > found[s.rank].share:
+                    found[s.rank] = s
+        self._changes(found)
+
+    def _members(self, group: str) -> list[int] | None:
+        for p in self.ranks.values():
+            if group in p.get("groups", {}):
+                return p["groups"][group].get("members")
+        return None
+
+    def _changes(self, found: dict[int, Any]) -> None:
+        for rank, s in sorted(found.items()):
+            if rank in self.slow:
+                continue
+            step = self._step_at(rank, s.since_ns)
+            event = {
+                **{k: v for k, v in self._ident(rank).items() if k in ("rank", "host")},
+                "late_s": round(s.late_s, 4),
+                "step_s": round(s.step_s, 4),
+                "share": round(s.share, 3),
+                "from_step": step,
+                "until_step": None,
+            }
+            self.slow[rank] = event
+            self.events.append(event)
+            since = f"since step {step}" if step is not None else "since the window began"
+            self.say(
+                f"straggler: rank {rank} on {event['host']} enters each step's collectives {s.late_s:.3f} s after "
+                f"the others ({100 * s.share:.0f} % of the {s.step_s:.3f} s step), {since}"
+            )
+            self._metric({"kind": "straggler", **event})
+        for rank in [r for r in self.slow if r not in found]:
+            event = self.slow.pop(rank)
+            event["until_step"] = self._step_at(rank, time.time_ns())
+            self.say(f"straggler: rank {rank} on {event['host']} keeps up again")
+            self._metric({"kind": "straggler_recovered", **event})
+
+    def _step_at(self, rank: int, t_ns: int) -> int | None:
+        steps = [s for s, t in self.ranks.get(rank, {}).get("steps", []) if t <= t_ns]
+        return steps[-1] + 1 if steps else None
+
+    def _metric(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")

@@ -1,0 +1,189 @@
+"""Which rank holds the job up? Pure functions over the ranks' published progress (no torch, no files), so every
+case is tested without processes.
+
+A rank's progress (what ``publisher.py`` writes each beat) is a dict: ``rank host pid node beat_ns progress_ns
+ended step`` and ``groups``: per process group name ``members`` (global ranks), ``enqueued`` / ``completed`` (its
+newest sequence numbers) and ``waiting`` (the collective it waits in: ``seq what prev since_ns``, or None).
+
+- a **hang**: some rank waits in collective #S of a group while a member of that group has not entered #S; the
+  ranks it waits for are followed (a rank they wait for may itself wait in another group: the node-first
+  hierarchy's leader group) to the ones that wait for nothing: the culprits (busy outside collectives, ended,
+  or silent: stopped or frozen);
+- a **desync**: ranks of one group at the same #S in different collectives (another op, other sizes or dtypes:
+  e.g. one rank skipped a collective); the culprit side is the minority, on a tie the side that left the op both
+  sides ran at #S-1;
+- a **straggler**: over a window of steps, a rank that is the last to enter nearly every step's collectives, late
+  by at least a share of the step time (when each rank entered each collective: ``time_created_ns``; the hosts'
+  clocks are taken to agree to well under a step, as NTP keeps them).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Progress = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Hang:
+    kind: str  # "hang" | "desync" | "deadlock"
+    culprits: tuple[int, ...]  # first in every report
+    group: str  # the process group the anchor waits in
+    seq: int
+    what: str  # the collective waited in (signature), "" when not known yet
+    waiting: tuple[int, ...]  # the ranks waiting in it
+    stalled_s: float  # since any rank last completed a collective
+    sides: tuple[tuple[str, tuple[int, ...]], ...] = ()  # desync: each collective and its ranks, culprits first
+    notes: dict[int, str] = field(default_factory=dict)  # culprit -> where it is instead
+
+
+def _waits(progress: Progress) -> tuple[str, int, dict[str, Any]] | None:
+    """The collective a rank waits in (the oldest, when several groups wait): group, seq, its entry."""
+    found = []
+    for name, group in (progress.get("groups") or {}).items():
+        if group["enqueued"] > group["completed"]:
+            entry = group.get("waiting") or {}
+            since = int(entry.get("since_ns") or progress.get("beat_ns") or 0)
+            found.append((since, name, group["completed"] + 1, entry))
+    if not found:
+        return None
+    _, name, seq, entry = min(found, key=lambda f: f[0])
+    return name, seq, entry
+
+
+def _blockers(rank: int, group: str, seq: int, ranks: Mapping[int, Progress], world: int) -> list[int]:
+    """The members of ``group`` that have not entered its collective ``seq``."""
+    members = ranks[rank]["groups"][group].get("members") or list(range(world))
+    late = []
+    for member in members:
+        theirs = (ranks.get(member) or {}).get("groups", {}).get(group)
+        if member != rank and (theirs is None or theirs["enqueued"] < seq):
+            late.append(member)
+    return late
+
+
+def _note(rank: int, ranks: Mapping[int, Progress], now_ns: int, stale_s: float, group: str) -> str:
+    progress = ranks.get(rank)
+    if progress is None:
+        return "has reported no progress (its watch never started: it may not have reached its script or trainer)"
+    mine = progress.get("groups", {}).get(group)
+    last = f"#{mine['completed']}" if mine and mine["completed"] >= 0 else "none"
+    if progress.get("ended"):
+        return f"ended ({progress['ended']}); its last completed collective of this group: {last}"
+    silent_s = (now_ns - progress["beat_ns"]) / 1e9
+    if silent_s > stale_s:
+        return f"has been silent for {silent_s:.0f} s (stopped, e.g. SIGSTOP, or frozen); its last completed: {last}"
+    return f"is busy outside collectives; its last completed collective of this group: {last}"
+
+
+def find_hang(ranks: Mapping[int, Progress], world: int, now_ns: int, stale_s: float) -> Hang | None:
+    """The hang holding the job up, when a rank waits in a collective (None when none waits)."""
+    waits = {r: w for r, p in ranks.items() if (w := _waits(p)) is not None and not p.get("ended")}
+    if not waits:
+        return None
+    anchor = min(waits, key=lambda r: (waits[r][2].get("since_ns", now_ns), r))
+    group, seq, entry = waits[anchor]
+    newest = max((p.get("progress_ns", 0) for p in ranks.values()), default=0)
+    stalled_s = max(0.0, (now_ns - newest) / 1e9) if newest else 0.0
+    there = sorted(r for r, w in waits.items() if w[0] == group and w[1] == seq)
+    sides: dict[str, list[int]] = {}
+    for r in there:
+        sides.setdefault(waits[r][2].get("what", ""), []).append(r)
+    if len(sides) > 1 and "" not in sides:
+        ordered = _culprit_side_first(sides, {r: waits[r][2].get("prev", "") for r in there})
+        culprits = tuple(ordered[0][1])
+        return Hang("desync", culprits, group, seq, entry.get("what", ""), tuple(there), stalled_s, ordered)
+    roots, seen, todo = [], {anchor}, [anchor]
+    while todo:
+        rank = todo.pop()
+        g, s, _ = waits[rank]
+        for blocker in _blockers(rank, g, s, ranks, world):
+            if blocker in seen:
+                continue
+            seen.add(blocker)
+            if blocker in waits and (now_ns - ranks[blocker]["beat_ns"]) / 1e9 <= stale_s:
+                todo.append(blocker)
+            else:
+                roots.append(blocker)
+    kind = "hang" if roots else "deadlock"
+    culprits = tuple(sorted(roots)) if roots else tuple(sorted(seen - {anchor}))
+    notes = {r: _note(r, ranks, now_ns, stale_s, group) for r in roots}
+    return Hang(kind, culprits, group, seq, entry.get("what", ""), tuple(there), stalled_s, notes=notes)
+
+
+def _culprit_side_first(sides: dict[str, list[int]], prev: dict[int, str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The minority first; on a tie, the side that left the collective every rank ran at #S-1."""
+    common = {p for p in prev.values()}
+    routine = next(iter(common)) if len(common) == 1 else None
+
+    def key(item: tuple[str, list[int]]) -> tuple[int, int, int]:
+        what, members = item
+        return (len(members), 0 if what != routine else 1, -min(members))
+
+    return tuple((what, tuple(members)) for what, members in sorted(sides.items(), key=key))
+
+
+# ------------------------------------------------------------------------------------------------ stragglers
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    late_s: float  # how much later than the others it enters a step's collectives (median over the window)
+    step_s: float  # the step time over the window
+    since_ns: int  # the first step of the window it was last in
+
+    @property
+    def share(self) -> float:
+        return self.late_s / self.step_s if self.step_s > 0 else 0.0
+
+
+MIN_STEPS = 5  # steps in a window before anyone is named
+CONSISTENT = 0.75  # the share of the window's steps a straggler must be the last in
+
+
+def _period(signatures: list[str]) -> int:
+    """How many collectives a step has: the shortest period of the sequence of signatures (1 if none)."""
+    n = len(signatures)
+    for p in range(1, min(64, n // 3) + 1):
+        if all(signatures[i] == signatures[i + p] for i in range(n - p)):
+            return p
+    return 1
+
+
+def find_stragglers(
+    arrivals: Mapping[int, Mapping[int, tuple[int, str]]], window_s: float, min_share: float
+) -> list[Straggler]:
+    """``arrivals``: rank -> {seq: (time_created_ns, signature)} in one group every rank belongs to. The ranks
+    last to enter nearly every step of the newest ``window_s``, by ``min_share`` of the step time or more."""
+    ranks = sorted(arrivals)
+    if len(ranks) < 2:
+        return []
+    seqs = sorted(set.intersection(*(set(arrivals[r]) for r in ranks)))
+    if not seqs:
+        return []
+    middle = {s: statistics.median(arrivals[r][s][0] for r in ranks) for s in seqs}
+    newest = middle[seqs[-1]]
+    seqs = [s for s in seqs if newest - middle[s] <= window_s * 1e9]
+    p = _period([arrivals[ranks[0]][s][1] for s in seqs])
+    blocks = [seqs[i : i + p] for i in range(0, len(seqs) - p + 1, p)]
+    if len(blocks) < MIN_STEPS:
+        return []
+    step_s = statistics.median((middle[b[-1]] - middle[a[-1]]) / 1e9 for a, b in zip(blocks, blocks[1:]))
+    late: dict[int, list[float]] = {r: [] for r in ranks}
+    last_in: dict[int, list[int]] = {r: [] for r in ranks}
+    for block in blocks:
+        behind = {}
+        for r in ranks:
+            behind[r] = max(
+                arrivals[r][s][0] - statistics.median(arrivals[o][s][0] for o in ranks if o != r) for s in block
+            )
+            late[r].append(behind[r] / 1e9)
+        top = max(ranks, key=lambda r: behind[r])
+        last_in[top].append(arrivals[top][block[0]][0])
+    found = []
+    for r in ranks:
+        if len(last_in[r]) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= min_share * step_s > 0:
+            found.append(Straggler(r, statistics.median(late[r]), step_s, min(last_in[r])))
+    return found
