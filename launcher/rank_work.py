@@ -22,7 +22,7 @@ from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary
 from .train.stop import StopRequest
-from .watch import start_watch
+from .watch import backstop_s, start_watch
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
     if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
     with (
-        process_group(env, backend, timeout_s=job.comm.timeout_s, join_timeout_s=job.cluster.join_timeout_s) as group,
+        process_group(env, backend, timeout_s=backstop_s(job.comm), join_timeout_s=job.cluster.join_timeout_s) as group,
         failures.catching(),
     ):
         if job.doctor or job.preflight:

@@ -25,6 +25,14 @@ from .reporter import Reporter
 
 log = logging.getLogger(__name__)
 BEAT_S = 1.0  # how often each rank publishes its progress and the reporter compares
+BACKSTOP_S = 10.0  # with the watch on, the trainer's process group times out this much after comm.timeout_s
+
+
+def backstop_s(comm: Any) -> float:
+    """The trainer's process-group timeout: with the watch on, it ends a hang at ``comm.timeout_s`` (culprit
+    named first); a timed-out collective counts as completed in the flight recorder, so torch's own timeout
+    comes ``BACKSTOP_S`` later, as a backstop for a watch that could not act."""
+    return float(comm.timeout_s + (BACKSTOP_S if comm.hang_warn_s > 0 else 0))
 
 _current: Optional[Watch] = None
 

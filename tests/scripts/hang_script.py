@@ -3,6 +3,7 @@
 - ``stuck``: rank ``HANG_RANK`` blocks in its own code (``time.sleep``) after five all_reduce calls;
 - ``skip``: rank ``HANG_RANK`` skips the sixth all_reduce and goes on to the final barrier;
 - ``op``: rank ``HANG_RANK`` broadcasts where the others all_reduce (same sizes: gloo does not notice);
+- ``shape``: rank ``HANG_RANK`` all_reduces a tensor of another size at the sixth step;
 - ``slow``: rank ``HANG_RANK`` computes ``HANG_FACTOR`` times longer per step from step ``HANG_FROM`` on;
 - ``pauses``: every rank pauses together (no hang: nobody waits for anybody);
 - ``clean``: nothing goes wrong.
@@ -56,6 +57,9 @@ def main() -> None:
         )
         if step == 5 and CASE == "op" and rank == CULPRIT:
             dist.broadcast(grad, src=0)
+        elif step == 5 and CASE == "shape" and rank == CULPRIT:
+            mark(rank)
+            dist.all_reduce(torch.ones(999))
         else:
             dist.all_reduce(grad)
     if CASE in ("skip",) and rank != CULPRIT:
