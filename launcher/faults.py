@@ -9,6 +9,8 @@
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
 - ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
   step's gradient allreduce;
+- ``slow=F``: from step K on, rank R takes F times as long per step (a straggler: each forward first waits
+  F - 1 times the work the rank did since the previous one);
 - ``attempt=A``: only in attempt A (the DistEnv's 0-based attempt: elastic or head restarts, Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .env import DistEnv
 from .exiting import children
@@ -35,6 +38,7 @@ class Fault:
     stall: bool = False
     target: str = "self"
     backward: bool = False
+    slow: float = 0.0
 
     def fire(self) -> None:
         if self.stall:
@@ -46,6 +50,34 @@ class Fault:
             for pid in [agent, *(p for p in children(agent) if p != os.getpid())]:
                 os.kill(pid, self.signum)
         os.kill(os.getppid() if self.target == "parent" else os.getpid(), self.signum)
+
+
+def fire_at(faults: dict[int, Fault], step: int, model: Any) -> None:
+    """The trainer, before step ``step``: fire its fault now, inside its backward pass when the first layer's
+    gradient is computed (the last buckets are already in flight), or slow the rank down from now on."""
+    fault = faults.get(step)
+    if fault is None:
+        return
+    if fault.slow:
+        model.register_forward_pre_hook(_SlowDown(fault.slow))
+    elif fault.backward:
+        first = next(p for p in model.parameters() if p.requires_grad)
+        first.register_hook(lambda grad: fault.fire())
+    else:
+        fault.fire()
+
+
+class _SlowDown:
+    """A forward pre-hook: waits ``factor - 1`` times the work done since the previous forward ended waiting."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor, self.previous = factor, 0.0
+
+    def __call__(self, module: Any, args: Any) -> None:
+        now = time.perf_counter()
+        if self.previous:
+            time.sleep((self.factor - 1) * (now - self.previous))  # simulated work, not synchronisation
+        self.previous = time.perf_counter()
 
 
 def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
@@ -66,6 +98,7 @@ def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
             stall="stall" in fields,
             target=fields.get("target", "self"),
             backward="backward" in fields,
+            slow=float(fields.get("slow", 0)),
             signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
         )
         mine[fault.step] = fault

@@ -21,7 +21,7 @@ from ..comm.trace import Tracer, write_trace
 from ..config import JobConfig
 from ..devices import describe_device, seed_all
 from ..env import DistEnv
-from ..faults import faults_for
+from ..faults import faults_for, fire_at
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
@@ -200,12 +200,7 @@ class Trainer(Checkpointing):
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._phase = f"step {self.pos.step + 1}"
         note_step(self.pos.step)
-        if (fault := self._faults.get(self.pos.step + 1)) is not None:
-            if not fault.backward:
-                fault.fire()
-            else:  # fires when the first layer's gradient is computed: the last buckets are already in flight
-                first = next(p for p in self.model.parameters() if p.requires_grad)
-                first.register_hook(lambda grad: fault.fire())
+        fire_at(self._faults, self.pos.step + 1, self.model)  # LAUNCHER_FAULT: tests and trying failures
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.sync.zero_grad(self.optimizer)
         with trace.span("forward", "step"):

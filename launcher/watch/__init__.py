@@ -34,6 +34,7 @@ def backstop_s(comm: Any) -> float:
     comes ``BACKSTOP_S`` later, as a backstop for a watch that could not act."""
     return float(comm.timeout_s + (BACKSTOP_S if comm.hang_warn_s > 0 else 0))
 
+
 _current: Optional[Watch] = None
 
 

@@ -26,6 +26,7 @@ from . import recorder
 
 ARRIVALS_EVERY_S = 5.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
 ARRIVALS_MAX = 512  # the newest entries handed out per read
+STEP_NOTE_S = 0.25  # the trainer's steps are noted this often (64 notes: 16 s, more than the straggler window)
 
 
 def watch_dir(run_dir: str | Path, env: DistEnv) -> Path:
@@ -69,7 +70,10 @@ class Publisher:
         self.ended = ""
 
     def note_step(self, step: int) -> None:
-        self.steps.append([step, time.time_ns()])
+        """Kept at most every STEP_NOTE_S: the notes span the straggler window."""
+        now = time.time_ns()
+        if not self.steps or now - self.steps[-1][1] >= STEP_NOTE_S * 1e9:
+            self.steps.append([step, now])
 
     def beat(self, with_arrivals: bool) -> dict[str, Any]:
         """Read the recorder, write this rank's progress; returns it."""

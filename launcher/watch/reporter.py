@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,16 @@ def group_label(name: str, progress: dict[str, Any]) -> str:
     members = group.get("members") or []
     ranks = ",".join(map(str, members)) if len(members) <= 8 else f"{len(members)} ranks"
     return f"group {name[:12]} (ranks {ranks})"
+
+
+def _state(progress: dict[str, Any]) -> str:
+    """The process state letter (``T``: stopped) of a rank on this host, from /proc; "" when not known here."""
+    if not progress or progress.get("host") != socket.gethostname():
+        return ""
+    try:
+        return Path(f"/proc/{progress['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def who(rank: int, ranks: dict[int, dict[str, Any]]) -> str:
@@ -137,7 +149,10 @@ class Reporter:
         lines = [self.headline(hang)]
         for rank in hang.culprits:
             if rank in hang.notes:
-                lines.append(f"  rank {rank} {hang.notes[rank]}")
+                stopped = (
+                    " (its process is stopped: state T in /proc)" if _state(self.ranks.get(rank, {})) == "T" else ""
+                )
+                lines.append(f"  rank {rank} {hang.notes[rank]}{stopped_note}")
         for rank in sorted(self.stacks, key=lambda r: (r not in hang.culprits, r)):
             lines.append(f"  stack of rank {rank} (live, every thread):")
             lines.extend("    " + line for line in self.stacks[rank].rstrip().splitlines())
@@ -215,6 +230,9 @@ class Reporter:
             if r not in hang.culprits
         ]
         record_exits(attempt_dir(self.run_dir, self.env.launch_id, self.env.attempt), records)
+        for rank in hang.culprits:  # a stopped process ignores the launcher's SIGTERM: end it here if it is ours
+            if _state(self.ranks.get(rank, {})) == "T":
+                os.kill(self.ranks[rank]["pid"], signal.SIGKILL)
         logging.shutdown()
         os._exit(1)
 

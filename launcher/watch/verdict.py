@@ -20,6 +20,7 @@ newest sequence numbers) and ``waiting`` (the collective it waits in: ``seq what
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,7 @@ def _note(rank: int, ranks: Mapping[int, Progress], now_ns: int, stale_s: float,
         return f"ended ({progress['ended']}); its last completed collective of this group: {last}"
     silent_s = (now_ns - progress["beat_ns"]) / 1e9
     if silent_s > stale_s:
-        return f"has been silent for {silent_s:.0f} s (stopped, e.g. SIGSTOP, or frozen); its last completed: {last}"
+        return f"has been silent for {silent_s:.0f} s (stopped, or frozen); when last heard it had completed {last}"
     return f"is busy outside collectives; its last completed collective of this group: {last}"
 
 
@@ -143,13 +144,15 @@ MIN_STEPS = 5  # steps in a window before anyone is named
 CONSISTENT = 0.75  # the share of the window's steps a straggler must be the last in
 
 
-def _period(signatures: list[str]) -> int:
-    """How many collectives a step has: the shortest period of the sequence of signatures (1 if none)."""
-    n = len(signatures)
-    for p in range(1, min(64, n // 3) + 1):
-        if all(signatures[i] == signatures[i + p] for i in range(n - p)):
-            return p
-    return 1
+def _steps(seqs: list[int], signature: Mapping[int, str]) -> list[list[int]]:
+    """The collectives of each step: a step starts at each occurrence of the most frequent collective (the first
+    seen on a tie: a training step's first bucket, a script's per-step all_reduce); occasional others (an
+    evaluation, a log window) fall inside a step."""
+    counts = Counter(signature[s] for s in seqs)
+    most = max(counts.values())
+    start = next(signature[s] for s in seqs if counts[signature[s]] == most)
+    starts = [i for i, s in enumerate(seqs) if signature[s] == start]
+    return [seqs[a:b] for a, b in zip(starts, starts[1:])]
 
 
 def find_stragglers(
@@ -166,11 +169,10 @@ def find_stragglers(
     middle = {s: statistics.median(arrivals[r][s][0] for r in ranks) for s in seqs}
     newest = middle[seqs[-1]]
     seqs = [s for s in seqs if newest - middle[s] <= window_s * 1e9]
-    p = _period([arrivals[ranks[0]][s][1] for s in seqs])
-    blocks = [seqs[i : i + p] for i in range(0, len(seqs) - p + 1, p)]
+    blocks = _steps(seqs, {s: arrivals[ranks[0]][s][1] for s in seqs}) if seqs else []
     if len(blocks) < MIN_STEPS:
         return []
-    step_s = statistics.median((middle[b[-1]] - middle[a[-1]]) / 1e9 for a, b in zip(blocks, blocks[1:]))
+    step_s = statistics.median((middle[b[0]] - middle[a[0]]) / 1e9 for a, b in zip(blocks, blocks[1:]))
     late: dict[int, list[float]] = {r: [] for r in ranks}
     last_in: dict[int, list[int]] = {r: [] for r in ranks}
     for block in blocks:
