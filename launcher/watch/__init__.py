@@ -92,4 +92,4 @@ def stragglers() -> list[dict[str, Any]]:
     """The stragglers named in this run so far (rank 0): for ``summary.json``."""
     if _current is None or _current.reporter is None:
         return []
-    return [dict(event) for event in _current.reporter.events]
+    return [dict(event) for event in _current.reporter.stragglers.events]

@@ -27,14 +27,12 @@ from .. import logs
 from ..env import DistEnv
 from ..failures import Failure, attempt_dir, record_exits
 from ..files import write_json_atomic
-from .verdict import Hang, find_hang, find_stragglers
+from .stragglers import Stragglers
+from .verdict import Hang, find_hang
 
 log = logging.getLogger("launcher.watch")
 STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen)
 ANSWER_WAIT_S = 6.0  # how long a hang report waits for the ranks' stacks
-STRAGGLER_WINDOW_S = 15.0
-STRAGGLER_SHARE = 0.2  # of the step time
-KEEP_ARRIVALS_S = 60.0
 
 
 def group_label(name: str, progress: dict[str, Any]) -> str:
@@ -75,10 +73,7 @@ class Reporter:
         self.reported: tuple[Any, ...] | None = None
         self.stacks: dict[int, str] = {}
         self.asked = 0
-        self.batches: dict[int, int] = {}
-        self.arrivals: dict[str, dict[int, dict[int, tuple[int, str]]]] = {}
-        self.slow: dict[int, dict[str, Any]] = {}
-        self.events: list[dict[str, Any]] = []
+        self.stragglers = Stragglers(self.run_dir, self.say)
 
     # ------------------------------------------------------------------------------------------------ beat
     def active(self) -> bool:
@@ -99,7 +94,7 @@ class Reporter:
         if not self.active():
             return
         if self.env.rank == 0:
-            self._stragglers(now_ns)
+            self.stragglers.update(self.ranks, now_ns)
         hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
         if hang is None or hang.stalled_s < self.warn_s:
             if self.reported is not None and hang is None:
@@ -149,10 +144,8 @@ class Reporter:
         lines = [self.headline(hang)]
         for rank in hang.culprits:
             if rank in hang.notes:
-                stopped = (
-                    " (its process is stopped: state T in /proc)" if _state(self.ranks.get(rank, {})) == "T" else ""
-                )
-                lines.append(f"  rank {rank} {hang.notes[rank]}{stopped_note}")
+                stopped = _state(self.ranks.get(rank, {})) == "T"
+                lines.append(f"  rank {rank} {hang.notes[rank]}" + (" (state T in /proc: stopped)" if stopped else ""))
         for rank in sorted(self.stacks, key=lambda r: (r not in hang.culprits, r)):
             lines.append(f"  stack of rank {rank} (live, every thread):")
             lines.extend("    " + line for line in self.stacks[rank].rstrip().splitlines())
@@ -235,68 +228,3 @@ class Reporter:
                 os.kill(self.ranks[rank]["pid"], signal.SIGKILL)
         logging.shutdown()
         os._exit(1)
-
-    # ------------------------------------------------------------------------------------------------ stragglers
-    def _stragglers(self, now_ns: int) -> None:
-        fresh = False
-        for rank, p in self.ranks.items():
-            if p.get("batch", 0) != self.batches.get(rank):
-                self.batches[rank], fresh = p.get("batch", 0), True
-                for group, seq, t, sig in p.get("arrivals", []):
-                    self.arrivals.setdefault(group, {}).setdefault(rank, {})[seq] = (t, sig)
-        if not fresh:
-            return
-        found: dict[int, Any] = {}
-        for group, by_rank in self.arrivals.items():
-            for rank in by_rank:
-                by_rank[rank] = {s: v for s, v in by_rank[rank].items() if now_ns - v[0] < KEEP_ARRIVALS_S * 1e9}
-            members = next(
-                (p["groups"][g].get("members") for p in self.ranks.values() if (g := group) in p["groups"]), None
-            )
-            if not members or len(members) < 2 or any(m not in by_rank for m in members):
-                continue
-            for s in find_stragglers({m: by_rank[m] for m in members}, STRAGGLER_WINDOW_S, STRAGGLER_SHARE):
-                if s.rank not in found or s.share > found[s.rank].share:
-                    found[s.rank] = s
-        self._changes(found)
-
-    def _members(self, group: str) -> list[int] | None:
-        for p in self.ranks.values():
-            if group in p.get("groups", {}):
-                return p["groups"][group].get("members")
-        return None
-
-    def _changes(self, found: dict[int, Any]) -> None:
-        for rank, s in sorted(found.items()):
-            if rank in self.slow:
-                continue
-            step = self._step_at(rank, s.since_ns)
-            event = {
-                **{k: v for k, v in self._ident(rank).items() if k in ("rank", "host")},
-                "late_s": round(s.late_s, 4),
-                "step_s": round(s.step_s, 4),
-                "share": round(s.share, 3),
-                "from_step": step,
-                "until_step": None,
-            }
-            self.slow[rank] = event
-            self.events.append(event)
-            since = f"since step {step}" if step is not None else "since the window began"
-            self.say(
-                f"straggler: rank {rank} on {event['host']} enters each step's collectives {s.late_s:.3f} s after "
-                f"the others ({100 * s.share:.0f} % of the {s.step_s:.3f} s step), {since}"
-            )
-            self._metric({"kind": "straggler", **event})
-        for rank in [r for r in self.slow if r not in found]:
-            event = self.slow.pop(rank)
-            event["until_step"] = self._step_at(rank, time.time_ns())
-            self.say(f"straggler: rank {rank} on {event['host']} keeps up again")
-            self._metric({"kind": "straggler_recovered", **event})
-
-    def _step_at(self, rank: int, t_ns: int) -> int | None:
-        steps = [s for s, t in self.ranks.get(rank, {}).get("steps", []) if t <= t_ns]
-        return steps[-1] + 1 if steps else None
-
-    def _metric(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
