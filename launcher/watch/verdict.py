@@ -155,6 +155,16 @@ def _steps(seqs: list[int], signature: Mapping[int, str]) -> list[list[int]]:
     return [seqs[a:b] for a, b in zip(starts, starts[1:])]
 
 
+def _onset(rank: int, lagging: list[bool], blocks: list[list[int]], arrivals: Mapping[int, Any]) -> int:
+    """When the rank's lag began: the earliest step from which on it lagged in 90 % of the steps."""
+    onset, count = len(lagging) - 1, 0
+    for i in range(len(lagging) - 1, -1, -1):
+        count += lagging[i]
+        if count >= 0.9 * (len(lagging) - i):
+            onset = i
+    return int(arrivals[rank][blocks[onset][0]][0])
+
+
 def find_stragglers(
     arrivals: Mapping[int, Mapping[int, tuple[int, str]]], window_s: float, min_share: float
 ) -> list[Straggler]:
@@ -174,7 +184,7 @@ def find_stragglers(
         return []
     step_s = statistics.median((middle[b[0]] - middle[a[0]]) / 1e9 for a, b in zip(blocks, blocks[1:]))
     late: dict[int, list[float]] = {r: [] for r in ranks}
-    last_in: dict[int, list[int]] = {r: [] for r in ranks}
+    tops: list[int] = []
     for block in blocks:
         behind = {}
         for r in ranks:
@@ -183,9 +193,10 @@ def find_stragglers(
             )
             late[r].append(behind[r] / 1e9)
         top = max(ranks, key=lambda r: behind[r])
-        last_in[top].append(arrivals[top][block[0]][0])
+        tops.append(top)
     found = []
     for r in ranks:
-        if len(last_in[r]) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= min_share * step_s > 0:
-            found.append(Straggler(r, statistics.median(late[r]), step_s, min(last_in[r])))
+        if tops.count(r) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= min_share * step_s > 0:
+            lagging = [top == r and lag >= min_share * step_s for top, lag in zip(tops, late[r])]
+            found.append(Straggler(r, statistics.median(late[r]), step_s, _onset(r, lagging, blocks, arrivals)))
     return found
