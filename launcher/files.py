@@ -17,9 +17,10 @@ FILE_MODE = 0o644  # readable by the team, writable by the owner only, whatever 
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path, mode: int = FILE_MODE) -> Iterator[BinaryIO]:
-    """A binary file whose content replaces ``path`` in one step (fsync'd) when the block ends without an error;
-    on an error the temporary file is removed and ``path`` is untouched."""
+def atomic_file(path: str | Path, mode: int = FILE_MODE, sync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file whose content replaces ``path`` in one step (fsync'd unless ``sync=False``: a file rewritten
+    every second, whose loss in a crash costs nothing) when the block ends without an error; on an error the
+    temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -28,22 +29,23 @@ def atomic_file(path: str | Path, mode: int = FILE_MODE) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE) -> Path:
+def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE, sync: bool = True) -> Path:
     """Replace ``path`` with ``data`` in one step; returns the path."""
-    with atomic_file(path, mode) as f:
+    with atomic_file(path, mode, sync) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
 
 
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    return write_atomic(path, json.dumps(data, indent=2) + "\n")
+def write_json_atomic(path: str | Path, data: Any, sync: bool = True) -> Path:
+    return write_atomic(path, json.dumps(data, indent=2) + "\n", sync=sync)
 
 
 def no_world_writable_files() -> None:

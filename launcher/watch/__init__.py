@@ -48,6 +48,7 @@ class Watch(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.wait(BEAT_S):
+            began = time.perf_counter()
             try:
                 self.publisher.beat(with_arrivals=True)
                 self.publisher.answer(threading.get_ident())
@@ -57,6 +58,7 @@ class Watch(threading.Thread):
                 if not self.failed:
                     log.exception("the progress watch failed a beat (it goes on)")
                 self.failed = True
+            self.publisher.busy_s += time.perf_counter() - began  # its cost: bench/watch.py
 
     def end(self, how: str) -> None:
         """The rank's work ended (``how``: returned / raised ...): stop, and say so in the last progress."""

@@ -1,7 +1,8 @@
 """Every rank's side of the watch: each beat, what its flight recorder says (per process group the newest entered
 and completed collective, the one it waits in) goes into ``RUN_DIR/watch/<launch>/attempt-<n>/rank-<k>.json``;
-every few seconds also when it entered each recent collective (stragglers); and when the reporter asks
-(``request.json``), its whole flight recorder and the live stack of every thread go into the hang's folder.
+every few seconds, into ``rank-<k>.arrivals.json``, when it entered each recent collective (stragglers); and when
+the reporter asks (``request.json``), its whole flight recorder and the live stack of every thread go into the
+hang's folder.
 
 Files, not the rendezvous store: rank 0 hosts the store, and a stopped rank 0 would silence every rank; the run dir
 is on a shared file system in every multi-node mode (the failure records rely on it too)."""
@@ -21,10 +22,10 @@ from typing import Any
 
 from ..env import DistEnv
 from ..failures import WRAPPER_FRAMES
-from ..files import write_atomic, write_json_atomic
+from ..files import write_atomic
 from . import recorder
 
-ARRIVALS_EVERY_S = 5.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
+ARRIVALS_EVERY_S = 8.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
 ARRIVALS_MAX = 512  # the newest entries handed out per read
 STEP_NOTE_S = 0.25  # the trainer's steps are noted this often (64 notes: 16 s, more than the straggler window)
 
@@ -61,13 +62,13 @@ class Publisher:
         self.last: dict[str, tuple[int, int]] = {}
         self.progress_ns = time.time_ns()
         self.waiting: dict[tuple[str, int], dict[str, Any]] = {}  # (group, seq) -> its entry, once looked up
-        self.arrivals: list[list[Any]] = []
         self.arrivals_at = 0.0
         self.batch = 0
         self.steps: deque[list[int]] = deque(maxlen=64)
         self.answered = 0
         self.request_seen = 0.0
         self.ended = ""
+        self.busy_s = 0.0  # time the watch thread spent working (its cost, for bench/watch.py)
 
     def note_step(self, step: int) -> None:
         """Kept at most every STEP_NOTE_S: the notes span the straggler window."""
@@ -98,8 +99,9 @@ class Publisher:
                 "waiting": waiting,
             }
         if with_arrivals and time.monotonic() - self.arrivals_at >= ARRIVALS_EVERY_S:
-            self.arrivals_at = time.monotonic()
-            self.arrivals, self.batch = self.recorder.arrivals(ARRIVALS_MAX), self.batch + 1
+            self.arrivals_at, self.batch = time.monotonic(), self.batch + 1
+            batch = {"batch": self.batch, "arrivals": self.recorder.arrivals(ARRIVALS_MAX)}
+            write_atomic(self.dir / f"rank-{self.env.rank}.arrivals.json", json.dumps(batch), sync=False)
         progress = {
             "rank": self.env.rank,
             "host": self.env.hostname or socket.gethostname(),
@@ -110,11 +112,11 @@ class Publisher:
             "ended": self.ended,
             "steps": list(self.steps),
             "groups": groups,
-            "batch": self.batch,
-            "arrivals": self.arrivals,
+            "batch": self.batch,  # the newest rank-K.arrivals.json
             "answered": self.answered,
+            "busy_s": round(self.busy_s, 4),
         }
-        write_json_atomic(self.path, progress)
+        write_atomic(self.path, json.dumps(progress), sync=False)
         return progress
 
     def _entry(self, group: str, seq: int) -> dict[str, Any]:

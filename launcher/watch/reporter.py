@@ -94,7 +94,7 @@ class Reporter:
         if not self.active():
             return
         if self.env.rank == 0:
-            self.stragglers.update(self.ranks, now_ns)
+            self.stragglers.update(self.ranks, self.dir, now_ns)
         hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
         if hang is None or hang.stalled_s < self.warn_s:
             if self.reported is not None and hang is None:

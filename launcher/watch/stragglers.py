@@ -26,14 +26,18 @@ class Stragglers:
         self.slow: dict[int, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
 
-    def update(self, ranks: dict[int, dict[str, Any]], now_ns: int) -> None:
+    def update(self, ranks: dict[int, dict[str, Any]], folder: Path, now_ns: int) -> None:
         """Take in the arrivals the ranks published since the last call; name changes."""
         self.ranks = ranks
         fresh = False
         for rank, p in self.ranks.items():
             if p.get("batch", 0) != self.batches.get(rank):
-                self.batches[rank], fresh = p.get("batch", 0), True
-                for group, seq, t, sig in p.get("arrivals", []):
+                try:
+                    batch = json.loads((folder / f"rank-{rank}.arrivals.json").read_text())
+                except (OSError, ValueError):
+                    continue  # being replaced: read at the next beat
+                self.batches[rank], fresh = batch["batch"], True
+                for group, seq, t, sig in batch["arrivals"]:
                     self.arrivals.setdefault(group, {}).setdefault(rank, {})[seq] = (t, sig)
         if not fresh:
             return
