@@ -282,10 +282,13 @@ def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupt
     # rank 0 signals the launcher itself at step 15, as `kill` or Ctrl-C would
     stopped = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": f"step=15,signal={sig},target=parent"})
     assert stopped.returncode == code, stopped.stderr
-    assert f"launcher: stopped by SIG{sig}; the ranks wrote a checkpoint" in stopped.stderr
     # the ranks stop together at the first step boundary after the launcher passed the signal on (15 or a bit later)
     stop_step = final_state(tmp_path)["step"]
     assert 15 <= stop_step < 30
+    assert (
+        f"launcher: stopped by SIG{sig}; the newest checkpoint is {tmp_path}/checkpoints/step-{stop_step:08d}.pt "
+        f"(step {stop_step}): run again with hydra.run.dir={tmp_path} to continue from it"
+    ) in stopped.stderr
     resumed = run_launcher(*SHORT, run_dir=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith(f"step-{stop_step:08d}.pt")

@@ -102,9 +102,9 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
             file=sys.stderr,
         )
         return 1
-    except SignalException as exc:  # SIGTERM / SIGINT: the workers checkpointed and stopped
+    except SignalException as exc:  # SIGTERM / SIGINT: the workers stopped
         if report:
-            print_stopped(128 + int(exc.sigval), job.run_dir)
+            print_stopped(128 + int(exc.sigval), job)
         return 128 + int(exc.sigval)
     except DistError as exc:  # static rendezvous: the store did not gather every node in time
         print(

@@ -15,7 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
+from ..checkpoint_names import checkpoint_path, newest_step
+from ..config import JobConfig
 from ..failures import STOP_CODES
 
 AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own (the report follows)
@@ -78,13 +81,32 @@ class NodeArgs:
         return cls(**vars(parser.parse_args(argv)))
 
 
-def print_stopped(code: int, run_dir: str) -> None:
-    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143)."""
-    print(
-        f"launcher: stopped by {signal.Signals(code - 128).name}; the ranks wrote a checkpoint, run again with "
-        f"hydra.run.dir={run_dir} to continue",
-        file=sys.stderr,
+def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") -> str:
+    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143), saying only what the launcher
+    knows: it writes no checkpoint for a ``script`` (a user's torchrun-style script); the built-in trainer's newest
+    checkpoint in ``run_dir`` is read from its name, not assumed written at the stop (a stop during start-up comes
+    before any). ``resume``: the job's ``train.resume``, which decides what running it again loads."""
+    stopped = f"launcher: stopped by {signal.Signals(code - 128).name}"
+    if script:
+        return (
+            f"{stopped}; the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether "
+            "it saved anything is up to the script)"
+        )
+    checkpoints = Path(run_dir) / "checkpoints"
+    step = newest_step(checkpoints)
+    if step is None:
+        start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"
+        return f"{stopped}; no checkpoint was written yet in {checkpoints}: running again starts from {start}"
+    again = "" if resume in ("auto", "force") else " train.resume=auto"
+    return (
+        f"{stopped}; the newest checkpoint is {checkpoint_path(checkpoints, step)} (step {step}): run again with "
+        f"hydra.run.dir={run_dir}{again} to continue from it"
     )
+
+
+def print_stopped(code: int, job: JobConfig) -> None:
+    """Print ``stop_message`` for ``job``, stopped by a signal (exit ``code``: 130 / 143)."""
+    print(stop_message(code, job.run_dir, job.script is not None, job.train.resume), file=sys.stderr)
 
 
 def wait_nodes(

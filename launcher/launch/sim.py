@@ -71,7 +71,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
             if not members.again(lost, "node"):
                 break
         if code in STOP_CODES:
-            print_stopped(code, job.run_dir)
+            print_stopped(code, job)
         elif code and not report_failures(job.run_dir, launch_id):
             print(
                 f"launcher: node {nodes[first]}'s agent exited with code {code} (no rank recorded a failure; "

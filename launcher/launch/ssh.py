@@ -219,7 +219,7 @@ def run_attempt(
     for ssh_node in nodes:
         ssh_node.finish()
     if stops:
-        print_stopped(128 + stops[0], job.run_dir)
+        print_stopped(128 + stops[0], job)
         return 128 + stops[0], []
     if first < 0:
         return 0, []
