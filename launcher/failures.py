@@ -246,13 +246,24 @@ def ranked(failures: Iterable[Failure]) -> list[Failure]:
     return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
 
 
+def log_tail(run_dir: str | Path, rank: int) -> str:
+    """A rank that died without a record: why, when its log says (a C++ abort: gloo's "what():  ... Received data
+    size doesn't match expected size. Is there a distributed collective mismatch in your code?")."""
+    try:
+        text = rank_log_path(run_dir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [i for i, line in enumerate(text) if "what():" in line or line.startswith("terminate called")]
+    return "its log says:\n" + "\n".join("  " + text[i].strip() for i in said[-2:]) if said else ""
+
+
 def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
     cause, *others = ranked(failures)
     nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
     says = {"died": cause.summary, "stopped": cause.summary, "hang": f"hung: {cause.summary}"}
     what = says.get(cause.kind, "failed:")
     lines = [f"launcher: {cause.who(nodes)} {what}"]
-    lines.append(cause.traceback or (cause.summary if what == "failed:" else ""))
+    lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
     lines.append(f"launcher: log of rank {cause.rank}: {rank_log_path(run_dir, cause.rank)}")
     for other in others[:limit]:
         how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)

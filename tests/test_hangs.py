@@ -199,3 +199,12 @@ def test_trainer_straggler_in_summary(tmp_path):
         slow["rank"] == 1 and slow["share"] >= 0.2 and 120 <= slow["from_step"] <= 200
     )  # steps are noted every 0.25 s
     assert "straggler: rank 1 on " in result.stderr
+
+
+def test_mismatched_shapes_name_the_rank_gloo_aborted_with_its_reason(tmp_path):
+    """gloo notices sizes that differ and aborts the rank with the smaller tensor: the report says why, first."""
+    result = run_launcher(SCRIPT, *FAST, run_dir=tmp_path, env={"HANG_CASE": "shape"}, timeout=120)
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert first_line_with(err, "launcher: rank ").startswith("launcher: rank 1 (pid ")
+    assert "Is there a distributed collective mismatch in your code?" in err.split("launcher: failed too")[0]
