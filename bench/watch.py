@@ -30,7 +30,8 @@ def run(run_dir: Path, steps: int, watch: bool) -> tuple[float, float, list[floa
     if done.returncode != 0:
         raise SystemExit(done.stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
-    busy = [json.loads(p.read_text()).get("busy_s", 0.0) for p in sorted(run_dir.glob("watch/*/attempt-0/rank-*.json"))]
+    files = [p for p in sorted(run_dir.glob("watch/*/attempt-0/rank-*.json")) if p.name.count(".") == 1]
+    busy = [json.loads(p.read_text()).get("busy_s", 0.0) for p in files]
     return summary["samples_per_s"], summary["wall_s"], busy
 
 
