@@ -90,8 +90,16 @@ def test_node_agent_alone_times_out_naming_the_rendezvous(tmp_path):
 
 
 def test_stuck_rank_is_detected_and_named(tmp_path):
+    """With the progress watch off (comm.hang_warn_s=0): the waiting ranks' own report after torch's timeout (with
+    the watch on, tests/test_hangs.py: the culprit is named first, with its live stack)."""
     start = time.monotonic()
-    result = run_launcher(*SHORT, "comm.timeout_s=5", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=12,rank=1,stall"})
+    result = run_launcher(
+        *SHORT,
+        "comm.timeout_s=5",
+        "comm.hang_warn_s=0",
+        run_dir=tmp_path,
+        env={"LAUNCHER_FAULT": "step=12,rank=1,stall"},
+    )
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     assert re.search(
