@@ -194,10 +194,10 @@ def test_trainer_straggler_in_summary(tmp_path):
         "train.max_steps=600", "train.epochs=100", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=150,rank=1,slow=2"}
     )
     assert result.returncode == 0, result.stderr
-    (slow,) = json.loads((tmp_path / "summary.json").read_text())["stragglers"]
-    assert (
-        slow["rank"] == 1 and slow["share"] >= 0.2 and 120 <= slow["from_step"] <= 200
-    )  # steps are noted every 0.25 s
+    named = json.loads((tmp_path / "summary.json").read_text())["stragglers"]
+    assert named and {e["rank"] for e in named} == {1}, named  # on a loaded machine it may recover and lag again
+    slow = named[0]
+    assert slow["share"] >= 0.2 and 100 <= slow["from_step"] <= 300, slow  # steps are noted every 0.25 s
     assert "straggler: rank 1 on " in result.stderr
 
 
