@@ -21,6 +21,20 @@ REPO = Path(__file__).resolve().parent.parent
 RANK_TIMEOUT_S = 120
 
 
+def user_env(env: dict | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """This environment as a user's shell has it (none of the launcher's or elastic's own variables, nor ``drop``'s
+    prefixes), plus ``env``."""
+    prefixes = ("LAUNCHER_", "TORCHELASTIC_", *drop)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    full.update(env or {})
+    return full
+
+
+def launcher_argv(run_dir: Path, *args: str) -> list[str]:
+    """``python -m launcher hydra.run.dir=<run_dir> args...``."""
+    return [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args]
+
+
 def run_launcher(
     *overrides: str,
     run_dir: Path,
@@ -29,8 +43,7 @@ def run_launcher(
     module: tuple[str, ...] = ("-m", "launcher"),
 ) -> subprocess.CompletedProcess:
     """``python -m launcher hydra.run.dir=<run_dir> overrides...`` as a user would type it."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
-    full_env.update(env or {})
+    full_env = user_env(env)
     flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra wants flags before overrides
     rest = [o for o in overrides if not o.startswith("-")]
     return subprocess.run(

@@ -14,7 +14,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from test_slurm import SLURM_ROOT, _cannot_start, _no_job_left, cluster_leftover
 from test_ssh import HOSTS, machines, ssh_args  # noqa: F401 (fixtures)
 from test_ssh import pytestmark as needs_ssh_machines
 
-from helpers import REPO
+from helpers import REPO, launcher_argv, user_env
 
 SCRIPT = "script=tests/scripts/hang_script.py"
 WARN_S, TIMEOUT_S = 4, 12  # comm.hang_warn_s, comm.timeout_s: the report at ~4 s of the hang, the end at ~12 s
@@ -59,11 +58,10 @@ class Run:
 def run_timed(args: list[str], run_dir: Path, env: dict[str, str], deadline_s: float = DEADLINE_S) -> Run:
     """``python -m launcher`` as a user types it; each console line is noted with its arrival. Killed whole (its
     own process group) at ``deadline_s``, which fails the test."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_", "HANG_"))}
-    full_env.update(env)
+    full_env = user_env(env, drop=("HANG_",))
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args],
+        launcher_argv(run_dir, *args),
         cwd=REPO,
         env=full_env,
         stdout=subprocess.PIPE,

@@ -13,14 +13,13 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, launcher_argv, user_env
 from launcher.launch.ports import free_port, port_in_use
 
 REPEAT = int(os.environ.get("LAUNCHER_STRESS", "1"))
@@ -67,10 +66,9 @@ def run_watched(args: list[str], run_dir: Path, env: dict[str, str], timeout: fl
     runs, not when a line happens to arrive: once a rank has recorded its error, the report must begin within
     REPORT_S (else the launcher and everything it started are killed and the test fails), and the whole job must
     end within ``timeout``."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
-    full_env.update(env)
+    full_env = user_env(env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args],
+        launcher_argv(run_dir, *args),
         cwd=REPO,
         env=full_env,
         stdout=subprocess.DEVNULL,

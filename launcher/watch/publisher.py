@@ -82,6 +82,7 @@ class Publisher:
         if any(status.get(g, (0, -1))[1] != self.last.get(g, (0, -1))[1] for g in status):
             self.progress_ns = time.time_ns()
         previous, self.last = self.last, status
+        self.waiting = {k: v for k, v in self.waiting.items() if k[1] > status.get(k[0], (0, k[1]))[1]}  # still open
         groups = {}
         names = recorder.members()
         for group, (enqueued, completed) in status.items():
@@ -89,7 +90,7 @@ class Publisher:
             if enqueued > completed:
                 key = (group, completed + 1)
                 if key not in self.waiting and previous.get(group) == (enqueued, completed):  # a beat or more
-                    self.waiting[key] = self._entry(group, completed + 1)
+                    self.waiting[key] = self.recorder.waiting(group, completed + 1)
                 waiting = self.waiting.get(key)
             groups[group] = {
                 "members": names.get(group),
@@ -118,12 +119,6 @@ class Publisher:
         }
         write_atomic(self.path, json.dumps(progress), sync=False)
         return progress
-
-    def _entry(self, group: str, seq: int) -> dict[str, Any]:
-        entry = self.recorder.waiting(group, seq) or {"seq": seq, "what": "", "since_ns": time.time_ns()}
-        before = self.recorder.waiting(group, seq - 1) if seq > 1 else None
-        entry["prev"] = before["what"] if before else ""
-        return entry
 
     def answer(self, skip_thread: int | None) -> None:
         """Answer the reporter's newest request: the flight recorder and the stacks into the hang's folder."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,12 +84,20 @@ class Recorder:
             if not e.get("is_p2p")
         ]
 
-    def waiting(self, group: str, seq: int) -> dict[str, Any] | None:
-        """The entry of collective ``seq`` of ``group`` (the one this rank waits in): op, sizes, since when."""
-        for entry in reversed(self.entries()):
-            if str(entry["process_group"][0]) == group and int(entry["collective_seq_id"]) == seq:
-                return {"seq": seq, "what": signature(entry), "since_ns": int(entry["time_created_ns"])}
-        return None
+    def waiting(self, group: str, seq: int) -> dict[str, Any]:
+        """Collective ``seq`` of ``group`` (the one this rank waits in: op, sizes, since when) and, as ``prev``, the
+        collective before it; one read of the buffer."""
+        found: dict[int, dict[str, Any]] = {}
+        for entry in self.entries():
+            if str(entry["process_group"][0]) == group and int(entry["collective_seq_id"]) in (seq - 1, seq):
+                found[int(entry["collective_seq_id"])] = entry
+        mine = found.get(seq)
+        return {
+            "seq": seq,
+            "what": signature(mine) if mine else "",
+            "since_ns": int(mine["time_created_ns"]) if mine else time.time_ns(),
+            "prev": signature(found[seq - 1]) if seq - 1 in found else "",
+        }
 
 
 def dump_json() -> bytes:

@@ -86,20 +86,19 @@ class Reporter:
         return (time.time_ns() - zero["beat_ns"]) / 1e9 > STALE_S
 
     def tick(self, now_ns: int) -> None:
-        for rank in range(self.env.world_size):
-            try:
-                self.ranks[rank] = json.loads((self.dir / f"rank-{rank}.json").read_text())
-            except (OSError, ValueError):
-                continue  # not written yet, or being replaced: the previous read stands
-        if not self.active():
+        self._read(0)
+        if not self.active():  # the stand-in reads rank 0's progress only, until rank 0 falls silent
             return
+        for rank in range(1, self.env.world_size):
+            self._read(rank)
         if self.env.rank == 0:
             self.stragglers.update(self.ranks, self.dir, now_ns)
         hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
         if hang is None or hang.stalled_s < self.warn_s:
-            if self.reported is not None and hang is None:
-                self.say("hang over: every rank is moving again")
-            self.reported, self.request = (None, None) if hang is None else (self.reported, self.request)
+            if hang is None:  # moving again: a later hang is reported anew
+                if self.reported is not None:
+                    self.say("hang over: every rank is moving again")
+                self.reported, self.request = None, None
             return
         key = (hang.kind, hang.group, hang.seq, hang.culprits)
         if key != self.reported and self.request is None:
@@ -109,6 +108,12 @@ class Reporter:
             self.reported, self.request = key, None
         if self.reported == key and hang.stalled_s >= self.timeout_s:
             self._end(hang)
+
+    def _read(self, rank: int) -> None:
+        try:
+            self.ranks[rank] = json.loads((self.dir / f"rank-{rank}.json").read_text())
+        except (OSError, ValueError):
+            pass  # not written yet, or being replaced: the previous read stands
 
     def say(self, text: str) -> None:
         log.warning("%s", text)

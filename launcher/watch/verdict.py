@@ -20,6 +20,7 @@ newest sequence numbers) and ``waiting`` (the collective it waits in: ``seq what
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -144,6 +145,16 @@ MIN_STEPS = 5  # steps in a window before anyone is named
 CONSISTENT = 0.75  # the share of the window's steps a straggler must be the last in
 
 
+def _median_without(ordered: list[int], value: int) -> float:
+    """The median of ``ordered`` (sorted) without one occurrence of ``value``: the others' median, in O(1)."""
+    i, n = bisect_left(ordered, value), len(ordered) - 1
+
+    def at(k: int) -> int:
+        return ordered[k if k < i else k + 1]
+
+    return float(at(n // 2)) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 def _steps(seqs: list[int], signature: Mapping[int, str]) -> list[list[int]]:
     """The collectives of each step: a step starts at each occurrence of the most frequent collective (the first
     seen on a tie: a training step's first bucket, a script's per-step all_reduce); occasional others (an
@@ -187,10 +198,9 @@ def find_stragglers(
     tops: list[int] = []
     for block in blocks:
         behind = {}
+        ordered = {s: sorted(arrivals[r][s][0] for r in ranks) for s in block}
         for r in ranks:
-            behind[r] = max(
-                arrivals[r][s][0] - statistics.median(arrivals[o][s][0] for o in ranks if o != r) for s in block
-            )
+            behind[r] = max(arrivals[r][s][0] - _median_without(ordered[s], arrivals[r][s][0]) for s in block)
             late[r].append(behind[r] / 1e9)
         top = max(ranks, key=lambda r: behind[r])
         tops.append(top)
