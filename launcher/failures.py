@@ -241,6 +241,17 @@ def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
     return failures
 
 
+def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
+    """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
+    for path in attempt_dir(run_dir, launch_id, attempt).glob("rank-*.json"):
+        try:
+            if json.loads(path.read_text()).get("kind") == "hang":
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def ranked(failures: Iterable[Failure]) -> list[Failure]:
     """Root cause first: by kind (KINDS), then by time within the kind, then by rank."""
     return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))

@@ -27,7 +27,7 @@ from test_ssh import pytestmark as needs_ssh_machines
 from helpers import REPO, launcher_argv, user_env
 
 SCRIPT = "script=tests/scripts/hang_script.py"
-WARN_S, TIMEOUT_S = 4, 12  # comm.hang_warn_s, comm.timeout_s: the report at ~4 s of the hang, the end at ~12 s
+WARN_S, TIMEOUT_S = 4, 10  # comm.hang_warn_s, comm.timeout_s: the report at ~4 s of the hang, the end at ~10 s
 WATCH = (f"comm.hang_warn_s={WARN_S}", f"comm.timeout_s={TIMEOUT_S}")
 BOUND_S = TIMEOUT_S + 25  # the whole run: start-up, the hang up to comm.timeout_s, the end and the report
 DEADLINE_S = 90  # a run still going then (the watch did not end it) is stopped, and the test fails
@@ -101,16 +101,15 @@ def assert_hang_named(
     run: Run, run_dir: Path, culprit: int, host: str, waiting: list[int], who: str, frame: str
 ) -> None:
     """The job failed; the console names the hang at comm.hang_warn_s, ``culprit`` (on ``host``) first, with
-    ``frame`` in its live stack; the failure report leads with it, ``hung:`` (``who``: a regex of what it says
-    between "rank N (" and ") on HOST"), then lists the ``waiting`` ranks; report.json says the same; in time."""
+    ``frame`` in its live stack; the failure report leads with it, ``hung:``, then lists the ``waiting`` ranks
+    (``who``: a regex of what both say between "rank N (" and ") on HOST"); report.json says the same; in time."""
     console = run.console
     print(f"exit {run.code} after {run.wall_s:.1f} s")
     assert run.code != 0, console[-4000:]
-    # the live report: the culprit first, with its host, then the ranks waiting for it (the node is not named
-    # there yet, as the failure report names it: "(node 1, pid N)" is accepted too)
+    # the live report: the culprit first, named as the failure report names it, then the ranks waiting for it
     warned_at, line = run.first(r"\bhang: ")
     others = f"rank {waiting[0]} waits" if len(waiting) == 1 else f"ranks {', '.join(map(str, waiting))} wait"
-    named = rf"hang: rank {culprit} \((node \d+, )?pid \d+\) on {re.escape(host)} has not entered collective #\d+ "
+    named = rf"hang: rank {culprit} \({who}\) on {re.escape(host)} has not entered collective #\d+ "
     assert re.search(rf"{named}of the default group for \d+ s; {others} in it \(", line), line
     assert line.index(f"rank {culprit} ") < line.index(others), line
     # the failure report: the culprit first, "hung:"; then the ranks that waited for it
@@ -187,6 +186,5 @@ def test_slurm_script_stuck_on_the_second_node(slurm, tmp_path):
     live report reaches it while the job still runs, before the failure report (from the ranks' records)."""
     args = ["+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2", SCRIPT, *WATCH]
     run = run_timed(args, tmp_path, {**slurm, **STUCK, "HANG_RANK": "3"})
-    # (the watch's records do not say "task 3 of Slurm job N, " there yet, as a rank's own error record does)
-    who = r"(task 3 of Slurm job \d+, )?node 1, pid \d+"
+    who = r"task 3 of Slurm job \d+, node 1, pid \d+"
     assert_hang_named(run, tmp_path, 3, "node2", [0, 1, 2], who, STUCK_FRAME)

@@ -113,25 +113,25 @@ def wait_nodes(
     nodes: list[subprocess.Popen],
     stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
     at_once: tuple[int, ...] = (),
+    hang_ended: Callable[[], bool] = lambda: False,
 ) -> tuple[list[int], int]:
     """Wait for the node processes of a several-node job (``launch/node.py``, or the ssh clients running it);
     returns every exit code (node order) and the node that failed first (-1: none did). After a failure the others
     get ``AFTER_FAILURE_GRACE_S`` to end on their own (their collectives fail fast once a peer is gone), then
     ``stop`` is applied to each one still running and they are waited for; after an exit code in ``at_once`` (a
-    machine lost: its peers hang in collectives with it) they get no grace. A node stopped by a stop signal (exit
+    machine lost: its peers hang in collectives with it) they get no grace, nor when ``hang_ended()`` says the
+    progress watch ended a hang (its culprit will not end on its own). A node stopped by a stop signal (exit
     130 / 143) starts no grace period: the others are stopping too."""
     done: queue.SimpleQueue = queue.SimpleQueue()
     for index, proc in enumerate(nodes):
         threading.Thread(target=lambda n=index, p=proc: done.put((n, p.wait())), daemon=True).start()
     codes: list[int] = [0] * len(nodes)
-    first, deadline, lost, remaining = -1, None, False, len(nodes)
+    first, deadline, remaining = -1, None, len(nodes)
+    after = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
     while remaining:
         try:  # the grace runs from the first failure, not from each exit after it
             node, code = done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            after = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
-            if lost:
-                after = "at once: they wait for a lost machine"
             print(f"launcher: stopping the nodes still running {after}", file=sys.stderr)
             for proc in nodes:
                 if proc.poll() is None:
@@ -144,7 +144,9 @@ def wait_nodes(
         if code != 0 and first < 0:
             first = node
         if code in at_once:
-            deadline, lost = time.monotonic(), True
+            deadline, after = time.monotonic(), "at once: they wait for a lost machine"
         elif code not in (0, *STOP_CODES) and deadline is None:
             deadline = time.monotonic() + AFTER_FAILURE_GRACE_S
+            if hang_ended():
+                deadline, after = time.monotonic(), "at once: the progress watch ended a hang"
     return codes, first

@@ -29,7 +29,6 @@ from ..config import load_frozen
 from ..env import HEAD_ATTEMPT
 from ..exiting import children
 from ..files import no_world_writable_files
-from .agent import agent_config, run_agent
 from .head import Control, NodeArgs
 
 HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
@@ -110,6 +109,15 @@ def relay_output() -> None:
 
 
 def main(argv: list[str]) -> int:
+    # This agent's own C++ warnings are noise (when a job ends, each agent whose store went away prints ~20 lines
+    # of C++ frames; the head names what failed). torch reads the level once, as it loads (just below); the
+    # workers, the user's code, do not inherit it.
+    users_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = users_level or "ERROR"
+    from .agent import agent_config, run_agent  # torch loads here
+
+    if users_level is None:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
     args = NodeArgs.parse(argv)
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
     job = load_frozen(args.run_dir)

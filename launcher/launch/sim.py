@@ -19,7 +19,7 @@ import uuid
 
 from ..config import JobConfig, SimClusterConfig
 from ..env import DistEnv
-from ..failures import STOP_CODES
+from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..membership import Membership
 from .head import NodeArgs, print_stopped, wait_nodes
@@ -116,5 +116,5 @@ def run_attempt(
         stopped.add(procs.index(proc))
         proc.terminate()
 
-    codes, first = wait_nodes(procs, stop)
+    codes, first = wait_nodes(procs, stop, hang_ended=lambda: hang_ended(job.run_dir, launch_id, attempt))
     return codes, first, stopped

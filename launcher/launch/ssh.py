@@ -53,7 +53,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..env import DistEnv
-from ..failures import STOP_CODES
+from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..membership import Membership
 from .head import Control, NodeArgs, print_stopped, wait_nodes
@@ -215,7 +215,8 @@ def run_attempt(
                 lost = any(n.proc.returncode == SSH_LOST for n in nodes)
                 next(n for n in nodes if n.proc is proc).request(Control.ABORT if lost else Control.TERM)
 
-            codes, first = wait_nodes([n.proc for n in nodes], stop=stop, at_once=(SSH_LOST,))
+            ended = lambda: hang_ended(job.run_dir, launch_id, attempt)  # noqa: E731
+            codes, first = wait_nodes([n.proc for n in nodes], stop=stop, at_once=(SSH_LOST,), hang_ended=ended)
     for ssh_node in nodes:
         ssh_node.finish()
     if stops:

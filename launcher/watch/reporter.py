@@ -54,11 +54,6 @@ def _state(progress: dict[str, Any]) -> str:
         return ""
 
 
-def who(rank: int, ranks: dict[int, dict[str, Any]]) -> str:
-    p = ranks.get(rank)
-    return f"rank {rank} (pid {p['pid']}) on {p['host']}" if p else f"rank {rank}"
-
-
 def _ranks(numbers: tuple[int, ...] | list[int]) -> str:
     return ("rank " if len(numbers) == 1 else "ranks ") + ", ".join(map(str, numbers))
 
@@ -180,7 +175,14 @@ class Reporter:
 
     def _ident(self, rank: int) -> dict[str, Any]:
         p = self.ranks.get(rank, {})
-        return {"rank": rank, "host": p.get("host", "?"), "pid": p.get("pid", 0), "node": p.get("node", 0)}
+        task = f"task {rank} of Slurm job {self.env.launch_id}" if self.env.source == "slurm" else ""
+        return dict(rank=rank, host=p.get("host", "?"), pid=p.get("pid", 0), node=p.get("node", 0), task=task)
+
+    def who(self, rank: int) -> str:
+        """As the launcher's failure report names a rank: Slurm task, node (of several) and pid, then host."""
+        if rank not in self.ranks:
+            return f"rank {rank}"
+        return Failure(**self._ident(rank), kind="hang", summary="").who(with_node=self.env.num_nodes > 1)
 
     def headline(self, hang: Hang, ending: bool = False) -> str:
         """The report's first line: the culprit before any other rank."""
@@ -191,7 +193,7 @@ class Reporter:
         """(kind, the culprits, what they did): the failure record names the culprit itself."""
         anchor = self.ranks.get(hang.waiting[0], {}) if hang.waiting else {}
         label = group_label(hang.group, anchor)
-        culprits = ", ".join(who(r, self.ranks) for r in hang.culprits)
+        culprits = ", ".join(self.who(r) for r in hang.culprits)
         if hang.kind == "desync":
             theirs = " vs ".join(what for what, _ in hang.sides)
             rest = f"in another collective than {_ranks(list(hang.sides[1][1]))} at #{hang.seq} of {label}: {theirs}"

@@ -45,9 +45,7 @@ class Stragglers:
         for group, by_rank in self.arrivals.items():
             for rank in by_rank:
                 by_rank[rank] = {s: v for s, v in by_rank[rank].items() if now_ns - v[0] < KEEP_ARRIVALS_S * 1e9}
-            members = next(
-                (p["groups"][g].get("members") for p in self.ranks.values() if (g := group) in p["groups"]), None
-            )
+            members = self._members(group)
             if not members or len(members) < 2 or any(m not in by_rank for m in members):
                 continue
             for s in find_stragglers({m: by_rank[m] for m in members}, WINDOW_S, SHARE):
