@@ -74,6 +74,21 @@ CASES = [
         "cluster.min_nodes=1 < cluster.nodes=2 with train.batch_size_per_rank=16: on fewer machines the global batch "
         "would shrink and the run could not resume; HINT: set the global batch",
     ),
+    (["train.precision=fp8"], "train.precision='fp8'; HINT: fp32, bf16, fp16"),
+    (["train.accumulate_steps=0"], "train.accumulate_steps=0 must be >= 1"),
+    (
+        ["train.accumulate_steps=3"],
+        "train.batch_size=64 is not divisible by the world size 2 (cluster.nodes=1 x cluster.procs_per_node=2) x "
+        "train.accumulate_steps=3 micro-batches; HINT: use train.batch_size=66",
+    ),
+    (
+        ["train.batch_size_per_rank=10", "train.accumulate_steps=4"],
+        "train.batch_size_per_rank=10 does not split into train.accumulate_steps=4 equal micro-batches; HINT: use "
+        "train.batch_size_per_rank=12",
+    ),
+    (["optim.clip_grad_norm=0"], "optim.clip_grad_norm=0.0 must be > 0 (or null: off)"),
+    (["data._target_=no.such.data"], "data._target_='no.such.data' cannot be imported"),
+    (["data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
 ]
 
 

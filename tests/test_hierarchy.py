@@ -19,9 +19,11 @@ def virtual_env(rank, world, per_node, interleaved=False):
     )
 
 
-def _hier_equals_flat(rank, world, out_dir, per_node, interleaved):
+def _hier_equals_flat(rank, world, out_dir, per_node, interleaved, in_order=False):
     env = virtual_env(rank, world, per_node, interleaved)
     with Topology.build(env) as topo:
+        assert not topo.launch_in_order  # gloo: the pipeline's threads
+        topo.launch_in_order = in_order  # NCCL's path: one thread, one launch order (here on gloo)
         _check_hier_equals_flat(topo, env, rank, world, per_node)
 
 
@@ -49,6 +51,12 @@ def _check_hier_equals_flat(topo, env, rank, world, per_node):
 )
 def test_hierarchical_equals_flat(tmp_path, world, per_node, interleaved):
     spawn_ranks(_hier_equals_flat, world, tmp_path, per_node, interleaved)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["2x2", "2x2-interleaved"])
+def test_hierarchical_in_launch_order_equals_flat(tmp_path, interleaved):
+    """The path NCCL takes (every phase issued by the caller, in one order), checked on gloo."""
+    spawn_ranks(_hier_equals_flat, 4, tmp_path, 2, interleaved, True)
 
 
 def test_layout_from_pairs():

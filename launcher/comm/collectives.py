@@ -9,7 +9,7 @@ Node-first (hierarchical) allreduce runs in three phases:
 Phase collectives were chosen by measurement on gloo (../shared/recipes/netns.md): ``reduce_scatter_tensor`` is
 slower than a whole allreduce there, so the node phases are reduce/broadcast, not reduce-scatter/all-gather.
 
-The phases run on three comm threads per Topology, a pipeline fed with segments of ``SEGMENT_BYTES`` (not the
+Under gloo the phases run on three comm threads per Topology, a pipeline fed with segments of ``SEGMENT_BYTES`` (not the
 forward overlap's chunks: a chunk is one allreduce, a segment one piece of a node-first one): while the leaders
 send segment k across nodes, segment k+1 is being reduced inside the node and segment k-1 shared. Measured on
 2 namespaces x 2 ranks at 1 Gbit (bench/hierarchy.py): without segments the node phases add to the link time.
@@ -17,9 +17,11 @@ Each process group is driven by one thread, in submission order, which is progra
 every rank (collectives must reach a group in the same order everywhere; completion
 callbacks on the backend's threads would not guarantee that, and would hold the groups on threads that must not
 drop the last reference to them). Blocking collectives release the GIL, so backward keeps computing meanwhile.
+Under NCCL one thread issues every phase in one order instead (``in_launch_order``: why there).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hooks' annotations as real objects.
+import contextlib
 import queue
 import threading
 
@@ -137,6 +139,28 @@ class _Pipeline:
             thread.join()
 
 
+def in_launch_order(tensor: torch.Tensor, t: Topology) -> Future:
+    """Node-first for NCCL (``Topology.launch_in_order``): the caller's thread issues each segment's three phases
+    back to back, asynchronously, in bucket order: one launch order on every rank across the three communicators.
+    NCCL needs that (kernels of communicators sharing a GPU, launched in different orders on different ranks, can
+    wait for each other forever: the pipeline's three threads would interleave differently on each rank). The GPU
+    orders the phases: ``work.wait()`` makes the current stream wait for the work, never the CPU, so each phase
+    is launched on a side stream that waits for the one before; the reduce itself waits for the stream that
+    computed the gradients. Under gloo (tests) each wait blocks: correct, not overlapped."""
+    side = t.side_stream(tensor.device) if tensor.is_cuda else None
+    flat = tensor.view(-1)
+    work = None
+    for segment in flat.split(max(1, SEGMENT_BYTES // max(1, flat.element_size()))):
+        reduced = dist.reduce(segment, dst=t.leader, group=t.intra, async_op=True)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            reduced.wait()
+            if t.is_leader:
+                dist.all_reduce(segment, group=t.inter, async_op=True).wait()
+            work = dist.broadcast(segment, src=t.leader, group=t.intra_bcast, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda _: tensor)
+
+
 def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
     """Async sum over the world, reducing inside each node before crossing nodes. Value: ``tensor``."""
     if topology.world_size == 1:
@@ -145,6 +169,8 @@ def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
         return flat_allreduce(tensor, topology.inter)
     if topology.num_nodes == 1:  # one node: nothing crosses nodes, a plain allreduce is the hierarchy
         return flat_allreduce(tensor, topology.intra)
+    if topology.launch_in_order:
+        return in_launch_order(tensor, topology)
     return topology.comm_threads(_Pipeline).submit(tensor)
 
 

@@ -84,7 +84,9 @@ class Topology:
     inter: dist.ProcessGroup | None
     node_ranks: tuple[int, ...] = field(default=())  # global ranks of my node
     inter_ranks: tuple[int, ...] = field(default=())  # global ranks of my inter-node group
+    launch_in_order: bool = False  # NCCL: node-first phases issued by the caller, one order (collectives)
     _threads: Optional[CommThreads] = field(default=None, repr=False)  # started on first use
+    _stream: Optional[torch.cuda.Stream] = field(default=None, repr=False)
 
     def comm_threads(self, start: Callable[[Topology], CommThreads]) -> CommThreads:
         """The hierarchy's comm threads (``collectives``' pipeline), started by ``start`` on first use; they live
@@ -92,6 +94,12 @@ class Topology:
         if self._threads is None:
             self._threads = start(self)
         return self._threads
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The CUDA stream the node-first phases are ordered on under NCCL (``collectives.in_launch_order``)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
 
     def close(self) -> None:
         """Stop the hierarchy's comm threads (they hold the groups): call before destroying the process group."""
@@ -159,7 +167,8 @@ class Topology:
         intra = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
         intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
         inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend, timeout)
-        return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks)
+        nccl = dist.get_backend() == "nccl" if backend is None else backend == "nccl"
+        return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks, nccl)
 
 
 def _groups(

@@ -19,6 +19,8 @@ from omegaconf import MISSING
 from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 from .errors import ConfigError, _check
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
 
 @dataclass
 class TrainConfig:
@@ -35,14 +37,25 @@ class TrainConfig:
     eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
     log_every_steps: int = 10  # one metrics.jsonl line every N steps
     threads_per_rank: Optional[int] = None  # torch intra-op threads per rank; null = cores / local ranks
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast on the rank's device (fp16 with a gradient scaler)
+    accumulate_steps: int = 1  # micro-batches per optimiser step (the global batch stays train.batch_size);
+    #                            gradients are synchronised once per step, after the last one
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
+        _check(self.precision in PRECISIONS, f"train.precision={self.precision!r}; HINT: " + ", ".join(PRECISIONS))
+        _check(self.accumulate_steps >= 1, f"train.accumulate_steps={self.accumulate_steps} must be >= 1")
         if self.max_steps is not None:
             _check(self.max_steps >= 1, f"train.max_steps={self.max_steps} must be >= 1 (or null)")
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
         if self.batch_size_per_rank is not None:
             _check(self.batch_size_per_rank >= 1, f"train.batch_size_per_rank={self.batch_size_per_rank} must be >= 1")
+            _check(
+                self.batch_size_per_rank % self.accumulate_steps == 0,
+                f"train.batch_size_per_rank={self.batch_size_per_rank} does not split into train.accumulate_steps="
+                f"{self.accumulate_steps} equal micro-batches; HINT: use train.batch_size_per_rank="
+                f"{_round_up(self.batch_size_per_rank, self.accumulate_steps)}",
+            )
         _check(
             self.checkpoint_every_steps >= 0, f"train.checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0"
         )
@@ -66,6 +79,7 @@ class OptimConfig:
     lr_scaling: str = "none"  # none | linear (lr x world size: more GPUs, larger batch, larger lr)
     scheduler: str = "cosine"  # none | cosine (to 0 over the run)
     warmup_steps: int = 0  # linear warm-up before the schedule
+    clip_grad_norm: Optional[float] = None  # clip the global norm of the synchronised gradients to this; null = off
 
     def __post_init__(self) -> None:
         _check(self.name in ("sgd", "adamw"), f"optim.name={self.name!r} is unknown; HINT: use sgd or adamw")
@@ -73,6 +87,8 @@ class OptimConfig:
         _check(self.lr_scaling in ("none", "linear"), f"optim.lr_scaling={self.lr_scaling!r}; HINT: none or linear")
         _check(self.scheduler in ("none", "cosine"), f"optim.scheduler={self.scheduler!r}; HINT: none or cosine")
         _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if self.clip_grad_norm is not None:
+            _check(self.clip_grad_norm > 0, f"optim.clip_grad_norm={self.clip_grad_norm} must be > 0 (or null: off)")
 
 
 @dataclass
@@ -132,8 +148,23 @@ class DataConfig:
     test_fraction: float = 0.2  # digits: held-out share (stratified, fixed split)
     train_samples: int = 4096  # synthetic
     test_samples: int = 1024  # synthetic
+    _target_: Optional[str] = None  # your own data: a factory returning (train, test) map-style Datasets of
+    #                                 (image tensor of shape (channels, image_size, image_size), int label); data.name
+    #                                 is then ignored
+    kwargs: dict[str, Any] = field(default_factory=dict)  # _target_: keyword arguments of the factory
+    num_workers: int = 0  # DataLoader worker processes per rank (_target_ data; the built-in sets are tensors)
+
+    @property
+    def label(self) -> str:
+        """What the banner and the summary call the data: the factory's path, or data.name."""
+        return self._target_ or self.name
 
     def __post_init__(self) -> None:
+        _check(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0")
+        if self._target_ is not None:
+            hint = "a dotted path to a function returning (train, test) Datasets, on PYTHONPATH"
+            _check_importable(self._target_, "data._target_", hint)
+            return
         _check(
             self.name in DATASETS, f"data.name={self.name!r} is unknown; HINT: use data=" + " or data=".join(DATASETS)
         )
@@ -191,10 +222,12 @@ class JobConfig:
                     if nodes == self.cluster.nodes
                     else f"{nodes} node(s), allowed by cluster.min_nodes={fewest}, x {per_node} rank(s)"
                 )
+                micro = self.train.accumulate_steps
+                split = f" x train.accumulate_steps={micro} micro-batches" if micro > 1 else ""
                 _check(
-                    self.train.batch_size % world == 0,
+                    self.train.batch_size % (world * micro) == 0,
                     f"train.batch_size={self.train.batch_size} is not divisible by the world size {world} "
-                    f"({layout}); HINT: use train.batch_size={_round_up(self.train.batch_size, every)} "
+                    f"({layout}){split}; HINT: use train.batch_size={_round_up(self.train.batch_size, every * micro)} "
                     "or set train.batch_size_per_rank",
                 )
 
@@ -203,16 +236,16 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _check_importable(target: str) -> None:
+MODEL_HINT = "model=lenet|mlp|resnet18, or a dotted path to an nn.Module class or factory on PYTHONPATH"
+
+
+def _check_importable(target: str, key: str = "model._target_", hint: str = MODEL_HINT) -> None:
     module, _, attr = target.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"model._target_={target!r} cannot be imported ({exc}); HINT: model=lenet|mlp|resnet18, or a dotted "
-            "path to an nn.Module class or factory on PYTHONPATH"
-        ) from None
-    _check(callable(obj), f"model._target_={target!r} is not callable")
+        raise ConfigError(f"{key}={target!r} cannot be imported ({exc}); HINT: {hint}") from None
+    _check(callable(obj), f"{key}={target!r} is not callable")
 
 
 def register_configs() -> None:

@@ -70,4 +70,4 @@ def describe_entry(job: JobConfig) -> str:
     if job.script:
         return f"script {job.script} {' '.join(job.script_args)}".rstrip()
     preflight = " (after the doctor's preflight checks)" if job.preflight else ""
-    return f"trainer: model {job.model['_target_']} on data {job.data.name}{preflight}"
+    return f"trainer: model {job.model['_target_']} on data {job.data.label}{preflight}"

@@ -3,6 +3,7 @@
 - ``digits``: scikit-learn's bundled 8x8 digits (real handwriting), fixed stratified split, upsampled.
 - ``synthetic``: random images labelled by a fixed random linear teacher (learnable), any shape and size.
 - ``idx``: MNIST / Fashion-MNIST IDX files (optionally .gz) from a local directory.
+- your own: ``data._target_`` names a factory returning (train, test) map-style Datasets (``user_datasets``).
 
 Data is prepared once on the CPU, as tensors, and moved to the device one batch at a time (the d2l notes' advice).
 """
@@ -13,19 +14,24 @@ import gzip
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
+from hydra.utils import get_method
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from ..config import DataConfig
 
 DATA_SEED = 20240601  # fixed: the data set itself must not depend on train.seed or the rank
 
 
-def build_datasets(cfg: DataConfig) -> tuple[TensorDataset, TensorDataset]:
-    """(train, test) as tensors of shape (N, channels, image_size, image_size) and int64 labels."""
+def build_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
+    """(train, test): the user's own (``data._target_``, checked against the shape the config describes), or a
+    built-in set as tensors of shape (N, channels, image_size, image_size) and int64 labels."""
+    if cfg._target_ is not None:
+        return user_datasets(cfg)
     loaders = {"digits": _digits, "synthetic": _synthetic, "idx": _idx}
     x_train, y_train, x_test, y_test = loaders[cfg.name](cfg)
     x_train, x_test = (_shape(x, cfg) for x in (x_train, x_test))
@@ -122,7 +128,41 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
-def train_loader(dataset, batch_per_rank: int, rank: int, world: int, seed: int) -> DataLoader:
+def user_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
+    """``data._target_(**data.kwargs)`` -> (train, test or None), map-style; the first sample of each must be an
+    image of the shape data.channels / data.image_size describe; its first and last labels below
+    data.num_classes."""
+    made = get_method(cfg._target_)(**cfg.kwargs)
+    where = f"data._target_={cfg._target_!r}"
+    if not (isinstance(made, (tuple, list)) and len(made) == 2):
+        raise ValueError(f"{where} returned a {type(made).__name__}; HINT: return (train, test) Datasets (test: None)")
+    for split, dataset in zip(("train", "test"), made):
+        if dataset is None and split == "test":
+            continue
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
+            raise ValueError(f"{where}: its {split} set is not a non-empty map-style Dataset (__getitem__, __len__)")
+        x = dataset[0][0]
+        want = (cfg.channels, cfg.image_size, cfg.image_size)
+        shape = tuple(torch.as_tensor(x).shape)
+        if shape != want:
+            fix = f"data.channels={shape[0]} data.image_size={shape[-1]}" if len(shape) == 3 else "(C, H, W) images"
+            raise ValueError(
+                f"{where}: the first {split} sample has shape {shape}, but data.channels={cfg.channels} "
+                f"data.image_size={cfg.image_size} describe {want} to the model; HINT: {fix}"
+            )
+        for index in (0, len(dataset) - 1):  # first and last: sorted data sets end with the highest label
+            label = int(torch.as_tensor(dataset[index][1]))
+            if not 0 <= label < cfg.num_classes:
+                raise ValueError(
+                    f"{where}: {split} sample {index} has label {label}, outside [0, data.num_classes="
+                    f"{cfg.num_classes}); HINT: set data.num_classes to the number of classes"
+                )
+    return made[0], made[1]
+
+
+def train_loader(
+    dataset, batch_per_rank: int, rank: int, world: int, seed: int, workers: int = 0, pin: bool = False
+) -> DataLoader:
     """Each rank sees a disjoint 1/world of every epoch, reshuffled by ``set_epoch``; partial batches dropped
     so every rank takes the same number of steps."""
     sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
@@ -133,10 +173,25 @@ def train_loader(dataset, batch_per_rank: int, rank: int, world: int, seed: int)
         )
     # A private generator: iterating the loader must not draw from the global RNG (bit-identical resume).
     generator = torch.Generator().manual_seed(seed + rank)
-    return DataLoader(dataset, batch_size=batch_per_rank, sampler=sampler, drop_last=True, generator=generator)
+    return DataLoader(
+        dataset,
+        batch_size=batch_per_rank,
+        sampler=sampler,
+        drop_last=True,
+        generator=generator,
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+    )
 
 
-def eval_loader(dataset, batch_size: int, rank: int, world: int) -> DataLoader:
-    """Rank r evaluates samples r, r+world, ... : every sample exactly once across ranks (no padding)."""
+def eval_loader(
+    dataset, batch_size: int, rank: int, world: int, workers: int = 0, pin: bool = False
+) -> Optional[DataLoader]:
+    """Rank r evaluates samples r, r+world, ... : every sample exactly once across ranks (no padding). None
+    without a held-out split."""
+    if dataset is None:
+        return None
     shard = Subset(dataset, range(rank, len(dataset), world))
-    return DataLoader(shard, batch_size=batch_size, generator=torch.Generator().manual_seed(rank))
+    generator = torch.Generator().manual_seed(rank)
+    return DataLoader(shard, batch_size=batch_size, generator=generator, num_workers=workers, pin_memory=pin)

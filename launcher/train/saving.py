@@ -27,13 +27,14 @@ class Position:
 
 class Checkpointing:
     """Mixed into the Trainer, whose attributes it reads: job, env, model, optimizer, scheduler, pos, sync,
-    ckpt_dir, _resume_path/_resume_state (chosen at start by ``checkpoint.agreed_resume_source``)."""
+    stepper, ckpt_dir, _resume_path/_resume_state (chosen at start by ``checkpoint.agreed_resume_source``)."""
 
     def state(self) -> dict[str, Any]:
         return {
             "model": ckpt.unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "stepper": self.stepper.state_dict(),  # the fp16 gradient scaler
             "step": self.pos.step,
             "epoch": self.pos.epoch,
             "batch_in_epoch": self.pos.batch_in_epoch,
@@ -73,6 +74,7 @@ class Checkpointing:
         ckpt.load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
         rngs = state.get("rng") or []
         saved_world = state.get("world_size", len(rngs))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import AbstractContextManager
 from typing import Optional
 
 import torch
@@ -41,7 +42,10 @@ class GradientSync:
         optimizer: torch.optim.Optimizer,
         resumed_hierarchical: Optional[bool] = None,
         resumed_cap_mb: Optional[float] = None,
+        whole_gradient: Optional[str] = None,
     ) -> None:
+        """``whole_gradient``: why the optimizer step needs every synchronised gradient at once (clipping, the fp16
+        scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer."""
         self.model = model
         self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -67,11 +71,13 @@ class GradientSync:
                 hierarchical=self.choice.hierarchical,
                 find_unused_parameters=cfg.find_unused_parameters,
                 broadcast_buffers=cfg.broadcast_buffers,
-                optimizer=optimizer,
-                overlap=None if cfg.overlap == "forward" else "backward",  # forward where the settings allow it
+                optimizer=None if whole_gradient else optimizer,
+                overlap=None if cfg.overlap == "forward" and not whole_gradient else "backward",  # forward where it can
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
+            if whole_gradient and cfg.overlap == "forward":
+                layout += f" (not the forward overlap: {whole_gradient})"
         else:
             cap = self.bucket_cap_mb = cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB
             with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers (older ones lack the new name)
@@ -101,6 +107,13 @@ class GradientSync:
             self.reducer.zero_grad()  # keeps .grad as views into the buckets
         else:
             optimizer.zero_grad(set_to_none=True)
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Backward passes that accumulate without synchronising (every micro-batch of a step but the last)."""
+        if self.reducer is not None:
+            return self.reducer.no_sync()
+        assert isinstance(self.module, DistributedDataParallel)
+        return self.module.no_sync()
 
     @property
     def overlaps_forward(self) -> bool:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -33,6 +32,7 @@ from .metrics import MetricsWriter
 from .model import build_model, check_same_weights, evaluate
 from .optim import build_optimizer, build_scheduler
 from .saving import Checkpointing, Position
+from .step import Stepper, describe_precision, whole_gradient_reason
 from .stop import Preempted, StopRequest
 from .sync import GradientSync
 
@@ -77,14 +77,17 @@ class Trainer(Checkpointing):
             self.optimizer,
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
+            whole_gradient=whole_gradient_reason(t, job.optim),
         )
         train_set, test_set = build_datasets(job.data)
-        self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed)
-        self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world)
+        loading = {"workers": job.data.num_workers, "pin": device.type == "cuda"}
+        self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed, **loading)
+        self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world, **loading)
         self.steps_per_epoch = len(self.train_loader)
         schedule_steps = t.epochs * self.steps_per_epoch  # the schedule spans the epochs; max_steps only stops early
         self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
         self.scheduler = build_scheduler(job.optim, self.optimizer, schedule_steps)
+        self.stepper = Stepper(t, job.optim, device, self.sync, self.optimizer, self.scheduler)
         self.pos = Position()
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
@@ -105,7 +108,8 @@ class Trainer(Checkpointing):
             t = self.job.train
             batch = (
                 f"{self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
-                f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch})"
+                f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch}); "
+                f"{describe_precision(t, self.job.optim)}"
             )
             devices = [f"{host}: {device}" for _, host, device in facts]
             log.info("job\n%s", format_banner(env, self.backend, devices, self.sync.description, batch, self.run_dir))
@@ -202,14 +206,7 @@ class Trainer(Checkpointing):
         note_step(self.pos.step)
         fire_at(self._faults, self.pos.step + 1, self.model)  # LAUNCHER_FAULT: tests and trying failures
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        self.sync.zero_grad(self.optimizer)
-        with trace.span("forward", "step"):
-            loss = F.cross_entropy(self.sync.module(x), y)
-        with trace.span("backward", "step"):
-            loss.backward()
-        with trace.span("optimizer", "step"):
-            self.sync.step(self.optimizer)  # forward overlap: buckets still in flight are updated at the next forward
-            self.scheduler.step()
+        loss = self.stepper.step(x, y)  # micro-batches, precision, clipping: launcher/train/step.py
         if (exposed := self.sync.exposed_s()) is not None:
             self._exposed_s += exposed
         return loss
@@ -253,12 +250,15 @@ class Trainer(Checkpointing):
         self.metrics.write(record)
         return loss
 
-    def _evaluate(self, epoch: int) -> float:
-        """Accuracy on the held-out split; logged and written to the metrics."""
+    def _evaluate(self, epoch: int) -> Optional[float]:
+        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
+        if self.test_loader is None:
+            return None
         self._phase = f"the evaluation after epoch {epoch}"
         self.sync.flush()
         self.sync.module.eval()
-        loss, accuracy = evaluate(self.model, self.test_loader, self.device)
+        with self.stepper.autocast():
+            loss, accuracy = evaluate(self.model, self.test_loader, self.device)
         self.metrics.write(
             {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
         )
@@ -277,7 +277,7 @@ class Trainer(Checkpointing):
             hierarchical=self.sync.hierarchical,
             hierarchical_reason=self.sync.choice.reason,
             model=job.model["_target_"],
-            data=job.data.name,
+            data=job.data.label,
             epochs=self.pos.epoch,
             steps=self.pos.step,
             global_batch=self.global_batch,

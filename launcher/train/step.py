@@ -1,0 +1,108 @@
+"""One optimiser step of the built-in trainer, as GPU users configure it:
+
+- ``train.accumulate_steps=N``: the rank's batch is split into N equal micro-batches, each forward and backward on
+  its own; the gradients are synchronised once, after the last (the first N-1 run under the sync's ``no_sync()``,
+  torch DDP's contract, kept by our reducer too). Each micro-batch's loss is divided by N, so the step is the
+  step of the whole batch: the trajectory does not depend on N nor on the world size.
+- ``train.precision=bf16|fp16``: the forward and the loss under ``torch.autocast`` on the rank's device (bf16 on
+  CPUs too); the weights, their gradients and the optimizer stay fp32, so the reducers are unchanged. fp16 adds
+  ``torch.amp.GradScaler``: the loss is scaled before backward, the synchronised gradients are unscaled before the
+  step, and a step whose gradients hold inf/nan is skipped. The gradients are the same on every rank after the
+  allreduce, so every rank skips the same steps; the scaler's state is in the checkpoint.
+- ``optim.clip_grad_norm``: the global norm of the synchronised (unscaled) gradients is clipped before the step.
+
+Clipping and the fp16 scaler need every synchronised gradient before the first update: the forward overlap (updates
+bucket by bucket as they arrive, during the next forward) cannot run with them; ``whole_gradient_reason`` says why
+and ``GradientSync`` runs the backward overlap instead, saying so in the banner."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Optional
+
+import torch
+from torch.nn import functional as F
+
+from ..comm import trace
+from ..config import OptimConfig, TrainConfig
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:
+    """Why the optimizer step must see every synchronised gradient at once, or None."""
+    if optim.clip_grad_norm is not None:
+        return "optim.clip_grad_norm needs the norm of every synchronised gradient before the first update"
+    if train.precision == "fp16":
+        return "train.precision=fp16: the gradient scaler checks every gradient for inf/nan before the first update"
+    return None
+
+
+def describe_precision(train: TrainConfig, optim: OptimConfig) -> str:
+    """For the banner: precision, micro-batches and clipping, as they run."""
+    parts = [
+        {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + gradient scaler"}[train.precision],
+    ]
+    if train.accumulate_steps > 1:
+        parts.append(f"gradients accumulated over {train.accumulate_steps} micro-batches, synchronised once")
+    if optim.clip_grad_norm is not None:
+        parts.append(f"global gradient norm clipped to {optim.clip_grad_norm:g}")
+    return "; ".join(parts)
+
+
+class Stepper:
+    """``step(x, y)``: zero the gradients, the micro-batches, unscale, clip, the optimizer and scheduler steps.
+    ``sync`` is the trainer's ``GradientSync`` (its module, ``no_sync``, ``zero_grad`` and ``step``)."""
+
+    def __init__(
+        self,
+        train: TrainConfig,
+        optim: OptimConfig,
+        device: torch.device,
+        sync: Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+    ) -> None:
+        self.sync, self.optimizer, self.scheduler, self.device = sync, optimizer, scheduler, device
+        self.micro = train.accumulate_steps
+        self.dtype = AUTOCAST_DTYPES[train.precision]
+        self.scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
+        self.clip = optim.clip_grad_norm
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.skipped = 0  # fp16 steps skipped for inf/nan gradients, this run
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None else nullcontext()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on this rank's batch; returns its mean loss (detached)."""
+        self.sync.zero_grad(self.optimizer)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for i, (xs, ys) in enumerate(zip(x.chunk(self.micro), y.chunk(self.micro))):
+            with self.sync.no_sync() if i < self.micro - 1 else nullcontext():
+                with trace.span("forward", "step"), self.autocast():
+                    loss = F.cross_entropy(self.sync.module(xs), ys).float() / self.micro
+                with trace.span("backward", "step"):
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.detach()
+        with trace.span("optimizer", "step"):
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            if self.clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+            if self.scaler is not None:
+                scale = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)  # skipped when a gradient holds inf/nan: on every rank alike
+                self.scaler.update()
+                self.skipped += self.scaler.get_scale() < scale
+            else:
+                self.sync.step(self.optimizer)  # forward overlap: buckets in flight are updated at the next forward
+            self.scheduler.step()
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
