@@ -44,9 +44,7 @@ def one_process(tmp_path_factory):
     [
         ("1x2", ("comm.reducer=ddp",)),
         ("1x2", ("comm.reducer=bucketed", "comm.hierarchical=false")),  # the forward overlap
-        ("1x2", ("comm.reducer=bucketed", "comm.hierarchical=false", "comm.overlap=backward")),
         ("2x2", ("comm.reducer=bucketed", "comm.hierarchical=true")),
-        ("1x1", ()),
     ],
 )
 def test_accumulation_trains_what_one_process_trains_on_the_global_batch(tmp_path, one_process, layout, overrides):
@@ -89,8 +87,8 @@ def test_micro_batches_synchronise_once_per_step(tmp_path, reducer):
 
 # ------------------------------------------------------------------------------------------------ precision
 @pytest.mark.parametrize(
-    "precision, layout, hierarchical", [("bf16", "1x2", "false"), ("bf16", "2x2", "true"), ("fp16", "1x2", "false")]
-)
+    "precision, layout, hierarchical", [("bf16", "1x2", "false"), ("fp16", "1x2", "false")]
+)  # node-first under autocast: test_first_step_under_autocast_equals_one_process
 def test_our_reducer_trains_what_ddp_trains_under_mixed_precision(tmp_path, precision, layout, hierarchical):
     """40 steps with the same autocast: our reducer (the forward overlap under bf16) equals torch DDP. (Against
     fp32 or one process, low-precision trajectories drift apart by ~15 % of the weights' norm in 40 steps of this
@@ -196,9 +194,9 @@ def one_process_clipped(tmp_path_factory):
     return train_layout(tmp_path_factory.mktemp("clipped"), "1x1", "optim.clip_grad_norm=0.2")[0]["params"]
 
 
-@pytest.mark.parametrize("reducer", ["ddp", "bucketed"])
-def test_clipping_uses_the_norm_of_the_synchronised_gradient(tmp_path, one_process, one_process_clipped, reducer):
-    results = train_layout(tmp_path, "1x2", f"comm.reducer={reducer}", "optim.clip_grad_norm=0.2")
+def test_clipping_uses_the_norm_of_the_synchronised_gradient(tmp_path, one_process, one_process_clipped):
+    """Our reducer (torch DDP clips after the same wait: the same lines of step.py)."""
+    results = train_layout(tmp_path, "1x2", "comm.reducer=bucketed", "optim.clip_grad_norm=0.2")
     assert_ranks_identical(results)
     assert_close(results[0]["params"], one_process_clipped)
     with pytest.raises(AssertionError):  # clipping changed the training: the comparison above can fail
