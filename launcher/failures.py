@@ -106,9 +106,16 @@ def classify(exc: BaseException) -> str:
 
 
 # Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry.
-WRAPPER_FRAMES = (
-    "runpy",
+WRAPPER_FRAMES = (  # frames that only carry a rank to its work (a rank in the launcher's own process under torchrun
+    "runpy",  # or srun: the CLI and Hydra's too)
     "elastic/multiprocessing/errors",
+    "launcher/__main__.py",
+    "launcher/cli.py",
+    "hydra/main.py",
+    "hydra/_internal/",
+    "hydra/core/utils.py",
+    "launcher/launch/torchrun.py",
+    "launcher/launch/slurm_task.py",
     "launcher/rank_entry.py",
     "launcher/rank_work.py",
     "launcher/failures.py",

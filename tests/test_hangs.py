@@ -179,8 +179,26 @@ def test_pauses_on_every_rank_and_a_clean_run_say_nothing(tmp_path):
     assert not (tmp_path / "hangs").exists()
 
 
+def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
+    """A rank busy in its own code (a checkpoint, an evaluation) while the other waits is reported once, then
+    "hang over"; the job finishes (nothing fails before comm.timeout_s). Started by torchrun: the watch runs in
+    every entry (rank_work starts it), and rank 0's console is torchrun's."""
+    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "6", "HANG_STEPS": "300", "HANG_STEP_S": "0.01"}  # 3 s after
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher")
+    result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120, module=torchrun)
+    err = result.stderr
+    assert result.returncode == 0, err
+    line = first_line_with(err, "hang: ")
+    assert re.search(r"hang: rank 1 \(pid \d+\) on \S+ has not entered collective #6 of the default group", line), line
+    stack = err.split("stack of rank 1 (live, every thread):")[1]
+    assert re.search(r'hang_script\.py", line \d+, in main\n\s+time\.sleep\(', stack), err
+    assert "cli.py" not in stack and "hydra" not in stack and "torchrun.py" not in stack, stack  # wrappers dropped
+    assert err.count("hang: ") == 1 and "hang over: every rank is moving again" in err.split(line)[1], err
+    assert "launcher: rank" not in err  # no failure report
+
+
 def test_script_straggler_named_and_clean_ranks_not(tmp_path):
-    env = {"HANG_CASE": "slow", "HANG_STEPS": "500", "HANG_STEP_S": "0.02", "HANG_FACTOR": "2.5", "HANG_FROM": "50"}
+    env = {"HANG_CASE": "slow", "HANG_STEPS": "400", "HANG_STEP_S": "0.02", "HANG_FACTOR": "2.5", "HANG_FROM": "50"}
     result = run_launcher(SCRIPT, run_dir=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     line = first_line_with(result.stderr, "straggler:")

@@ -38,7 +38,7 @@ MESSAGES = {
 # The trainer's fault has one message wherever it fires; where it fired is in the cause's traceback: inside a
 # collective means from a gradient hook, during ``loss.backward()`` (the peers wait in the step's allreduce);
 # between collectives, before the step's forward.
-IN_BACKWARD = "loss.backward()"
+IN_BACKWARD = ".backward()"  # the trainer's backward pass (launcher/train/step.py)
 REPORT_S = 10.0
 
 

@@ -3,6 +3,7 @@ independent reference: one process trained on the same global batches, or torch 
 
 import contextlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from test_hierarchy import virtual_env
 from test_parity import train_layout
 from torch import nn
 
-from helpers import run_launcher, spawn_ranks
+from helpers import spawn_ranks
 from launcher.comm.schedule import WARMUP_STEPS
 from launcher.config import CommConfig, OptimConfig, TrainConfig
 from launcher.train.step import Stepper, whole_gradient_reason
@@ -44,8 +45,7 @@ def one_process(tmp_path_factory):
     [
         ("1x2", ("comm.reducer=ddp",)),
         ("1x2", ("comm.reducer=bucketed", "comm.hierarchical=false")),  # the forward overlap
-        ("2x2", ("comm.reducer=bucketed", "comm.hierarchical=true")),
-    ],
+    ],  # node-first and the backward overlap under no_sync: tests/test_reducer_contract.py (no_sync_accumulation)
 )
 def test_accumulation_trains_what_one_process_trains_on_the_global_batch(tmp_path, one_process, layout, overrides):
     results = train_layout(tmp_path, layout, *overrides, "train.accumulate_steps=4")
@@ -207,18 +207,16 @@ def test_clipping_uses_the_norm_of_the_synchronised_gradient(tmp_path, one_proce
 def test_fp16_with_accumulation_resumes_bit_identically(tmp_path):
     """Stopped at step 4 and resumed to 8 equals 8 steps in one go: the weights, the optimizer and the gradient
     scaler's state (its growth tracker counts the steps since the last overflow: a scaler started afresh at the
-    resume would count fewer)."""
+    resume would count fewer). The trainer resumes from the newest checkpoint of its run dir (train.resume=auto)."""
     job = ("train.precision=fp16", "train.accumulate_steps=2", "train.checkpoint_every_steps=4")
-    whole = run_launcher(*job, "train.max_steps=8", run_dir=tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr
-    assert "fp16 autocast + gradient scaler; gradients accumulated over 2 micro-batches" in whole.stderr
-    for steps in (4, 8):
-        part = run_launcher(*job, f"train.max_steps={steps}", run_dir=tmp_path / "parts")
-        assert part.returncode == 0, part.stderr
-        if steps == 4:
-            saved = final_state(tmp_path / "parts")["stepper"]["scaler"]
-            assert saved["_growth_tracker"] > 0, saved  # what a fresh scaler would lack: the check below can fail
-    a, b = final_state(tmp_path / "parts"), final_state(tmp_path / "whole")
-    assert a["step"] == b["step"] == 8 and "resumed from" in part.stderr
+    whole = train_layout(tmp_path / "whole", "1x2", *job, "train.max_steps=8")
+    train_layout(tmp_path / "parts", "1x2", *job, "train.max_steps=4")
+    saved = final_state(tmp_path / "parts" / "run")["stepper"]["scaler"]
+    assert saved["_growth_tracker"] > 0, saved  # what a fresh scaler would lack: the comparison below can fail
+    shutil.copytree(tmp_path / "parts" / "run" / "checkpoints", tmp_path / "resumed" / "run" / "checkpoints")
+    resumed = train_layout(tmp_path / "resumed", "1x2", *job, "train.max_steps=8")
+    assert resumed[0]["summary"]["resumed_from"].endswith("step-00000004.pt"), resumed[0]["summary"]
+    a, b = final_state(tmp_path / "resumed" / "run"), final_state(tmp_path / "whole" / "run")
+    assert a["step"] == b["step"] == 8 and whole[0]["summary"]["resumed_from"] is None
     assert_same_training_state(a, b)
     assert a["stepper"]["scaler"] == b["stepper"]["scaler"], (a["stepper"], b["stepper"])

@@ -83,7 +83,8 @@ class Stepper:
                 with trace.span("forward", "step"), self.autocast():
                     loss = F.cross_entropy(self.sync.module(xs), ys).float() / self.micro
                 with trace.span("backward", "step"):
-                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                    scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+                    scaled.backward()
             total += loss.detach()
         with trace.span("optimizer", "step"):
             if self.scaler is not None:

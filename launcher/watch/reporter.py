@@ -89,11 +89,10 @@ class Reporter:
         if self.env.rank == 0:
             self.stragglers.update(self.ranks, self.dir, now_ns)
         hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
-        if hang is None or hang.stalled_s < self.warn_s:
-            if hang is None:  # moving again: a later hang is reported anew
-                if self.reported is not None:
-                    self.say("hang over: every rank is moving again")
-                self.reported, self.request = None, None
+        if hang is None or hang.stalled_s < self.warn_s:  # moving: a stall shorter than warn_s is a new one
+            if self.reported is not None:
+                self.say("hang over: every rank is moving again")  # a later hang is reported anew
+            self.reported, self.request = None, None
             return
         key = (hang.kind, hang.group, hang.seq, hang.culprits)
         if key != self.reported and self.request is None:

@@ -6,6 +6,8 @@
 - ``shape``: rank ``HANG_RANK`` all_reduces a tensor of another size at the sixth step;
 - ``slow``: rank ``HANG_RANK`` computes ``HANG_FACTOR`` times longer per step from step ``HANG_FROM`` on;
 - ``pauses``: every rank pauses together (no hang: nobody waits for anybody);
+- ``busy``: rank ``HANG_RANK`` works ``HANG_PAUSE_S`` in its own code at the sixth step (a checkpoint, an
+  evaluation) while the others wait, then goes on (a warning, not a failure);
 - ``clean``: nothing goes wrong.
 Every rank writes ``<HANG_MARK>.<rank>`` when it reaches the fault (so a test waits for it, not for a time).
 """
@@ -49,7 +51,7 @@ def main() -> None:
                 stuck_in_user_code()
             if CASE == "skip":
                 continue
-        if step == 5 and CASE == "pauses":
+        if step == 5 and (CASE == "pauses" or (CASE == "busy" and rank == CULPRIT)):
             time.sleep(float(os.environ.get("HANG_PAUSE_S", "5")))
         slow = CASE == "slow" and rank == CULPRIT and step >= int(os.environ.get("HANG_FROM", "0"))
         compute(
