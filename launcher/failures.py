@@ -45,6 +45,7 @@ from pathlib import Path
 from .env import DistEnv
 from .files import write_json_atomic
 from .logs import rank_log_path
+from .tracebacks import format_traceback, log_tail
 
 KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
@@ -103,36 +104,6 @@ def classify(exc: BaseException) -> str:
             return "peer"
         current = current.__cause__ or current.__context__
     return "error"
-
-
-# Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry.
-WRAPPER_FRAMES = (  # frames that only carry a rank to its work (a rank in the launcher's own process under torchrun
-    "runpy",  # or srun: the CLI and Hydra's too)
-    "elastic/multiprocessing/errors",
-    "launcher/__main__.py",
-    "launcher/cli.py",
-    "hydra/main.py",
-    "hydra/_internal/",
-    "hydra/core/utils.py",
-    "launcher/launch/torchrun.py",
-    "launcher/launch/slurm_task.py",
-    "launcher/rank_entry.py",
-    "launcher/rank_work.py",
-    "launcher/failures.py",
-)
-
-
-def format_traceback(exc: BaseException) -> str:
-    """The traceback as Python prints it, without the frames of WRAPPER_FRAMES."""
-    kept, skipping = [], False
-    for line in "".join(traceback.format_exception(exc)).splitlines():
-        if line.startswith('  File "'):
-            skipping = any(part in line.split('"')[1] for part in WRAPPER_FRAMES)
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept)
 
 
 def _write(path: Path, failure: Failure) -> None:
@@ -262,17 +233,6 @@ def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
 def ranked(failures: Iterable[Failure]) -> list[Failure]:
     """Root cause first: by kind (KINDS), then by time within the kind, then by rank."""
     return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
-
-
-def log_tail(run_dir: str | Path, rank: int) -> str:
-    """A rank that died without a record: why, when its log says (a C++ abort: gloo's "what():  ... Received data
-    size doesn't match expected size. Is there a distributed collective mismatch in your code?")."""
-    try:
-        text = rank_log_path(run_dir, rank).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    said = [i for i, line in enumerate(text) if "what():" in line or line.startswith("terminate called")]
-    return "its log says:\n" + "\n".join("  " + text[i].strip() for i in said[-2:]) if said else ""
 
 
 def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:

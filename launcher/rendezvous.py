@@ -1,5 +1,6 @@
 """The one way to start and end a process group: reach (or host) the rendezvous store, check every rank in,
-then ``init_process_group``; always destroy it. Also the stores' listening rules (``bind_address``)."""
+then ``init_process_group``; always destroy it; ``next_round``: the survivors' next group after a machine is lost
+(healing in place). Also the stores' listening rules (``bind_address``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,30 @@ def process_group(
         # Groups still referenced from garbage cycles (DDP, reducer hooks) would otherwise be destroyed at
         # interpreter exit, while their backend threads are joinable: std::terminate (SIGABRT) after a clean run.
         gc.collect()
+
+
+GRAVEYARD: list[object] = []  # groups left by next_round (and their work): dropped, they block until their timeout
+
+
+def next_round(group: Group, number: int, env: DistEnv) -> Group:
+    """Heal in place: leave the current default group, which a lost machine broke, and form round ``number`` on
+    the same store for ``env`` (this rank's place among the survivors). The old group is not destroyed but kept in
+    ``GRAVEYARD``: its destructor joins backend threads that wait for the dead peers until its timeout (measured:
+    seconds to minutes), while leaving it costs nothing. The caller then builds anew what held the old group (DDP,
+    the reducer's topology) and resets ``launcher.abandon``; ``process_group``'s exit destroys the newest round."""
+    backend = dist.get_backend()
+    GRAVEYARD.append(dist.group.WORLD)
+    dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
+    store = dist.PrefixStore(f"round-{number}", group.store)
+    dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=group.timeout_s),
+    )
+    log.info("process group round %d: %s", number, env.describe())
+    return Group(store, env, group.timeout_s)
 
 
 def _where(env: DistEnv) -> str:

@@ -19,11 +19,15 @@ def is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(exc)))
 
 
-def explain_stall(group: Optional[Group], where: str, grace_s: float = 10.0) -> str:
+def explain_stall(group: Optional[Group], where: str, grace_s: Optional[float] = None) -> str:
     """After a collective timed out: every rank that was waiting reports it on the store; the ranks that do not
-    report within ``grace_s`` never reached the collective: they are the stuck ones. Returns the diagnosis."""
+    report within ``grace_s`` never reached the collective: they are the stuck ones. Returns the diagnosis.
+    ``grace_s`` defaults to half the group's timeout, 2 to 10 s: the waiting ranks entered the collective within
+    about a step of each other, so they time out about as close together."""
     if group is None:
         return "no rendezvous store to ask which rank is stuck"
+    if grace_s is None:
+        grace_s = min(10.0, max(2.0, group.timeout_s / 2))
     try:
         return _explain_stall(group, where, grace_s)
     except (RuntimeError, OSError) as exc:  # the store's host (rank 0) may be gone too

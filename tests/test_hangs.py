@@ -172,7 +172,7 @@ def test_stopped_rank_named_without_a_stack(tmp_path):
 
 
 def test_pauses_on_every_rank_and_a_clean_run_say_nothing(tmp_path):
-    env = {"HANG_CASE": "pauses", "HANG_PAUSE_S": "6"}
+    env = {"HANG_CASE": "pauses", "HANG_PAUSE_S": "4"}
     result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "hang:" not in result.stderr and "straggler:" not in result.stderr and "desync:" not in result.stderr
@@ -183,7 +183,7 @@ def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
     """A rank busy in its own code (a checkpoint, an evaluation) while the other waits is reported once, then
     "hang over"; the job finishes (nothing fails before comm.timeout_s). Started by torchrun: the watch runs in
     every entry (rank_work starts it), and rank 0's console is torchrun's."""
-    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "6", "HANG_STEPS": "300", "HANG_STEP_S": "0.01"}  # 3 s after
+    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "4", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}  # 2 s after
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher")
     result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120, module=torchrun)
     err = result.stderr
@@ -198,7 +198,7 @@ def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
 
 
 def test_script_straggler_named_and_clean_ranks_not(tmp_path):
-    env = {"HANG_CASE": "slow", "HANG_STEPS": "400", "HANG_STEP_S": "0.02", "HANG_FACTOR": "2.5", "HANG_FROM": "50"}
+    env = {"HANG_CASE": "slow", "HANG_STEPS": "300", "HANG_STEP_S": "0.02", "HANG_FACTOR": "2.5", "HANG_FROM": "50"}
     result = run_launcher(SCRIPT, run_dir=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     line = first_line_with(result.stderr, "straggler:")

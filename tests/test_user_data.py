@@ -41,11 +41,11 @@ def data_args(root, size=8):
 
 
 def test_own_data_trains_the_same_on_two_ranks_as_on_one(tmp_path, folder):
-    one = train_layout(tmp_path / "one", "1x1", *data_args(folder), "train.epochs=4")
-    two = train_layout(tmp_path / "two", "1x2", *data_args(folder), "train.epochs=4", "data.num_workers=1")
+    one = train_layout(tmp_path / "one", "1x1", *data_args(folder), "train.epochs=3")
+    two = train_layout(tmp_path / "two", "1x2", *data_args(folder), "train.epochs=3", "data.num_workers=1")
     summary = two[0]["summary"]
     assert summary["data"] == "models.image_folder.image_folder", summary
-    assert summary["steps"] == 4 * 96 // 16 and summary["test_accuracy"] > 0.9, summary
+    assert summary["steps"] == 3 * 96 // 16 and summary["test_accuracy"] > 0.9, summary
     for name, value in two[0]["params"].items():
         torch.testing.assert_close(value, one[0]["params"][name], rtol=1e-4, atol=1e-5)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..env import DistEnv
-from ..failures import WRAPPER_FRAMES
 from ..files import write_atomic
+from ..tracebacks import WRAPPER_FRAMES
 from . import recorder
 
 ARRIVALS_EVERY_S = 8.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
