@@ -51,7 +51,8 @@ def _reducers_on_cuda(rank, world, out_dir, mode):
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, 1, 28, 28, generator=gen).to(device), torch.randint(0, 10, (16,), generator=gen).to(device)
     shard = slice(rank * 16 // world, (rank + 1) * 16 // world)
-    env = virtual_env(rank, world, 1)  # one rank per virtual node: node-first has an inter-node stage
+    env = virtual_env(rank, world, 1)  # one rank per virtual node: node-first is its leaders' stage only (gloo has
+    #                                    no CUDA reduce; the intra-node stages on CUDA need nccl, i.e. two GPUs)
     topology = Topology.build(env)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     if mode == "ddp":

@@ -3,7 +3,7 @@ last rank, on the second node, is stuck (a ``script=`` blocked in its own code, 
 Each test asserts what the user sees: the first ``hang:`` line on the console names the culprit (with its host)
 before the ranks that wait for it, with a frame of its live stack; the launcher's failure report leads with the
 culprit ``hung:``; ``RUN_DIR/hangs/*/report.json`` names it; and the whole run ends within a bound of
-``comm.timeout_s``. On this host: tests/test_hangs.py."""
+``comm.timeout_s``. On this host: tests/test_hangs.py; on Slurm: tests/test_slurm.py (its cluster)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-from test_slurm import SLURM_ROOT, _cannot_start, _no_job_left, cluster_leftovers  # noqa: F401 (an autouse fixture)
 from test_ssh import HOSTS, machines, ssh_args  # noqa: F401 (fixtures)
 from test_ssh import pytestmark as needs_ssh_machines
 
@@ -159,32 +157,4 @@ def test_ssh_script_stuck_on_the_second_machine(ssh_args, tmp_path):  # noqa: F8
     assert run.first(r"\bhang: ")[1].startswith(f"[{HOSTS[0]}] [launcher] hang: "), "not rank 0's console"
 
 
-# ------------------------------------------------------------------------------------------------ Slurm
-@pytest.fixture(scope="module")
-def slurm():
-    """test_slurm's one-host cluster (its start, stop and leftover check), for this module only: importing its
-    session-scoped, parametrised ``slurm`` fixture would make pytest start a second instance and move test_slurm's
-    one-host tests here, next to this one."""
-    reason = _cannot_start()
-    if reason:
-        pytest.skip(reason)
-    env = {**os.environ, "LAUNCHER_SLURM_ROOT": SLURM_ROOT, "LAUNCHER_SLURM_NETNS": "0"}
-    try:
-        started = subprocess.run(
-            [str(REPO / "slurm" / "start-cluster.sh")], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert started.returncode == 0, f"local Slurm did not start:\n{started.stderr[-3000:]}"
-        yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf", "LAUNCHER_SLURM_NETNS": "0"}
-    finally:
-        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
-        left = cluster_leftovers()
-        assert not left, "the stopped cluster left:\n" + "\n".join(left)
-
-
-def test_slurm_script_stuck_on_the_second_node(slurm, tmp_path):
-    """2 nodes x 2 tasks, rank 3 stuck. The console is the head's stream of rank 0's log (every POLL_S): the
-    live report reaches it while the job still runs, before the failure report (from the ranks' records)."""
-    args = ["+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2", SCRIPT, *WATCH]
-    run = run_timed(args, tmp_path, {**slurm, **STUCK, "HANG_RANK": "3"})
-    who = r"task 3 of Slurm job \d+, node 1, pid \d+"
-    assert_hang_named(run, tmp_path, 3, "node2", [0, 1, 2], who, STUCK_FRAME)
+# Slurm (the stuck last rank on the second node): tests/test_slurm.py, on its session's cluster.

@@ -82,7 +82,10 @@ def single_process(tmp_path_factory):
 def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, single_process, reducer, layout, hierarchical):
     world = LAYOUTS[layout][0]
     run = tmp_path / "run"
-    results = train_layout(tmp_path, layout, f"comm.reducer={reducer}", f"comm.hierarchical={hierarchical}")
+    # in 2 micro-batches per rank (train.accumulate_steps; the reference takes each global batch whole): the
+    # gradients are synchronised once per step, and the step is still the whole batch's (tests/test_step.py)
+    overrides = (f"comm.reducer={reducer}", f"comm.hierarchical={hierarchical}", "train.accumulate_steps=2")
+    results = train_layout(tmp_path, layout, *overrides)
     for r in range(1, world):
         for name, value in results[0]["params"].items():
             assert torch.equal(value, results[r]["params"][name]), f"{name} differs on rank {r}"
@@ -94,6 +97,7 @@ def test_training_keeps_ranks_identical_with_each_reducer(tmp_path, single_proce
         r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0], losses
-    # every reducer, layout and strategy trains what one process on the full batch trains (up to float order)
+    # every reducer, layout and strategy, in micro-batches, trains what one process on the full batch trains (up to
+    # float order)
     for name, value in results[0]["params"].items():
         torch.testing.assert_close(value, single_process[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")

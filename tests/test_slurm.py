@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_hang_clusters import SCRIPT, STUCK, STUCK_FRAME, WATCH, assert_hang_named, run_timed
 
 from helpers import REPO, run_launcher
 from test_launch import assert_same_trajectory
@@ -390,3 +391,13 @@ def test_no_wait_returns_after_submitting_and_the_job_still_runs(slurm, tmp_path
     wait_gone(job_id, {**os.environ, **slurm}, within_s=240)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["world_size"] == 4
+
+
+def test_script_stuck_on_the_second_node_is_named_live(slurm, tmp_path):
+    """The progress watch on Slurm: 2 nodes x 2 tasks, rank 3 stuck in its own code. The console is the head's
+    stream of rank 0's log (every POLL_S): the live report reaches it while the job still runs, before the failure
+    report (from the ranks' records); both name the Slurm task and node (tests/test_hang_clusters.py: the others)."""
+    args = ["+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2", SCRIPT, *WATCH]
+    run = run_timed(args, tmp_path, {**slurm, **STUCK, "HANG_RANK": "3"})
+    who = r"task 3 of Slurm job \d+, node 1, pid \d+"
+    assert_hang_named(run, tmp_path, 3, "node2", [0, 1, 2], who, STUCK_FRAME)

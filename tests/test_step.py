@@ -40,17 +40,8 @@ def one_process(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------------------ accumulation
-@pytest.mark.parametrize(
-    "layout, overrides",
-    [
-        ("1x2", ("comm.reducer=ddp",)),
-        ("1x2", ("comm.reducer=bucketed", "comm.hierarchical=false")),  # the forward overlap
-    ],  # node-first and the backward overlap under no_sync: tests/test_reducer_contract.py (no_sync_accumulation)
-)
-def test_accumulation_trains_what_one_process_trains_on_the_global_batch(tmp_path, one_process, layout, overrides):
-    results = train_layout(tmp_path, layout, *overrides, "train.accumulate_steps=4")
-    assert_ranks_identical(results)
-    assert_close(results[0]["params"], one_process)
+# Training in micro-batches equals one process on the global batches, for each reducer, layout and strategy:
+# tests/test_parity.py (test_training_keeps_ranks_identical_with_each_reducer runs with train.accumulate_steps=2).
 
 
 def _allreduces() -> int:
