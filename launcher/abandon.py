@@ -8,8 +8,9 @@ once but leave a thread blocked in a collective blocked, and a survivor that is 
 rank gets no error at all. So a collective that may outlive a peer is started with ``async_op=True`` and waited for
 here (``wait``), on its future and on ``LOST``: an event set by whoever learns first that a machine is gone (this
 rank's own failed collective, or the key ``LOST_KEY`` in the rendezvous store, polled by ``watch_store``). Then
-``PeerLost`` is raised, and the abandoned work stays referenced until the process ends (``rendezvous.GRAVEYARD``):
-dropping it would block in its destructor until the old group's timeout."""
+``PeerLost`` is raised, and the abandoned work stays referenced until the process ends (``GRAVEYARD``, where
+``rendezvous.next_round`` leaves the broken group too): dropped, either would block in its destructor until the
+old group's timeout."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ LOST = threading.Event()  # a machine of this round is gone: every wait gives up
 LOST_KEY = "heal/lost"  # in the round's store: why (set once, by whoever knows first)
 POLL_S = 0.05  # how often a waiting rank looks at LOST, and the store watch at the store
 _reason: list[str] = []
-ABANDONED: list[Any] = []  # the works left by ``wait``: kept until the process ends
+GRAVEYARD: list[Any] = []  # left groups and their works: kept until the process ends
 
 
 class PeerLost(RuntimeError):
@@ -48,7 +49,7 @@ def wait(work: Any, poll_s: float = POLL_S) -> Any:
     future.add_done_callback(lambda _: done.set())
     while not done.wait(poll_s):
         if LOST.is_set():
-            ABANDONED.append(work)  # dropped, it would block in its destructor until the group's timeout
+            GRAVEYARD.append(work)  # dropped, it would block in its destructor until the group's timeout
             raise PeerLost(_reason[0] if _reason else "a machine of this job is gone")
     return future.wait()
 

@@ -208,10 +208,12 @@ def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
     """The records of the newest attempt of ``launch_id``."""
     root = Path(run_dir) / "failures" / (launch_id or "local")
     attempts = sorted(root.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not attempts:
-        return []
+    return _read(attempts[-1]) if attempts else []
+
+
+def _read(directory: Path) -> list[Failure]:
     failures = []
-    for path in attempts[-1].glob("rank-*.json"):
+    for path in directory.glob("rank-*.json"):
         try:
             failures.append(Failure(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
@@ -221,13 +223,7 @@ def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
 
 def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
     """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
-    for path in attempt_dir(run_dir, launch_id, attempt).glob("rank-*.json"):
-        try:
-            if json.loads(path.read_text()).get("kind") == "hang":
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+    return any(f.kind == "hang" for f in _read(attempt_dir(run_dir, launch_id, attempt)))
 
 
 def ranked(failures: Iterable[Failure]) -> list[Failure]:

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from . import abandon
 from .env import DistEnv
 
 log = logging.getLogger(__name__)
@@ -76,18 +77,17 @@ def process_group(
         gc.collect()
 
 
-GRAVEYARD: list[object] = []  # groups left by next_round (and their work): dropped, they block until their timeout
-
-
 def next_round(group: Group, number: int, env: DistEnv) -> Group:
     """Heal in place: leave the current default group, which a lost machine broke, and form round ``number`` on
-    the same store for ``env`` (this rank's place among the survivors). The old group is not destroyed but kept in
-    ``GRAVEYARD``: its destructor joins backend threads that wait for the dead peers until its timeout (measured:
-    seconds to minutes), while leaving it costs nothing. The caller then builds anew what held the old group (DDP,
-    the reducer's topology) and resets ``launcher.abandon``; ``process_group``'s exit destroys the newest round."""
+    the same store for ``env`` (this rank's place among the survivors), with nothing lost in it yet
+    (``abandon.reset``). The old group is not destroyed but kept in ``abandon.GRAVEYARD``: its destructor joins
+    backend threads that wait for the dead peers until its timeout (measured: seconds to minutes), while leaving
+    it costs nothing. The caller then builds anew what held the old group (DDP, the reducer's topology);
+    ``process_group``'s exit destroys the newest round."""
     backend = dist.get_backend()
-    GRAVEYARD.append(dist.group.WORLD)
+    abandon.GRAVEYARD.append(dist.group.WORLD)
     dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
+    abandon.reset()
     store = dist.PrefixStore(f"round-{number}", group.store)
     dist.init_process_group(
         backend=backend,

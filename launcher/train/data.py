@@ -141,7 +141,8 @@ def user_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
             continue
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
             raise ValueError(f"{where}: its {split} set is not a non-empty map-style Dataset (__getitem__, __len__)")
-        x = dataset[0][0]
+        first = dataset[0]
+        x = first[0]
         want = (cfg.channels, cfg.image_size, cfg.image_size)
         shape = tuple(torch.as_tensor(x).shape)
         if shape != want:
@@ -150,8 +151,9 @@ def user_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
                 f"{where}: the first {split} sample has shape {shape}, but data.channels={cfg.channels} "
                 f"data.image_size={cfg.image_size} describe {want} to the model; HINT: {fix}"
             )
-        for index in (0, len(dataset) - 1):  # first and last: sorted data sets end with the highest label
-            label = int(torch.as_tensor(dataset[index][1]))
+        last = dataset[len(dataset) - 1] if len(dataset) > 1 else first
+        for index, sample in ((0, first), (len(dataset) - 1, last)):  # sorted data sets end with the highest label
+            label = int(torch.as_tensor(sample[1]))
             if not 0 <= label < cfg.num_classes:
                 raise ValueError(
                     f"{where}: {split} sample {index} has label {label}, outside [0, data.num_classes="
