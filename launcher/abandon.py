@@ -1,71 +1,123 @@
-"""Leaving a collective whose peers are gone, without waiting for them: the first piece of healing in place (a lost
-machine's survivors go on without a restart; ``rendezvous.next_round`` forms their next process group).
+"""Leaving a collective whose peers are gone, without waiting for them (healing in place: a lost machine's survivors
+go on without a restart; ``rendezvous.next_round`` forms their next process group, ``launcher.train.heal`` drives it).
 
 What gloo allows (torch 2.13, measured): a peer that was killed resets its connections, and the collectives of its
 ring neighbours fail within milliseconds; a peer that froze or lost its link sends nothing, and every survivor
 waits until the group's timeout. ``ProcessGroup.abort()``, ``shutdown()`` and ``destroy_process_group()`` return at
 once but leave a thread blocked in a collective blocked, and a survivor that is not a ring neighbour of the lost
 rank gets no error at all. So a collective that may outlive a peer is started with ``async_op=True`` and waited for
-here (``wait``), on its future and on ``LOST``: an event set by whoever learns first that a machine is gone (this
-rank's own failed collective, or the key ``LOST_KEY`` in the rendezvous store, polled by ``watch_store``). Then
-``PeerLost`` is raised, and the abandoned work stays referenced until the process ends (``GRAVEYARD``, where
-``rendezvous.next_round`` leaves the broken group too): dropped, either would block in its destructor until the
-old group's timeout."""
+through ``abortable``: a future of our own that completes with the backend's, or fails with ``PeerLost`` the moment
+``lost()`` is called (by whoever learns first that a machine is gone: this rank's own failed collective, or the
+keeper's decision in the store, polled by ``watch_store``). The abandoned work stays referenced until the process
+ends (``GRAVEYARD``, where ``rendezvous.next_round`` leaves the broken group too): dropped, either would block in
+its destructor until the old group's timeout.
+
+``abortable`` only wraps while healing is on (``enable()``, in a rank of a job that heals): elsewhere it returns the
+backend's future itself (its Python callback would cost a GIL hand-off per bucket: bench/reducer.py)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
-LOST = threading.Event()  # a machine of this round is gone: every wait gives up
-LOST_KEY = "heal/lost"  # in the round's store: why (set once, by whoever knows first)
-POLL_S = 0.05  # how often a waiting rank looks at LOST, and the store watch at the store
+from torch.futures import Future
+
+LOST = threading.Event()  # a machine of this round is gone: every abortable wait gives up
+POLL_S = 0.05  # how often the store watch looks at the store
+GRAVEYARD: list[Any] = []  # left groups, their works and the objects holding them: kept until the process ends
+_state = {"enabled": False, "round": 0}
 _reason: list[str] = []
-GRAVEYARD: list[Any] = []  # left groups and their works: kept until the process ends
+_pending: dict[int, tuple[Future, Future]] = {}  # id(ours) -> (ours, the backend's)
+_lock = threading.Lock()
 
 
 class PeerLost(RuntimeError):
     """A collective was left because a machine of the job is gone (``str``: who said so, and why)."""
 
 
-def lost(reason: str) -> None:
-    """Say that a machine is gone: every ``wait`` of this process gives up with ``PeerLost(reason)``."""
-    if not LOST.is_set():
-        _reason.append(reason)
+def enable() -> None:
+    """This rank heals in place: from now on ``abortable`` wraps."""
+    _state["enabled"] = True
+
+
+def enabled() -> bool:
+    return _state["enabled"]
+
+
+def reason() -> str:
+    return _reason[0] if _reason else "a machine of this job is gone"
+
+
+def lost(why: str, round_: int | None = None) -> None:
+    """Say that a machine is gone: every pending ``abortable`` future fails with ``PeerLost(why)``, and so does
+    every later one, until ``reset``. ``round_``: only if this process is still in that round (see ``reset``)."""
+    with _lock:
+        if LOST.is_set() or round_ not in (None, _state["round"]):
+            return
+        _reason.append(why)
         LOST.set()
+        pending = list(_pending.values())
+        _pending.clear()
+    for ours, theirs in pending:
+        GRAVEYARD.append(theirs)  # dropped, it would block in its destructor until the group's timeout
+        ours.set_exception(PeerLost(why))
 
 
 def reset() -> None:
-    """A new round: nothing is lost in it yet."""
-    _reason.clear()
-    LOST.clear()
+    """A new round: nothing is lost in it yet (a word about an earlier round, arriving late, is ignored)."""
+    with _lock:
+        _reason.clear()
+        LOST.clear()
+        _state["round"] += 1
 
 
-def wait(work: Any, poll_s: float = POLL_S) -> Any:
-    """Wait for an ``async_op=True`` collective's ``work``: its result, or its own error (a peer that was killed), or
-    ``PeerLost`` as soon as ``LOST`` is set (a peer that froze)."""
-    done = threading.Event()
-    future = work.get_future()
-    future.add_done_callback(lambda _: done.set())
-    while not done.wait(poll_s):
+def abortable(theirs: Future) -> Future:
+    """``theirs`` (a collective's future), or, while healing is on, a future that completes with it or fails with
+    ``PeerLost`` as soon as ``lost()`` is called."""
+    if not _state["enabled"]:
+        return theirs
+    ours: Future = Future()
+    with _lock:
         if LOST.is_set():
-            GRAVEYARD.append(work)  # dropped, it would block in its destructor until the group's timeout
-            raise PeerLost(_reason[0] if _reason else "a machine of this job is gone")
-    return future.wait()
+            GRAVEYARD.append(theirs)
+            ours.set_exception(PeerLost(reason()))
+            return ours
+        _pending[id(ours)] = (ours, theirs)
+
+    def done(future: Future) -> None:
+        with _lock:
+            if _pending.pop(id(ours), None) is None:
+                return  # already failed by lost()
+        try:
+            ours.set_result(future.value())
+        except Exception as exc:  # the backend's own error (a killed peer's reset connection)
+            ours.set_exception(exc)
+
+    theirs.add_done_callback(done)
+    return ours
 
 
-def watch_store(store: Any, stop: threading.Event, poll_s: float = POLL_S) -> threading.Thread:
-    """A daemon thread that sets ``LOST`` when ``LOST_KEY`` appears in ``store`` (until ``stop`` is set)."""
+def wait(work: Any) -> Any:
+    """Wait for an ``async_op=True`` collective's ``work``: its result, its own error, or (healing) ``PeerLost``."""
+    return abortable(work.get_future()).wait() if _state["enabled"] else work.wait()
+
+
+def watch_store(store: Any, key: str, stop: threading.Event, on_key: Callable[[bytes], str]) -> threading.Thread:
+    """A daemon thread that calls ``lost(on_key(value))`` when ``key`` appears in ``store`` (until ``stop`` is set,
+    or the store's host is gone)."""
+
+    round_ = _state["round"]
 
     def run() -> None:
         while not stop.is_set() and not LOST.is_set():
             try:
-                if store.check([LOST_KEY]):
-                    lost(store.get(LOST_KEY).decode())
+                if store.check([key]):
+                    lost(on_key(store.get(key)), round_)
                     return
             except RuntimeError:  # the store's host is gone: nothing more to learn from it
                 return
-            stop.wait(poll_s)
+            stop.wait(POLL_S)
 
     thread = threading.Thread(target=run, name="heal-watch", daemon=True)
     thread.start()

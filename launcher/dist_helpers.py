@@ -4,8 +4,12 @@ with no group, ``get_rank()`` is 0, ``all_reduce`` is the identity, ``all_gather
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 import torch.distributed as dist
+
+from . import abandon
 
 
 def is_initialized() -> bool:
@@ -32,11 +36,10 @@ def barrier() -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """In-place allreduce (``sum``/``mean``/``max``/``min``) across the default group; identity when alone."""
     if is_initialized() and get_world_size() > 1:
+        reduce_op = dist.ReduceOp.SUM if op == "mean" else getattr(dist.ReduceOp, op.upper())
+        abandon.wait(dist.all_reduce(tensor, op=reduce_op, async_op=True))  # healing: PeerLost, not a hang
         if op == "mean":
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             tensor.div_(get_world_size())
-        else:
-            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
     return tensor
 
 
@@ -52,8 +55,17 @@ def all_gather_object(obj: object) -> list:
     if not (is_initialized() and get_world_size() > 1):
         return [obj]
     out: list = [None] * get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    if not abandon.enabled():
+        dist.all_gather_object(out, obj)
+        return out
+    # healing in place (gloo, CPU): the same, from two collectives that a lost machine cannot hold up
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in out]
+    abandon.wait(dist.all_gather(sizes, torch.tensor([data.numel()]), async_op=True))
+    longest = int(max(s.item() for s in sizes))
+    parts = [torch.empty(longest, dtype=torch.uint8) for _ in out]
+    abandon.wait(dist.all_gather(parts, torch.nn.functional.pad(data, (0, longest - data.numel())), async_op=True))
+    return [pickle.loads(part[: int(size.item())].numpy().tobytes()) for part, size in zip(parts, sizes)]
 
 
 def broadcast_object(obj: object, src: int = 0) -> object:

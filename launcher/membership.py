@@ -22,6 +22,11 @@ from typing import Any, Optional
 from .checkpoint_names import newest_step
 
 FILE_NAME = "membership.jsonl"
+# Healing in place: the keys of the keeper's store (``launch/keeper.py``), under the attempt's prefix
+# (``rendezvous.attempt_prefix``): each node process's heartbeat counter, and the decision that ends round N.
+HEARTBEAT_KEY = "heal/heartbeat/{}"
+ROUND_END_KEY = "heal/end/{}"
+HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "members": round 0's nodes}
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,14 @@ class Change:
     hosts_joined: list[str] = field(default_factory=list)
     why: str = ""
     time: float = 0.0  # when the head decided (seconds since the epoch)
+    how: str = "restart"  # restart: from the newest checkpoint; in place: the survivors healed (launcher.train.heal)
+    fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
+
+
+def write(run_dir: str | Path, change: Change) -> None:
+    """Append one change to the run dir's record."""
+    with open(Path(run_dir) / FILE_NAME, "a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(change)) + "\n")
 
 
 def changes(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -73,6 +86,21 @@ class Membership:
         """``cluster.min_nodes`` < the nodes listed: the job may go on with fewer (``ClusterConfig.may_shrink``)."""
         return self.min_nodes < len(self.all)
 
+    def healed(self, decision: dict[str, Any]) -> bool:
+        """The keeper's ``decision`` (``Rounds.lose``): said, and the next restart (if any) runs on its members.
+        False when too few nodes are left (the job stops)."""
+        names = ", ".join(f"{n} ({why})" for n, why in decision["lost"].items())
+        if decision["stop"]:
+            print(f"launcher: lost {names}: {decision['stop']}; the job stops", file=sys.stderr)
+            return False
+        self.live = list(decision["members"])
+        print(
+            f"launcher: lost {names}: the survivors heal in place, continuing on {len(self.live)} of "
+            f"{len(self.all)} nodes (round {decision['round']}, cluster.min_nodes={self.min_nodes})",
+            file=sys.stderr,
+        )
+        return True
+
     def change(self, lost: dict[str, str], joined: Sequence[str] = ()) -> bool:
         """Drop the ``lost`` nodes (name -> why) and add ``joined`` (in the listed order). True when the job goes
         on (recorded and said); False when fewer than ``min_nodes`` would be left (nothing changes)."""
@@ -99,8 +127,7 @@ class Membership:
             why="; ".join([*(f"{n}: {w}" for n, w in lost.items()), *(f"{n}: answers again" for n in came)]),
             time=time.time(),
         )
-        with open(self.run_dir / FILE_NAME, "a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(record)) + "\n")
+        write(self.run_dir, record)
         what = [f"lost {names}"] if lost else []
         what += [f"{', '.join(came)} joined"] if came else []
         start = f"the newest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
@@ -111,3 +138,38 @@ class Membership:
         )
         self.live = after
         return True
+
+
+@dataclass
+class Rounds:
+    """The keeper's decisions (``launch/keeper.py``) for a job that heals in place: the nodes of each round of
+    process groups. Round 0 is every node started; each loss ends a round and names the next one's members, in
+    the order started (a node's ranks keep their order), or none when fewer than ``min_nodes`` would be left (the
+    job then stops, or falls back to the head's restart)."""
+
+    names: list[str]
+    min_nodes: int
+    number: int = 0
+    live: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.live = self.live or list(self.names)
+
+    def lose(self, lost: dict[str, str], fault_time: float) -> Optional[dict[str, Any]]:
+        """End the round without the ``lost`` nodes (name -> why), lost at ``fault_time`` (seconds since the epoch,
+        the earliest the loss can have happened); returns the decision (None when none of them is in the round)."""
+        lost = {name: why for name, why in lost.items() if name in self.live}
+        if not lost:
+            return None
+        after = [name for name in self.live if name not in lost]
+        enough = len(after) >= self.min_nodes
+        decision = {
+            "round": self.number + 1,
+            "members": after if enough else [],
+            "before": list(self.live),
+            "lost": lost,
+            "fault_time": fault_time,
+            "stop": "" if enough else f"{len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}",
+        }
+        self.number, self.live = self.number + 1, after
+        return decision

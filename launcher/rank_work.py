@@ -22,7 +22,7 @@ from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary
 from .train.stop import StopRequest
-from .watch import backstop_s, start_watch
+from .watch import backstop_s, end_watch, start_watch
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,14 @@ def run_rank_work(
     failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
     c = job.comm
-    watch = start_watch(job.run_dir, env, c.hang_warn_s, c.timeout_s, c.flight_recorder_entries)
+    start_watch(job.run_dir, env, c.hang_warn_s, c.timeout_s, c.flight_recorder_entries)
     how = "raised"
     try:
         result = _run(job, env, stop, failures)
         how = "returned"
         return result
     finally:
-        if watch is not None:
-            watch.end(how)
+        end_watch(how)  # the round's watch when the job healed in place
 
 
 def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:

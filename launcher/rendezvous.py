@@ -57,7 +57,7 @@ def process_group(
     if store is None:
         store = _connect(env, join_s)
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
-    store = dist.PrefixStore(f"launcher/attempt-{env.attempt}", store)
+    store = dist.PrefixStore(attempt_prefix(env.attempt), store)
     _check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     dist.init_process_group(
@@ -98,6 +98,11 @@ def next_round(group: Group, number: int, env: DistEnv) -> Group:
     )
     log.info("process group round %d: %s", number, env.describe())
     return Group(store, env, group.timeout_s)
+
+
+def attempt_prefix(attempt: int) -> str:
+    """Every attempt's keys apart in a store that outlives an attempt (the agent's, the keeper's)."""
+    return f"launcher/attempt-{attempt}"
 
 
 def _where(env: DistEnv) -> str:

@@ -22,6 +22,7 @@ from launcher.rendezvous import next_round, process_group
 
 pytestmark = pytest.mark.slow
 WORLD, LOST_RANK, TIMEOUT_S = 3, 2, 30  # the old group's timeout: what a survivor would wait without all this
+LOST_KEY = "test/lost"
 
 
 def _rank(rank: int, out_dir: str, case: str) -> None:
@@ -30,7 +31,8 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
     store = dist.FileStore(str(out / "filestore"), WORLD)
     with process_group(env, "gloo", timeout_s=TIMEOUT_S, store=store) as group:
         stop = threading.Event()
-        abandon.watch_store(group.store, stop)
+        abandon.enable()
+        abandon.watch_store(group.store, LOST_KEY, stop, lambda value: value.decode())
         x = torch.ones(1 << 14)
         for step in range(1000):
             if rank == LOST_RANK and step == 5:
@@ -40,7 +42,7 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
                 os.kill(os.getpid(), signal.SIGSTOP)  # frozen: the peers hear nothing
             if rank == 0 and step == 5 and case == "frozen":  # stands in for the launcher's loss detection
                 group.store.wait(["test/frozen"])
-                group.store.set(abandon.LOST_KEY, "rank 2 is frozen (the test says so)")
+                group.store.set(LOST_KEY, "rank 2 is frozen (the test says so)")
             try:
                 abandon.wait(dist.all_reduce(x, async_op=True))
             except abandon.PeerLost as exc:

@@ -217,36 +217,70 @@ def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
     assert all(s["allreduce"] == 10.0 for s in seen)
 
 
-def test_lost_node_the_survivors_finish_on_the_same_trajectory(tmp_path, tmp_path_factory):
-    """``cluster.min_nodes=1`` on 2 simulated nodes x 2 ranks: at step 15 node 1 is lost (its agent and its ranks
-    SIGKILLed at once, as when a machine goes away); the head restarts node 0 alone from step 10's checkpoint and it
-    finishes on 1 x 2. The trajectory is one process's on the same global batches up to float32 summation order
-    (the tolerance of test_launch's resume on another world size)."""
+@pytest.fixture(scope="module")
+def one_process_20_steps(tmp_path_factory):
+    """The reference of the lost-node tests: one process taking each whole global batch (the trajectory does not
+    depend on the layout)."""
+    whole = tmp_path_factory.mktemp("one-process")
+    result = run_launcher(
+        "train.max_steps=20", "train.checkpoint_every_steps=10", "cluster.procs_per_node=1", run_dir=whole
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final_state(whole)
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "why"),
+    [("KILL", "its agent was killed by SIGKILL"), ("STOP", "no heartbeat for 3.")],
+    ids=["killed", "frozen"],
+)
+def test_lost_node_the_survivors_heal_in_place(tmp_path, one_process_20_steps, signal_name, why):
+    """``cluster.min_nodes=1`` on 2 simulated nodes x 2 ranks: at step 15 node 1 is lost, killed (its agent and
+    ranks SIGKILLed at once, as when a machine goes away: the head sees it) or frozen (SIGSTOP: only the keeper's
+    missing heartbeats tell). Node 0's ranks heal in place: the same processes, no checkpoint read, each step
+    trained and logged once, the next step within 10 s of the loss, and the final model is one process's on the
+    same global batches up to float32 summation order (test_launch's tolerance)."""
+    job = ("+cluster=sim", "cluster.procs_per_node=2", "train.max_steps=20", "train.checkpoint_every_steps=10")
+    fault = {"LAUNCHER_FAULT": f"step=15,rank=2,signal={signal_name},target=node,attempt=0"}
+    result = run_launcher(*job, "cluster.min_nodes=1", "train.log_every_steps=1", run_dir=tmp_path, env=fault)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"launcher: lost node-1 ({why}" in result.stderr
+    assert "the survivors heal in place, continuing on 1 of 2 nodes (round 1, cluster.min_nodes=1)" in result.stderr
+    assert "(in memory: no checkpoint read)" in result.stderr
+    assert "resum" not in result.stderr  # no restart, no checkpoint loaded
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
+    assert summary["resumed_from"] is None
+    [change] = summary["membership"]
+    assert change["why"].startswith(f"node-1: {why}"), change
+    assert {k: change[k] for k in ("step", "nodes_before", "nodes_after", "hosts_lost", "how")} == {
+        "step": 14,
+        "nodes_before": 2,
+        "nodes_after": 1,
+        "hosts_lost": ["node-1"],
+        "how": "in place",
+    }
+    assert 0 < change["fault_to_step_s"] <= 10, change
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
+    assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
+    a = final_state(tmp_path)
+    assert a["step"] == 20 and a["world_size"] == 2
+    assert_same_trajectory(a, one_process_20_steps)
+
+
+def test_lost_node_without_healing_restarts_from_the_checkpoint(tmp_path, one_process_20_steps):
+    """``cluster.heal=false``: the head restarts node 0 alone from step 10's checkpoint (today's path, also what a
+    ``script=`` gets) and it finishes on 1 x 2, on the same trajectory."""
     job = ("+cluster=sim", "cluster.procs_per_node=2", "train.max_steps=20", "train.checkpoint_every_steps=10")
     fault = {"LAUNCHER_FAULT": "step=15,rank=2,signal=KILL,target=node,attempt=0"}
-    result = run_launcher(*job, "cluster.min_nodes=1", run_dir=tmp_path, env=fault)
+    result = run_launcher(*job, "cluster.min_nodes=1", "cluster.heal=false", run_dir=tmp_path, env=fault)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
         "launcher: lost node-1 (its agent was killed by SIGKILL): continuing on 1 of 2 nodes from the newest "
         "checkpoint (step 10) (cluster.min_nodes=1)" in result.stderr
     )
     assert "resuming a 4-rank checkpoint on 2 ranks: global batch 64 as before" in result.stderr
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
-    [change] = summary["membership"]
-    assert change["why"] == "node-1: its agent was killed by SIGKILL"
-    assert {k: change[k] for k in ("step", "nodes_before", "nodes_after", "hosts_lost", "hosts_joined")} == {
-        "step": 10,
-        "nodes_before": 2,
-        "nodes_after": 1,
-        "hosts_lost": ["node-1"],
-        "hosts_joined": [],
-    }
+    [change] = json.loads((tmp_path / "summary.json").read_text())["membership"]
+    assert (change["step"], change["how"], change["hosts_lost"]) == (10, "restart", ["node-1"])
     assert_trained_once_up_to(tmp_path, 10)
-    # the reference: one process taking each whole global batch (the trajectory does not depend on the layout)
-    whole = tmp_path_factory.mktemp("one-process")
-    again = run_launcher(*job[2:], "cluster.procs_per_node=1", run_dir=whole)
-    assert again.returncode == 0, again.stderr[-3000:]
-    a, b = final_state(tmp_path), final_state(whole)
-    assert a["step"] == b["step"] == 20 and a["world_size"] == 2 and b["world_size"] == 1
-    assert_same_trajectory(a, b)
+    assert_same_trajectory(final_state(tmp_path), one_process_20_steps)

@@ -14,7 +14,8 @@ from torch import nn
 from helpers import spawn_ranks
 from launcher.comm.schedule import WARMUP_STEPS
 from launcher.config import CommConfig, OptimConfig, TrainConfig
-from launcher.train.step import Stepper, whole_gradient_reason
+from launcher.config.rules import whole_gradient_reason
+from launcher.train.step import Stepper
 from launcher.train.sync import GradientSync
 from launcher.watch.recorder import Recorder
 from test_launch import assert_same_training_state, final_state

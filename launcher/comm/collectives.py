@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .. import abandon
 from . import trace
 from .sizes import MB, mb
 from .topology import Topology
@@ -40,12 +41,19 @@ def _done(tensor: torch.Tensor) -> Future:
     return fut
 
 
+def _checked(done: Future, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, once ``done`` completed without error: its error (a peer gone) fails the chained future (a
+    callback ignoring it would hand on the unreduced tensor as if reduced)."""
+    done.wait()
+    return tensor
+
+
 def flat_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> Future:
     """Async sum over ``group`` (default: the world); the Future's value is ``tensor``, reduced in place."""
     if dist.get_world_size(group) == 1:
         return _done(tensor)
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda _: tensor)
+    return work.get_future().then(lambda done: _checked(done, tensor))
 
 
 SEGMENT_BYTES = 4 * MB  # a large tensor moves through the three phases in segments of this size
@@ -158,7 +166,7 @@ def in_launch_order(tensor: torch.Tensor, t: Topology) -> Future:
                 dist.all_reduce(segment, group=t.inter, async_op=True).wait()
             work = dist.broadcast(segment, src=t.leader, group=t.intra_bcast, async_op=True)
     assert work is not None
-    return work.get_future().then(lambda _: tensor)
+    return work.get_future().then(lambda done: _checked(done, tensor))
 
 
 def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
@@ -198,3 +206,14 @@ def flat_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook equal to DDP's default allreduce, on our Future plumbing (a baseline for measurements)."""
     tensor = bucket.buffer().div_(state.world_size)
     return flat_allreduce(tensor, state.world)
+
+
+def abortable_flat_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """``flat_hook`` for a rank that heals in place: its Future fails as soon as a machine is lost
+    (``launcher.abandon``), so DDP's backward ends instead of waiting for the dead."""
+    return abandon.abortable(flat_hook(state, bucket))
+
+
+def abortable_hierarchical_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """``hierarchical_hook`` for a rank that heals in place (as ``abortable_flat_hook``)."""
+    return abandon.abortable(hierarchical_hook(state, bucket))

@@ -1,15 +1,14 @@
 """Our gradient reducer: buckets whose allreduce overlaps the backward pass. This is its core; each other
 concern has a room of its own (read in this order):
 
-- ``buckets.py``: the bucket plan (reverse registration order, a small first bucket, then ``bucket_cap_mb``) and
-  the buckets (one flat buffer each, gradients as views into it; a sparse parameter alone);
+- ``buckets.py``: the bucket plan (reverse registration order, a small first bucket, then ``bucket_cap_mb``), the
+  buckets (one flat buffer each, gradients as views into it; a sparse parameter alone);
 - ``state.py``: the model's state across ranks (the same model checked, rank 0's state broadcast, buffers
   before each forward, a model changed after construction refused), as torch DDP keeps it;
 - ``unused.py``: parameters without a gradient (an error naming them, or DDP's ``find_unused_parameters``);
 - ``forward.py``: the forward overlap's sending (chunks by priority; ``schedule.py``, its model of the link;
   ``tail.py``, the first layer sent by row blocks); ``updates.py``, its optimizer step per bucket;
 - ``hooks.py``: hooks that hold the reducer weakly; ``collectives.py``: the allreduce every bucket goes through.
-
 The core: ``param.grad`` is a view into its bucket, where the optimiser reads the reduced gradient (nothing is
 copied back). After ``zero_grad()`` (``.grad`` None) autograd hands over the gradient it computed and the hook
 divides it by the world size straight into the bucket: one read, one write per element (letting autograd add into
@@ -34,6 +33,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from .. import abandon
 from . import trace
 from .buckets import Bucket, build_buckets, sparse_allreduce
 from .collectives import start_allreduce
@@ -201,7 +201,7 @@ class BucketedReducer:
             if not bucket.futures:
                 continue
             for future in bucket.futures:
-                result = future.wait()
+                result = abandon.abortable(future).wait()  # healing in place: PeerLost once a machine is lost
             if bucket.sparse:
                 bucket.params[0].grad = result[0]
             bucket.futures = []  # no reference to the backend's work outlives the step

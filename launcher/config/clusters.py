@@ -27,6 +27,9 @@ class ClusterConfig:
     master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
     gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
+    heal: bool = True  # sim, ssh under cluster.min_nodes: a lost machine's survivors go on in place, from memory
+    #                    (false: the head restarts them from the newest checkpoint; config.rules.heal_off_reason)
+    lost_after_s: float = 3.0  # healing: a machine whose heartbeat is silent this long is lost (frozen, link down)
 
     @property
     def may_shrink(self) -> bool:
@@ -66,6 +69,11 @@ class ClusterConfig:
                 "with fewer machines (that needs the launcher's head, +cluster=ssh or +cluster=sim, or Slurm's "
                 "--nodes=MIN-MAX, +cluster=slurm); HINT: use one of those, or drop cluster.min_nodes",
             )
+        _check(
+            self.lost_after_s >= 1.0,
+            f"cluster.lost_after_s={self.lost_after_s} must be >= 1 (machines beat every 0.5 s); HINT: 3 is the "
+            "default",
+        )
         _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
         _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")
         _check(

@@ -61,6 +61,7 @@ class NodeArgs:
     static_rendezvous: bool = False  # node ranks as given, no agent restarts (machines named by the user)
     head_restarts: bool = False  # the head restarts the whole job, not the agent (ssh; sim under min_nodes)
     attempt: int = 0  # the head's 0-based attempt number (with ``head_restarts``): the workers' DistEnv.attempt
+    members: str = ""  # healing in place: this attempt's nodes by name (a,b,...); ``endpoint`` is the keeper's store
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-u", "-m", "launcher.launch.node", self.run_dir, str(self.nodes), str(self.node)]
@@ -68,6 +69,7 @@ class NodeArgs:
         argv += ["--stdin-control"] if self.stdin_control else []
         argv += ["--static-rendezvous"] if self.static_rendezvous else []
         argv += ["--head-restarts", "--attempt", str(self.attempt)] if self.head_restarts else []
+        argv += ["--members", self.members] if self.members else []
         return argv
 
     @classmethod
@@ -78,6 +80,7 @@ class NodeArgs:
         for flag in ("--stdin-control", "--static-rendezvous", "--head-restarts"):
             parser.add_argument(flag, action="store_true")
         parser.add_argument("--attempt", type=int, default=0)
+        parser.add_argument("--members", default="")
         return cls(**vars(parser.parse_args(argv)))
 
 

@@ -112,6 +112,14 @@ class SimNetwork:
         """Command prefix that runs a program on ``node``."""
         return ["ip", "netns", "exec", self.ns(node)] if self.netns else []
 
+    def keeper_addr(self) -> str:
+        """Where the nodes reach a process on no node (healing's keeper): the bridge, or loopback."""
+        return f"{self.subnet}.254" if self.netns else "127.0.0.1"
+
+    def keeper_prefix(self) -> list[str]:
+        """Command prefix that runs a program on the bridge (``keeper_addr``), off every node."""
+        return ["ip", "netns", "exec", f"lnch{self.tag}br"] if self.netns else []
+
     def tx_bytes(self, node: int) -> int:
         """Bytes ``node`` sent on its link (veth counter) since it was created."""
         path = f"/sys/class/net/{self.ifname(node)}/statistics/tx_bytes"
@@ -132,6 +140,8 @@ class SimNetwork:
             self._created.append(bridge)
             _run("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
             _run("ip", "-n", bridge, "link", "set", "br0", "up")
+            _run("ip", "-n", bridge, "addr", "add", f"{self.keeper_addr()}/24", "dev", "br0")
+            _run("ip", "-n", bridge, "link", "set", "lo", "up")
             for node in range(self.nodes):
                 ns, dev, peer = self.ns(node), self.ifname(node), f"p{self.tag}{node}"
                 _run("ip", "netns", "add", ns)

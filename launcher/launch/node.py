@@ -1,13 +1,14 @@
 """One node's process of a several-node job, running torch's elastic agent for this node's ranks:
 ``python -m launcher.launch.node RUN_DIR NODES NODE ENDPOINT LAUNCH_ID ADDR [--stdin-control]
-[--static-rendezvous] [--head-restarts --attempt N]`` (built and parsed by ``head.NodeArgs``).
+[--static-rendezvous] [--head-restarts --attempt N] [--members A,B,...]`` (built and parsed by ``head.NodeArgs``).
 
 Started once per node by the head: the sim launcher (inside the node's network namespace when there is one) and
 the ssh launcher on each host. The head reports once for all nodes.
 
 ``--static-rendezvous``: node ranks as given (the ssh hosts' order), torch's static rendezvous. ``--head-restarts``:
 the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based; the ssh head, and the sim head
-under ``cluster.min_nodes``), so the agent does not. ``--stdin-control``: the head controls this node through stdin
+under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launch/workers.py``
+runs the ranks, ENDPOINT is the keeper's store). ``--stdin-control``: the head controls this node through stdin
 (``head.Control``: a line ``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at
 once: another machine is lost, no checkpoint can be agreed; ``PING`` is a heartbeat; the end of input, when the
 head or its connection is gone, stops it as SIGTERM), and the workers' output goes through a pipe this process
@@ -126,6 +127,10 @@ def main(argv: list[str]) -> int:
     if args.stdin_control:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
+    if args.members:  # healing in place: no agents' rendezvous (launch/workers.py)
+        from .workers import run_workers
+
+        return run_workers(job, args)
     config = agent_config(
         job,
         args.nodes,

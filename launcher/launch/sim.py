@@ -16,13 +16,16 @@ import signal
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass, field
 
 from ..config import JobConfig, SimClusterConfig
+from ..config.rules import heal_off_reason
 from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..membership import Membership
 from .head import NodeArgs, print_stopped, wait_nodes
+from .healing import Keeper, wait_healing
 from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
 from .ports import free_port
@@ -55,18 +58,20 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
     head_max_restarts = c.max_restarts if c.may_shrink else 0
     members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
+    heals = c.may_shrink and heal_off_reason(job) is None
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
             launch_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
-            codes, first, stopped = run_attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
+            attempt = Attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
+            codes, first, stopped = attempt.heal(members) if heals else attempt.run()
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
                 break
             lost = {  # a simulated machine lost: its node process ended by a signal nobody here sent
-                f"node-{n}": f"its agent was killed by {signal.Signals(-rc).name}"
+                f"node-{n}": why
                 for position, (n, rc) in enumerate(zip(nodes, codes))
-                if rc < 0 and position not in stopped
+                if (why := lost_by_signal(rc)) and position not in stopped
             }
             if not members.again(lost, "node"):
                 break
@@ -81,40 +86,66 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     return code if code >= 0 else 1
 
 
-def run_attempt(
-    job: JobConfig,
-    c: SimClusterConfig,
-    net: SimNetwork,
-    nodes: list[int],
-    launch_id: str,
-    attempt: int,
-    head_restarts: bool,
-) -> tuple[list[int], int, set[int]]:
-    """One attempt: a node process for each of ``nodes`` (simulated machines, in their namespaces), the first as
-    the master; returns ``wait_nodes``'s codes and failing position, and the positions the head stopped itself
-    (after another's failure). ``head_restarts``: the head restarts the job (this is its attempt ``attempt``) and
-    the agents do not."""
-    master = net.addr(nodes[0])
-    port = c.master_port or (SIM_PORT if c.netns else free_port(master))
-    procs = []
-    for position, node in enumerate(nodes):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": net.ifname(node)}
-        args = NodeArgs(
-            job.run_dir,
-            len(nodes),
-            position,
-            f"{master}:{port}",
-            launch_id,
-            net.addr(node),
-            head_restarts=head_restarts,
-            attempt=attempt,
-        )
-        procs.append(subprocess.Popen([*net.prefix(node), *args.argv(sys.executable)], env=env))
-    stopped: set[int] = set()
+def lost_by_signal(code: int) -> str:
+    """Why a simulated node whose process ended with ``code`` is lost ("" when it is not: no signal)."""
+    return f"its agent was killed by {signal.Signals(-code).name}" if code < 0 else ""
 
-    def stop(proc: subprocess.Popen) -> None:
-        stopped.add(procs.index(proc))
+
+@dataclass
+class Attempt:
+    """One attempt: a node process for each of ``nodes`` (simulated machines, in their namespaces), the first as
+    the master. ``head_restarts``: the head restarts the job (this is its attempt ``number``), the agents do not."""
+
+    job: JobConfig
+    c: SimClusterConfig
+    net: SimNetwork
+    nodes: list[int]
+    launch_id: str
+    number: int
+    head_restarts: bool
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    stopped: set[int] = field(default_factory=set)  # positions the head stopped itself (after another's failure)
+
+    def start(self, endpoint: str, members: str = "") -> None:
+        for position, node in enumerate(self.nodes):
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": self.net.ifname(node)}
+            args = NodeArgs(
+                self.job.run_dir,
+                len(self.nodes),
+                position,
+                endpoint,
+                self.launch_id,
+                self.net.addr(node),
+                head_restarts=self.head_restarts,
+                attempt=self.number,
+                members=members,
+            )
+            self.procs.append(subprocess.Popen([*self.net.prefix(node), *args.argv(sys.executable)], env=env))
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        self.stopped.add(self.procs.index(proc))
         proc.terminate()
 
-    codes, first = wait_nodes(procs, stop, hang_ended=lambda: hang_ended(job.run_dir, launch_id, attempt))
-    return codes, first, stopped
+    def run(self) -> tuple[list[int], int, set[int]]:
+        """The nodes' agents meet at node 0's; returns ``wait_nodes``'s codes and failing position, and the
+        positions the head stopped."""
+        master = self.net.addr(self.nodes[0])
+        port = self.c.master_port or (SIM_PORT if self.c.netns else free_port(master))
+        self.start(f"{master}:{port}")
+        hang = lambda: hang_ended(self.job.run_dir, self.launch_id, self.number)  # noqa: E731
+        codes, first = wait_nodes(self.procs, self.stop, hang_ended=hang)
+        return codes, first, self.stopped
+
+    def heal(self, members: Membership) -> tuple[list[int], int, set[int]]:
+        """Healing in place: the keeper on the bridge holds the store, a lost node's survivors go on."""
+        names = [f"node-{n}" for n in self.nodes]
+        addr = self.net.keeper_addr()
+        port = SIM_PORT if self.c.netns else free_port(addr)
+        lost_after = self.c.lost_after_s
+        keeper = Keeper(self.net.keeper_prefix(), addr, port, self.number, members.min_nodes, lost_after, names)
+        try:
+            self.start(keeper.endpoint, ",".join(names))
+            out = wait_healing(self.procs, names, keeper, members, self.stop, lost_by_signal)
+        finally:
+            keeper.close()
+        return out.codes, out.first, self.stopped | out.lost

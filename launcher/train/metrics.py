@@ -13,7 +13,14 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str | Path, enabled: bool) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
+        self._file = None
+        if enabled:
+            self.open()
+
+    def open(self) -> None:
+        """Start writing (rank 0; a rank that became rank 0 when the job healed in place)."""
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:

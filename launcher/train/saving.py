@@ -66,16 +66,20 @@ class Checkpointing:
             ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
             log.info("checkpoint %s", path)
 
-    def maybe_resume(self) -> None:
-        path, state = self._resume_path, self._resume_state
-        if path is None or state is None:
-            return
-        self._resume_state = None  # free it once applied
+    def apply_state(self, state: dict[str, Any]) -> None:
+        """Model, optimizer, schedule, scaler and position from ``state`` (a checkpoint's, or a live peer's)."""
         ckpt.load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
+
+    def maybe_resume(self) -> None:
+        path, state = self._resume_path, self._resume_state
+        if path is None or state is None:
+            return
+        self._resume_state = None  # free it once applied
+        self.apply_state(state)
         rngs = state.get("rng") or []
         saved_world = state.get("world_size", len(rngs))
         if saved_world == self.env.world_size and len(rngs) == saved_world:

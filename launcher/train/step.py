@@ -12,13 +12,14 @@
 - ``optim.clip_grad_norm``: the global norm of the synchronised (unscaled) gradients is clipped before the step.
 
 Clipping and the fp16 scaler need every synchronised gradient before the first update: the forward overlap (updates
-bucket by bucket as they arrive, during the next forward) cannot run with them; ``whole_gradient_reason`` says why
-and ``GradientSync`` runs the backward overlap instead, saying so in the banner."""
+bucket by bucket as they arrive, during the next forward) cannot run with them;
+``config.rules.whole_gradient_reason`` says why and ``GradientSync`` runs the backward overlap instead, saying so
+in the banner."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -27,15 +28,6 @@ from ..comm import trace
 from ..config import OptimConfig, TrainConfig
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:
-    """Why the optimizer step must see every synchronised gradient at once, or None."""
-    if optim.clip_grad_norm is not None:
-        return "optim.clip_grad_norm needs the norm of every synchronised gradient before the first update"
-    if train.precision == "fp16":
-        return "train.precision=fp16: the gradient scaler checks every gradient for inf/nan before the first update"
-    return None
 
 
 def describe_precision(train: TrainConfig, optim: OptimConfig) -> str:

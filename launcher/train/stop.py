@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .. import abandon
+
 log = logging.getLogger(__name__)
 
 # a signalled rank's time to reach a step boundary; the elastic agent kills workers 30 s after passing a signal on:
@@ -162,7 +164,7 @@ class StopRequest:
                 if previous is None:
                     return False
                 work, flag = previous
-            work.wait()
+            abandon.wait(work)  # healing in place: PeerLost once a machine is lost
         stopping = bool(flag.item())
         if stopping:
             with self._lock:

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import abandon
 from ..comm import Topology, hierarchical_hook
+from ..comm.collectives import abortable_flat_hook, abortable_hierarchical_hook
 from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
@@ -89,7 +91,10 @@ class GradientSync:
                     find_unused_parameters=cfg.find_unused_parameters,
                     broadcast_buffers=cfg.broadcast_buffers,
                 )
-            if self.choice.hierarchical:
+            if abandon.enabled():  # healing in place: DDP's buckets leave a lost machine behind
+                hook = abortable_hierarchical_hook if self.choice.hierarchical else abortable_flat_hook
+                ddp.register_comm_hook(self.topology, hook)
+            elif self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
             layout = f"torch DDP, bucket cap {cap:g} MB"
@@ -140,3 +145,10 @@ class GradientSync:
         if self.reducer is not None:
             self.reducer.close()
         self.topology.close()
+
+    def leave(self) -> None:
+        """Healing in place: this round's sync is left as it is (its groups wait for a lost machine; closing them
+        would too): our reducer's hooks come off the model, the rest goes to ``abandon.GRAVEYARD``."""
+        if self.reducer is not None:
+            self.reducer.close()
+        abandon.GRAVEYARD.append(self)

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -14,32 +15,47 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import dist_helpers, membership
-from ..comm import trace
-from ..comm.trace import Tracer, write_trace
+from .. import dist_helpers
+from ..comm.trace import Tracer
 from ..config import JobConfig
+from ..config.rules import whole_gradient_reason
 from ..devices import describe_device, seed_all
 from ..env import DistEnv
 from ..faults import faults_for, fire_at
 from ..rendezvous import Group
 from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
-from ..watch import note_step, stragglers
+from ..watch import note_step
 from . import checkpoint as ckpt
 from .banner import format_banner
 from .data import build_datasets, eval_loader, train_loader
+from .heal import Healer, Healing
 from .metrics import MetricsWriter
 from .model import build_model, check_same_weights, evaluate
 from .optim import build_optimizer, build_scheduler
+from .records import Records
 from .saving import Checkpointing, Position
-from .step import Stepper, describe_precision, whole_gradient_reason
+from .step import Stepper, describe_precision
 from .stop import Preempted, StopRequest
 from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
 
-class Trainer(Checkpointing):
+@dataclass
+class Loop:
+    """The training loop's running totals (kept across a heal in place)."""
+
+    window: torch.Tensor  # since the last log: loss sum, batches, exposed communication s
+    window_t0: float = field(default_factory=time.perf_counter)
+    trained_steps: int = 0
+    last_eval_epoch: int = -1
+    final_loss: float = math.nan
+    accuracy: Optional[float] = None
+    logged_step: int = -1
+
+
+class Trainer(Checkpointing, Healing, Records):
     def __init__(
         self,
         job: JobConfig,
@@ -52,6 +68,7 @@ class Trainer(Checkpointing):
         self.job, self.env, self.device, self.backend, self.stop = job, env, device, backend, stop
         self.group = group
         self.run_dir = Path(job.run_dir)
+        self.healer = Healer.from_environ(job.cluster.lost_after_s)  # healing in place (sim, ssh: min_nodes)
         world = env.world_size
         t = job.train
         self.batch_per_rank = t.batch_size_per_rank or t.batch_size // world
@@ -69,20 +86,8 @@ class Trainer(Checkpointing):
         if kept.get("world_size", world) != world:
             kept = {}
         self.optimizer = build_optimizer(job.optim, model, world)
-        self.sync = GradientSync(
-            model,
-            env,
-            device,
-            job.comm,
-            self.optimizer,
-            resumed_hierarchical=kept.get("hierarchical"),
-            resumed_cap_mb=kept.get("bucket_cap_mb"),
-            whole_gradient=whole_gradient_reason(t, job.optim),
-        )
-        train_set, test_set = build_datasets(job.data)
-        loading = {"workers": job.data.num_workers, "pin": device.type == "cuda"}
-        self.train_loader = train_loader(train_set, self.batch_per_rank, env.rank, world, seed=t.seed, **loading)
-        self.test_loader = eval_loader(test_set, max(256, self.batch_per_rank), env.rank, world, **loading)
+        self.train_set, self.test_set = build_datasets(job.data)
+        self._build_world(kept)
         self.steps_per_epoch = len(self.train_loader)
         schedule_steps = t.epochs * self.steps_per_epoch  # the schedule spans the epochs; max_steps only stops early
         self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
@@ -97,6 +102,26 @@ class Trainer(Checkpointing):
         self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
         self._tracing = ExitStack()
         self._banner()
+
+    def _build_world(self, kept: dict) -> None:
+        """What holds this round's ranks: the gradient sync (its groups) and the loaders (this rank's share of the
+        same global batches). Built again when the job heals in place (``heal.Healing``)."""
+        job, env, t = self.job, self.env, self.job.train
+        self.batch_per_rank = self.global_batch // env.world_size
+        self.sync = GradientSync(
+            self.model,
+            env,
+            self.device,
+            job.comm,
+            self.optimizer,
+            resumed_hierarchical=kept.get("hierarchical"),
+            resumed_cap_mb=kept.get("bucket_cap_mb"),
+            whole_gradient=whole_gradient_reason(t, job.optim),
+        )
+        loading = {"workers": job.data.num_workers, "pin": self.device.type == "cuda"}
+        world, rank = env.world_size, env.rank
+        self.train_loader = train_loader(self.train_set, self.batch_per_rank, rank, world, seed=t.seed, **loading)
+        self.test_loader = eval_loader(self.test_set, max(256, self.batch_per_rank), rank, world, **loading)
 
     def _banner(self) -> None:
         """One screen at start (rank 0); every rank's node, host and device are gathered for it (and the hosts
@@ -134,11 +159,9 @@ class Trainer(Checkpointing):
 
     def _fit(self) -> RunSummary:
         self.maybe_resume()
-        t, env = self.job.train, self.env
+        env = self.env
         start = time.perf_counter()
-        trained_steps, last_eval_epoch = 0, -1
-        window = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, batches, exposed comm s
-        window_t0, final_loss, accuracy = time.perf_counter(), math.nan, None
+        self.loop = Loop(window=torch.zeros(3, dtype=torch.float64, device=self.device))  # loss, batches, comm s
         bar = tqdm(
             total=self.total_steps,
             initial=self.pos.step,
@@ -150,44 +173,58 @@ class Trainer(Checkpointing):
         quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
         if self.stop is not None:
             self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
+        if self.healer is not None:
+            self.healer.watch(self.group)
         with quiet_bar:
+            while not self._epochs(bar):
+                pass  # healed in place (a machine was lost): on with the survivors
+        bar.close()
+        self._trace_window(self.loop.trained_steps, end=True)
+        if self.stop is not None:
+            self.stop.disarm()
+        wall = time.perf_counter() - start
+        loop, t = self.loop, self.job.train
+        if loop.last_eval_epoch != self.pos.epoch - 1 or loop.accuracy is None:
+            loop.accuracy = self._evaluate(self.pos.epoch)
+        if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and loop.trained_steps):
+            self.save()
+        return self._summary(loop.final_loss, loop.accuracy, loop.trained_steps, wall)
+
+    def _epochs(self, bar: tqdm) -> bool:
+        """Train to the end (True), or until the job healed in place after losing a machine (False)."""
+        t, loop = self.job.train, self.loop
+        try:
+            if loop.trained_steps:  # healed: the step whose log the loss cut short is logged now (each step once)
+                self._log_if_due(bar, self.pos.epoch)
             while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
                 epoch = self.pos.epoch
                 skip = self.pos.batch_in_epoch * self.batch_per_rank
                 self.train_loader.sampler.set_epoch(epoch, skip=skip)
                 self.sync.module.train()
                 for x, y in self.train_loader:
-                    self._trace_window(trained_steps)
+                    self._trace_window(loop.trained_steps)
                     loss = self._step(x, y)
-                    window[:2] += torch.stack(
+                    loop.window[:2] += torch.stack(
                         [loss.detach().double(), torch.ones((), dtype=torch.float64, device=self.device)]
                     )
                     self.pos.step += 1
                     self.pos.batch_in_epoch += 1
-                    trained_steps += 1
+                    loop.trained_steps += 1
                     bar.update(1)
-                    if self.pos.step % t.log_every_steps == 0 or self.pos.step == self.total_steps:
-                        final_loss = self._log_window(window, window_t0)
-                        bar.set_postfix(epoch=epoch, loss=f"{final_loss:.4f}")
-                        window.zero_()
-                        window_t0 = time.perf_counter()
+                    self.healed_step()
+                    self._log_if_due(bar, epoch)
                     self._checkpoint_or_stop()
                     if self.pos.step >= self.total_steps:
                         break
                 if self.pos.batch_in_epoch >= self.steps_per_epoch:
                     self.pos.epoch, self.pos.batch_in_epoch = epoch + 1, 0
                     if (epoch + 1) % t.eval_every_epochs == 0:
-                        accuracy, last_eval_epoch = self._evaluate(epoch), epoch
-        bar.close()
-        self._trace_window(trained_steps, end=True)
-        if self.stop is not None:
-            self.stop.disarm()
-        wall = time.perf_counter() - start
-        if last_eval_epoch != self.pos.epoch - 1 or accuracy is None:
-            accuracy = self._evaluate(self.pos.epoch)
-        if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and trained_steps):
-            self.save()
-        return self._summary(final_loss, accuracy, trained_steps, wall)
+                        loop.accuracy, loop.last_eval_epoch = self._evaluate(epoch), epoch
+        except Exception as exc:
+            if not self.heal_after(exc):
+                raise
+            return False
+        return True
 
     def _checkpoint_or_stop(self) -> None:
         """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop; if so, every
@@ -211,45 +248,6 @@ class Trainer(Checkpointing):
             self._exposed_s += exposed
         return loss
 
-    def _trace_window(self, trained_steps: int, end: bool = False) -> None:
-        """comm.trace: record steps 2 .. 1 + trace_steps of this run (the first warms up), then every rank hands
-        its events to rank 0, which writes trace.json. Collective at the window's end (same step everywhere)."""
-        if self._tracer is None:
-            return
-        if trained_steps == 1 and not end:
-            self._tracing.enter_context(self._tracer.activate())
-            return
-        if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
-            self._tracing.close()
-            events = dist_helpers.all_gather_object(self._tracer.trace_events())
-            if self.env.is_main:
-                log.info(
-                    "comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events)
-                )
-            self._tracer = None
-
-    def _log_window(self, window: torch.Tensor, t0: float) -> float:
-        """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
-        window[2] = self._exposed_s
-        self._exposed_s = 0.0
-        dist_helpers.all_reduce(window)
-        batches = window[1].item() / self.env.world_size
-        loss = window[0].item() / max(1.0, window[1].item())
-        step_s = (time.perf_counter() - t0) / max(1.0, batches)
-        record = {
-            "kind": "train",
-            "step": self.pos.step,
-            "epoch": self.pos.epoch,
-            "loss": loss,
-            "lr": self.scheduler.get_last_lr()[0],
-            "samples_per_s": self.global_batch / step_s,
-            "step_s": step_s,
-        }
-        if self.sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
-            record["comm_exposed_s"] = window[2].item() / self.env.world_size / max(1.0, batches)
-        self.metrics.write(record)
-        return loss
-
     def _evaluate(self, epoch: int) -> Optional[float]:
         """Accuracy on the held-out split (None without one); logged and written to the metrics."""
         if self.test_loader is None:
@@ -264,32 +262,3 @@ class Trainer(Checkpointing):
         )
         log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
         return accuracy
-
-    def _summary(self, final_loss: float, accuracy: Optional[float], trained_steps: int, wall: float) -> RunSummary:
-        job, env = self.job, self.env
-        summary = RunSummary(
-            world_size=env.world_size,
-            nodes=env.num_nodes,
-            procs_per_node=env.local_world_size,
-            backend=self.backend,
-            device=str(self.device.type),
-            reducer=job.comm.reducer,
-            hierarchical=self.sync.hierarchical,
-            hierarchical_reason=self.sync.choice.reason,
-            model=job.model["_target_"],
-            data=job.data.label,
-            epochs=self.pos.epoch,
-            steps=self.pos.step,
-            global_batch=self.global_batch,
-            final_loss=final_loss,
-            test_accuracy=accuracy,
-            samples_per_s=trained_steps * self.global_batch / wall if wall > 0 else None,
-            wall_s=wall,
-            resumed_from=self.resumed_from,
-            hosts=self.hosts,
-            membership=membership.changes(self.run_dir),
-            stragglers=stragglers(),
-        )
-        if env.is_main:
-            summary.write(self.run_dir)
-        return summary

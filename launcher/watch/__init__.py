@@ -39,9 +39,10 @@ _current: Optional[Watch] = None
 
 
 class Watch(threading.Thread):
-    def __init__(self, run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float) -> None:
+    def __init__(self, run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float, round_: int = 0) -> None:
         super().__init__(name="launcher-watch", daemon=True)
-        self.publisher = Publisher(run_dir, env)
+        self.args = (run_dir, warn_s, timeout_s)
+        self.publisher = Publisher(run_dir, env, round_)
         self.reporter = Reporter(run_dir, env, self.publisher.dir, warn_s, timeout_s) if env.rank in (0, 1) else None
         self.halt = threading.Event()
         self.failed = False
@@ -82,6 +83,27 @@ def start_watch(run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: flo
     _current = Watch(run_dir, env, warn_s, timeout_s)
     _current.start()
     return _current
+
+
+def rebase(env: DistEnv, round_: int) -> None:
+    """Healing in place: watch round ``round_`` as ``env`` (this rank's new place); the left groups' open
+    collectives are not a hang."""
+    global _current
+    if _current is None:
+        return
+    run_dir, warn_s, timeout_s = _current.args
+    _current.end("left for the next round")
+    if env.world_size < 2:
+        _current = None
+        return
+    _current = Watch(run_dir, env, warn_s, timeout_s, round_)
+    _current.start()
+
+
+def end_watch(how: str) -> None:
+    """The rank's work ended (the watch now running, after any rebase)."""
+    if _current is not None:
+        _current.end(how)
 
 
 def note_step(step: int) -> None:

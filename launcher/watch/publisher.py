@@ -30,8 +30,10 @@ ARRIVALS_MAX = 512  # the newest entries handed out per read
 STEP_NOTE_S = 0.25  # the trainer's steps are noted this often (64 notes: 16 s, more than the straggler window)
 
 
-def watch_dir(run_dir: str | Path, env: DistEnv) -> Path:
-    return Path(run_dir) / "watch" / (env.launch_id or "local") / f"attempt-{env.attempt}"
+def watch_dir(run_dir: str | Path, env: DistEnv, round_: int = 0) -> Path:
+    """Where the ranks of one attempt (and one round of a job that heals in place) publish."""
+    where = Path(run_dir) / "watch" / (env.launch_id or "local") / f"attempt-{env.attempt}"
+    return where / f"round-{round_}" if round_ else where
 
 
 OWN_THREADS = ("launcher-watch", "stop-watch")  # the launcher's own threads in a rank: not where it is stuck
@@ -53,12 +55,12 @@ def stacks(skip: int | None = None) -> str:
 
 
 class Publisher:
-    def __init__(self, run_dir: str | Path, env: DistEnv) -> None:
+    def __init__(self, run_dir: str | Path, env: DistEnv, round_: int = 0) -> None:
         self.env = env
-        self.dir = watch_dir(run_dir, env)
+        self.dir = watch_dir(run_dir, env, round_)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank-{env.rank}.json"
-        self.recorder = recorder.Recorder()
+        self.recorder = recorder.Recorder(ignored=recorder.group_ids())  # a healed round: not the left groups
         self.last: dict[str, tuple[int, int]] = {}
         self.progress_ns = time.time_ns()
         self.waiting: dict[tuple[str, int], dict[str, Any]] = {}  # (group, seq) -> its entry, once looked up

@@ -48,10 +48,12 @@ class Recorder:
     names: dict[str, str] = field(default_factory=dict)
     descs: dict[str, str] = field(default_factory=dict)
     newest_record: int = -1  # the newest record id already handed out by ``arrivals``
+    ignored: set[str] = field(default_factory=set)  # pg_ids of groups left behind (healing in place): not read
 
     def status(self) -> dict[str, tuple[int, int]]:
         """Per process group name: (newest enqueued, newest completed) sequence number (-1: none yet)."""
         raw = json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status", {})
+        raw = {pg_id: s for pg_id, s in raw.items() if pg_id not in self.ignored}
         if any(pg_id not in self.names for pg_id in raw):
             self.entries()  # learn the names of groups seen for the first time
         return {
@@ -65,7 +67,7 @@ class Recorder:
     def entries(self) -> list[dict[str, Any]]:
         """Every entry of the buffer (oldest first), without stack traces; learns the groups' names."""
         dump = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False))
-        found = dump.get("entries", [])
+        found = [e for e in dump.get("entries", []) if str(e.get("pg_id")) not in self.ignored]
         for entry in found:
             name, desc = (list(entry.get("process_group") or ["", ""]) + ["", ""])[:2]
             self.names[str(entry.get("pg_id"))] = str(name)
@@ -98,6 +100,11 @@ class Recorder:
             "since_ns": int(mine["time_created_ns"]) if mine else time.time_ns(),
             "prev": signature(found[seq - 1]) if seq - 1 in found else "",
         }
+
+
+def group_ids() -> set[str]:
+    """The pg_ids the flight recorder knows now (a new round's watch leaves them out)."""
+    return set(json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status", {}))
 
 
 def dump_json() -> bytes:

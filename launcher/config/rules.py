@@ -1,0 +1,42 @@
+"""Rules the launcher derives from a whole job's config (torch-free: the head applies them before anything starts,
+the ranks again as they run)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .schema import JobConfig, OptimConfig, TrainConfig
+
+
+def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:
+    """Why the optimizer step must see every synchronised gradient at once, or None."""
+    if optim.clip_grad_norm is not None:
+        return "optim.clip_grad_norm needs the norm of every synchronised gradient before the first update"
+    if train.precision == "fp16":
+        return "train.precision=fp16: the gradient scaler checks every gradient for inf/nan before the first update"
+    return None
+
+
+def heal_off_reason(job: JobConfig) -> Optional[str]:
+    """Why a job that may shrink (``cluster.min_nodes`` < ``cluster.nodes``) restarts from its newest checkpoint
+    when a machine is lost instead of healing in place (``launcher.train.heal``), or None: it heals."""
+    c = job.cluster
+    if not c.may_shrink:
+        return "every machine is needed (cluster.min_nodes = cluster.nodes)"
+    if c.kind != "sim":
+        return f"{c.kind} jobs do not heal in place yet (+cluster=sim does)"
+    if c.gpus_per_node:
+        return "nccl: healing in place is built on gloo's behaviour so far"
+    if not c.heal:
+        return "cluster.heal=false"
+    if job.script is not None:
+        return "a script= runs its own loop, which cannot rejoin a new process group by itself"
+    if job.doctor:
+        return "doctor=true"
+    forward = job.comm.reducer == "bucketed" and job.comm.overlap == "forward"
+    if forward and whole_gradient_reason(job.train, job.optim) is None:
+        return (
+            "comm.overlap=forward updates bucket by bucket during the next forward: no rank holds a whole step's "
+            "state at any moment; HINT: comm.overlap=backward heals in place"
+        )
+    return None

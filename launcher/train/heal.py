@@ -1,0 +1,190 @@
+"""Healing in place, the ranks' side: a lost machine's survivors go on in the same processes, from memory.
+
+In a job that heals (``config.rules.heal_off_reason``; the ranks learn it from ``membership.HEAL_ENV``, set by
+``launch/workers.py``), every collective of the training loop is abortable (``launcher.abandon``) and a thread
+watches the keeper's store for the decision that ends the round (``launch/keeper.py``). When a machine is lost,
+the survivors' collectives fail (at once, or when the decision comes) and the trainer calls ``Healer.rejoin``:
+
+1. the decision names the next round's members (this rank's node among them: its new rank keeps the order);
+2. the survivors leave the broken group (``rendezvous.next_round``: nothing waits for the dead) and form the next;
+3. they agree on the newest step every one of them can hold: with whole-gradient steps a rank's state is always a
+   completed step (the update runs after every bucket arrived), so some may be one step ahead when the loss cut
+   a gradient allreduce short; the lowest rank at the highest step broadcasts its state (model, optimizer,
+   schedule, scaler, position) to the others, in memory: no checkpoint is read and no step is trained twice.
+
+The trainer then rebuilds what held the old group (the gradient sync, the loaders for the new world: the same
+global batch, the same samples) and goes on; its rank 0 records the change in ``membership.jsonl`` with the time
+from the loss to the first step completed after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Optional
+
+from .. import abandon, dist_helpers, membership, watch
+from ..env import DistEnv
+from ..membership import HEAL_ENV, ROUND_END_KEY
+from ..rendezvous import Group, next_round
+
+log = logging.getLogger(__name__)
+
+
+class Dropped(Exception):
+    """This rank's machine was declared lost while it was still running (frozen, or cut off, for a while)."""
+
+
+@dataclass
+class Healer:
+    name: str  # this rank's node
+    members: list[str]  # the nodes of the current round
+    lost_after_s: float
+    store: Any = None  # the attempt's store on the keeper (round 0's group store)
+    number: int = 0  # the current round
+    decision: Optional[dict[str, Any]] = None  # the decision that began the current round
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def from_environ(cls, lost_after_s: float) -> Optional[Healer]:
+        """The healer of a rank in a job that heals in place (None elsewhere); abortable collectives from now on."""
+        raw = os.environ.get(HEAL_ENV)
+        if not raw:
+            return None
+        place = json.loads(raw)
+        abandon.enable()
+        return cls(place["name"], list(place["members"]), lost_after_s)
+
+    def watch(self, group: Group) -> None:
+        """Watch the keeper's store for the end of the current round (round 0: ``group`` is its group)."""
+        if self.store is None:
+            self.store = group.store
+        self._stop.set()
+        self._stop = threading.Event()
+        key = ROUND_END_KEY.format(self.number)
+        abandon.watch_store(self.store, key, self._stop, lambda value: _said(json.loads(value)))
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def end_of_round(self) -> Optional[dict[str, Any]]:
+        """The keeper's decision ending this round: there already, or within ``lost_after_s`` and a second (a killed
+        peer's reset connection reaches the ranks before its heartbeat is missed); None: no machine was lost."""
+        key = ROUND_END_KEY.format(self.number)
+        try:
+            self.store.wait([key], timedelta(seconds=self.lost_after_s + 1.0))
+        except (RuntimeError, OSError):  # no decision: this was no loss of a machine
+            return None
+        return json.loads(self.store.get(key))
+
+    def rejoin(self, group: Group, env: DistEnv, decision: dict[str, Any]) -> tuple[Group, DistEnv]:
+        """Steps 1 and 2: this rank's place in the next round, and that round's group."""
+        if decision["stop"]:
+            raise RuntimeError(f"{_said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
+        if self.name not in decision["members"]:
+            raise Dropped(f"{self.name} was declared lost ({decision['lost'].get(self.name, '?')}) and left the job")
+        node = decision["members"].index(self.name)
+        per_node = env.local_world_size
+        new = replace(
+            env,
+            rank=node * per_node + env.local_rank,
+            world_size=len(decision["members"]) * per_node,
+            node_rank=node,
+            num_nodes=len(decision["members"]),
+        )
+        self.number, self.members, self.decision = decision["round"], list(decision["members"]), decision
+        self._stop.set()  # the old round's watch (a late word from it is ignored: abandon.reset)
+        group = next_round(group, self.number, new)
+        self.watch(group)
+        return group, new
+
+
+def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
+    """Step 3 (collective, the new round): the highest step any survivor completed, and, on the ranks behind it,
+    the state of the lowest rank that holds it (None on ranks already there: nothing to load). ``state``: a
+    callable returning this rank's state (called on the source only)."""
+    steps = dist_helpers.all_gather_object(step)
+    top = max(steps)
+    if min(steps) == top:
+        return top, None
+    source = steps.index(top)
+    sent = dist_helpers.broadcast_object(state() if dist_helpers.get_rank() == source else None, src=source)
+    return top, sent if step < top else None
+
+
+def _said(decision: dict[str, Any]) -> str:
+    lost = ", ".join(f"{name} ({why})" for name, why in decision["lost"].items())
+    return f"round {decision['round'] - 1} ended: lost {lost}"
+
+
+def seconds_since(decision: Optional[dict[str, Any]]) -> Optional[float]:
+    """From the loss (the earliest it can have happened) to now."""
+    return None if decision is None else round(time.time() - float(decision["fault_time"]), 3)
+
+
+class Healing:
+    """Mixed into the Trainer (whose attributes it reads: healer, group, env, pos, sync, stepper, model, metrics,
+    loop, job, run_dir, state/apply_state from ``saving.Checkpointing``, _build_world)."""
+
+    def heal_after(self, exc: Exception) -> bool:
+        """After ``exc`` in the training loop: True when a machine was lost and this rank now trains on in the
+        next round with the survivors; False: ``exc`` is no loss of a machine (or this job does not heal)."""
+        healer = self.healer
+        cut_off = isinstance(exc, abandon.PeerLost) or abandon.LOST.is_set() or "onnection" in str(exc)
+        if healer is None or not cut_off:
+            return False
+        decision = healer.end_of_round()
+        if decision is None:
+            return False
+        seen_s = seconds_since(decision)
+        log.warning("%s: healing in place (the loss was known %.1f s after it)", _said(decision), seen_s)
+        self.sync.leave()
+        self.group, self.env = healer.rejoin(self.group, self.env, decision)
+        behind = self.pos.step
+        step, state = agree_on_state(self.pos.step, self.state)
+        if state is not None:
+            self.apply_state(state)
+        self._build_world({})  # the sync measures its strategy again: the ranks and links changed
+        self.stepper.sync = self.sync
+        if self.env.is_main:
+            self.metrics.open()
+        watch.rebase(self.env, healer.number)
+        self._healed_from = (step, behind, decision)
+        log.info(
+            "round %d: %s; step %d%s (in memory: no checkpoint read)",
+            healer.number,
+            self.env.describe(),
+            step,
+            f", this rank was at step {behind}: state from the ranks ahead" if state is not None else "",
+        )
+        return True
+
+    def healed_step(self) -> None:
+        """After a step: the first one completed since a heal is recorded (rank 0) with the time since the loss."""
+        if getattr(self, "_healed_from", None) is None:
+            return
+        step, _, decision = self._healed_from
+        self._healed_from = None
+        took = seconds_since(decision)
+        log.warning(
+            "healed in place: the first step after the loss (step %d) completed %.1f s after it", step + 1, took
+        )
+        if self.env.is_main:
+            membership.write(
+                self.run_dir,
+                membership.Change(
+                    step=step,
+                    nodes_before=len(decision["before"]),
+                    nodes_after=len(decision["members"]),
+                    hosts_lost=list(decision["lost"]),
+                    why="; ".join(f"{name}: {why}" for name, why in decision["lost"].items()),
+                    time=float(decision["fault_time"]),
+                    how="in place",
+                    fault_to_step_s=took,
+                ),
+            )
