@@ -26,7 +26,7 @@ from torch.futures import Future
 LOST = threading.Event()  # a machine of this round is gone: every abortable wait gives up
 POLL_S = 0.05  # how often the store watch looks at the store
 GRAVEYARD: list[Any] = []  # left groups, their works and the objects holding them: kept until the process ends
-_state = {"enabled": False, "round": 0}
+_state: dict[str, Any] = {"enabled": False, "round": 0}  # healing on; the current round (``reset`` counts)
 _reason: list[str] = []
 _pending: dict[int, tuple[Future, Future]] = {}  # id(ours) -> (ours, the backend's)
 _lock = threading.Lock()
@@ -42,7 +42,7 @@ def enable() -> None:
 
 
 def enabled() -> bool:
-    return _state["enabled"]
+    return bool(_state["enabled"])
 
 
 def reason() -> str:

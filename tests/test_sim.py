@@ -15,7 +15,7 @@ import pytest
 from helpers import plan, run_launcher
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
-from test_launch import assert_same_trajectory, assert_trained_once_up_to, final_state
+from test_launch import assert_same_trajectory, final_state
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 
@@ -247,7 +247,7 @@ def test_lost_node_the_survivors_heal_in_place(tmp_path, one_process_20_steps, s
     assert f"launcher: lost node-1 ({why}" in result.stderr
     assert "the survivors heal in place, continuing on 1 of 2 nodes (round 1, cluster.min_nodes=1)" in result.stderr
     assert "(in memory: no checkpoint read)" in result.stderr
-    assert "resum" not in result.stderr  # no restart, no checkpoint loaded
+    assert "resumed from /" not in result.stderr and "restarting" not in result.stderr  # no checkpoint loaded
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
     assert summary["resumed_from"] is None
@@ -266,21 +266,3 @@ def test_lost_node_the_survivors_heal_in_place(tmp_path, one_process_20_steps, s
     a = final_state(tmp_path)
     assert a["step"] == 20 and a["world_size"] == 2
     assert_same_trajectory(a, one_process_20_steps)
-
-
-def test_lost_node_without_healing_restarts_from_the_checkpoint(tmp_path, one_process_20_steps):
-    """``cluster.heal=false``: the head restarts node 0 alone from step 10's checkpoint (today's path, also what a
-    ``script=`` gets) and it finishes on 1 x 2, on the same trajectory."""
-    job = ("+cluster=sim", "cluster.procs_per_node=2", "train.max_steps=20", "train.checkpoint_every_steps=10")
-    fault = {"LAUNCHER_FAULT": "step=15,rank=2,signal=KILL,target=node,attempt=0"}
-    result = run_launcher(*job, "cluster.min_nodes=1", "cluster.heal=false", run_dir=tmp_path, env=fault)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (
-        "launcher: lost node-1 (its agent was killed by SIGKILL): continuing on 1 of 2 nodes from the newest "
-        "checkpoint (step 10) (cluster.min_nodes=1)" in result.stderr
-    )
-    assert "resuming a 4-rank checkpoint on 2 ranks: global batch 64 as before" in result.stderr
-    [change] = json.loads((tmp_path / "summary.json").read_text())["membership"]
-    assert (change["step"], change["how"], change["hosts_lost"]) == (10, "restart", ["node-1"])
-    assert_trained_once_up_to(tmp_path, 10)
-    assert_same_trajectory(final_state(tmp_path), one_process_20_steps)
