@@ -50,3 +50,19 @@ def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = Tru
         os.dup2(fd, 2)
         os.close(fd)
     return path
+
+
+def take_the_console() -> None:
+    """A rank that became rank 0 when the job healed in place: from now on it talks to the console (its raw output
+    too), as rank 0 does."""
+    logger = logging.getLogger("launcher")
+    if any(type(h) is logging.StreamHandler for h in logger.handlers):
+        return
+    if console_fd is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(console_fd, 1)
+        os.dup2(console_fd, 2)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+    logger.addHandler(console)

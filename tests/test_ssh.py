@@ -17,6 +17,7 @@ import pytest
 
 from helpers import REPO, run_launcher
 from launcher.train.checkpoint import verify
+from test_launch import assert_same_trajectory, final_state
 from test_root_cause import expect_root_cause, job_args, run_watched
 
 PREFIX, SUBNET, BRIDGE = "lnchvm", "10.97.0", "lnchtestbr0"
@@ -344,41 +345,30 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
     assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
 
 
-def test_first_machine_lost_the_others_go_on_and_it_joins_again(machines, tmp_path):
-    """Three machines, ``cluster.min_nodes=2``: after the first checkpoint the FIRST machine's link goes down (it
-    holds the rendezvous store). The head names it, ends the others' ranks (stuck in collectives with it: no
-    checkpoint can be agreed), restarts the job on the other two from the newest checkpoint with the store on the
-    second machine, and they train; the link comes back; a rank fails at step 50 of that attempt, and the restart
-    (cluster.max_restarts=1) checks every listed machine again: the first one answers and joins, and the job finishes
-    on three. Exit 0, both changes in summary.json, test accuracy as without them. The scale-down (link down to the
-    restart decided) stays within ssh's detection (3 x 5 s keep-alives; the others are then stopped at once) and a
-    margin, whatever comm.timeout_s (300 s here); the others' ranks, ended by the launcher, are not blamed."""
+def test_first_machine_lost_the_others_heal_in_place(machines, tmp_path):
+    """Three machines, ``cluster.min_nodes=2``: after the first checkpoint the FIRST machine's link goes down (no
+    reset reaches anyone: only its silent heartbeat tells). The keeper, on this head (the job's store: no machine
+    holds it), declares it lost after ``cluster.lost_after_s``; the other two leave the broken group and go on in
+    the same processes, from memory: the next step within 10 s of the loss, each step logged once, exit 0, and the
+    final model is one process's on the same global batches (test_launch's tolerance). The link comes back; the
+    cut-off machine's processes end and nothing is left."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
-    overrides = ("cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=48", "cluster.max_restarts=1")
-    # 3 machines share this host's cores: one thread per rank, and 5 epochs (0.956 on 1 to 3 ranks, measured)
-    overrides += ("train.threads_per_rank=1", "train.epochs=5")
-    head = start_head(
-        args,
-        run_dir,
-        *overrides,
-        "train.checkpoint_every_steps=20",
-        "cluster.heartbeat_timeout_s=15",
-        fault="step=50,rank=0,attempt=1",
-    )
+    # 3 machines share this host's cores: one thread per rank; 20 steps (the trajectory check's span: float32
+    # summation orders drift apart over hundreds of steps); the link goes as soon as training runs (~50 steps/s)
+    job = ("cluster.procs_per_node=1", "train.batch_size=48", "train.threads_per_rank=1", "train.max_steps=20")
+    overrides = (*job, "cluster.min_nodes=2", "train.log_every_steps=1")
+    head = start_head(args, run_dir, *overrides, "cluster.heartbeat_timeout_s=15")
     try:
-        wait_first_checkpoint(head, run_dir, log)
-        client = ssh_client(head, ALL[0])
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "down"], check=True)
         down = time.time()
         deadline = time.monotonic() + 60
-        lost_at = peers_ended_at = None  # the head's ssh to the first machine gave up; the others' ranks ended
-        while "continuing on 2 of 3 nodes" not in log.read_text():
+        while "the survivors heal in place, continuing" not in log.read_text():
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            if lost_at is None and not Path(f"/proc/{client}").exists():
-                lost_at = time.time()
-            if peers_ended_at is None and not ranks_on(ALL[1:]):
-                peers_ended_at = time.time()
             time.sleep(0.1)
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "up"], check=True)
         assert head.wait(timeout=180) == 0, log.read_text()[-3000:]
@@ -386,38 +376,37 @@ def test_first_machine_lost_the_others_go_on_and_it_joins_again(machines, tmp_pa
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "up"])
         if head.poll() is None:
             head.kill()
-        # the isolated machine's first agent: heartbeat silence (15 s), then it stops its ranks (torch elastic:
-        # SIGTERM, SIGKILL after 30 s), plus 10 s of margin; its sshd session waits for TCP to give up (not the job's)
+        # the cut-off machine: its sshd session ends once the link is back (the head's client is gone), then its
+        # node stops its ranks (SIGTERM; they reach no step boundary: 25 s), plus 10 s of margin
         wait_nothing_left(machines, 15 + 30 + 10, sessions=False)
         for pid in job_processes(machines):
             os.kill(int(pid.split(":")[0]), signal.SIGKILL)
     stderr = log.read_text()
-    assert f"launcher: node 0 ({ALL[0]}): the ssh connection dropped while its ranks ran" in stderr, stderr[-3000:]
     assert re.search(
-        rf"launcher: lost {ALL[0]} \(its ssh connection dropped while its ranks ran \(the host or its link went "
-        rf"down\)\): continuing on 2 of 3 nodes from the newest checkpoint \(step \d+\) \(cluster.min_nodes=2\)",
+        rf"launcher: lost {ALL[0]} \(no heartbeat for [\d.]+ s \(cluster.lost_after_s=3\)\): the survivors heal in "
+        r"place, continuing on 2 of 3 nodes \(round 1, cluster.min_nodes=2\)",
         stderr,
     ), stderr[-3000:]
-    # the second attempt's store and rank 0 on the second machine
-    assert re.search(rf"\[{ALL[1]}\] .*rank 0/2 \(node 0/2, local 0/1\) on {ALL[1]} via elastic, attempt 1", stderr)
-    assert "restarting the job on every host from the newest checkpoint (restart 1 of 1" in stderr, stderr[-3000:]
-    assert re.search(
-        rf"launcher: {ALL[0]} joined: continuing on 3 of 3 nodes from the newest checkpoint \(step 40\)", stderr
-    ), stderr[-3000:]
+    assert re.search(rf"\[{ALL[1]}\] .*round 1: rank 0/2 \(node 0/2, local 0/1\) on {ALL[1]}", stderr), stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (3, 3, ALL), summary
-    lost, joined = summary["membership"]
-    assert (lost["nodes_before"], lost["nodes_after"], lost["hosts_lost"]) == (3, 2, [ALL[0]]), lost
-    assert (joined["step"], joined["nodes_after"], joined["hosts_joined"]) == (40, 3, [ALL[0]]), joined
-    assert joined["why"] == f"{ALL[0]}: answers again", joined
-    # ssh gives up after 3 unanswered keep-alives 5 s apart (15-20 s); the others are stopped at once
-    assert lost["time"] - down < 20 + 10, f"scale-down decided {lost['time'] - down:.0f} s after the loss"
-    # "at once": the others' ranks end as soon as the head knows (no AFTER_FAILURE_GRACE_S wait for them to fail)
-    assert "launcher: stopping the nodes still running at once: they wait for a lost machine" in stderr, stderr
-    assert lost_at is not None and peers_ended_at is not None, (lost_at, peers_ended_at)
-    assert peers_ended_at - lost_at < AT_ONCE_S, f"the others ended {peers_ended_at - lost_at:.1f} s after the loss"
-    assert "died with signal 9" not in stderr, "the ranks ended by the launcher were blamed"
-    assert summary["test_accuracy"] >= 0.95, summary
-    assert summary["resumed_from"].endswith("step-00000040.pt"), summary
+    assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (2, 2, ALL[1:]), summary
+    assert summary["resumed_from"] is None
+    [change] = summary["membership"]
+    assert (change["how"], change["nodes_before"], change["nodes_after"], change["hosts_lost"]) == (
+        "in place",
+        3,
+        2,
+        [ALL[0]],
+    ), change
+    assert change["time"] - down < 1.0, f"the last heartbeat came {change['time'] - down:.1f} s after the link went"
+    assert 0 < change["fault_to_step_s"] <= 10, change
+    steps = [
+        r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
+    ]
+    assert steps == list(range(1, len(steps) + 1)), steps
+    reference = tmp_path / "one-process"
+    alone = run_launcher(*job, run_dir=reference)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert_same_trajectory(final_state(run_dir), final_state(reference))
     for path in run_dir.glob("checkpoints/step-*.pt"):
         verify(path)  # raises on a torn or corrupted file

@@ -23,8 +23,8 @@ def heal_off_reason(job: JobConfig) -> Optional[str]:
     c = job.cluster
     if not c.may_shrink:
         return "every machine is needed (cluster.min_nodes = cluster.nodes)"
-    if c.kind != "sim":
-        return f"{c.kind} jobs do not heal in place yet (+cluster=sim does)"
+    if c.kind not in ("sim", "ssh"):
+        return f"{c.kind} jobs do not heal in place (the launcher's head does: +cluster=sim, +cluster=ssh)"
     if c.gpus_per_node:
         return "nccl: healing in place is built on gloo's behaviour so far"
     if not c.heal:

@@ -26,6 +26,7 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> di
     problems: list[str] = facts["problems"]
     connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
     facts["addr"] = connection[2] if len(connection) == 4 else ""
+    facts["head"] = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
     shared = token_path(run_dir, token)
     try:
         if shared.read_text() != token:

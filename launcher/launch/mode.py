@@ -43,6 +43,7 @@ class LaunchPlan:
     max_restarts: int
     run_dir: str
     entry: str
+    on_loss: str = ""  # what losing a machine does (a job that may shrink: plan.describe_on_loss)
 
     @property
     def world_size(self) -> int:
@@ -63,6 +64,7 @@ class LaunchPlan:
                 f"devices     : {devices} (backend {self.backend})",
                 f"rendezvous  : {self.rendezvous}",
                 f"max restarts: {self.max_restarts}",
+                *([f"lost machine: {self.on_loss}"] if self.on_loss else []),
                 f"entry       : {self.entry}",
                 f"run dir     : {self.run_dir}",
             ]

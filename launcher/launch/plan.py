@@ -10,6 +10,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, to_job
+from ..config.rules import heal_off_reason
 from ..env import DistEnv
 from ..gpus import backend_for
 from .local import LocalMode
@@ -60,8 +61,17 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         max_restarts=c.max_restarts,
         run_dir=job.run_dir,
         entry=describe_entry(job),
+        on_loss=describe_on_loss(job),
     )
     return job, plan, mode
+
+
+def describe_on_loss(job: JobConfig) -> str:
+    """What losing a machine does to a job that may shrink ("" for one that may not)."""
+    if not job.cluster.may_shrink:
+        return ""
+    why = heal_off_reason(job)
+    return "the survivors heal in place (cluster.heal)" if why is None else f"restart from the checkpoint ({why})"
 
 
 def describe_entry(job: JobConfig) -> str:

@@ -42,10 +42,11 @@ class SimMode(BaseMode):
 
     def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
         c = job.cluster
+        where = "c10d on node 0's agent" if heal_off_reason(job) else "the keeper's store, off every node (healing)"
         if not (isinstance(c, SimClusterConfig) and c.netns):
-            return "c10d on node 0's agent; loopback"
+            return f"{where}; loopback"
         links = f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit else ", unshaped links"
-        return f"c10d on node 0's agent; network namespaces on {c.subnet}.0/24{links}"
+        return f"{where}; network namespaces on {c.subnet}.0/24{links}"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         return launch_sim(plan, job)

@@ -7,7 +7,8 @@ Reading map, in the order things happen (from ``SshMode.run`` to a rank):
   2. ``launch_ssh`` (here): the attempts; ``membership.Membership`` decides, after a failed one, whether and on
      which hosts the job goes on (``cluster.max_restarts``, ``cluster.min_nodes``).
   3. ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over ssh by ``host_check.py``.
-  4. ``run_attempt`` (here): per host an ``SshNode`` (its ssh client: ``hosts.ssh_command`` +
+  4. ``run_attempt`` (here; ``run_healing_attempt`` for a job that heals in place: ``launch/healing.py``): per host
+     an ``SshNode`` (``ssh_nodes.py``) (its ssh client: ``hosts.ssh_command`` +
      ``hosts.remote_shell`` running ``head.NodeArgs.argv``); stop signals forwarded and heartbeats written as
      ``head.Control`` words; ``head.wait_nodes`` waits, then ``failures.report`` names the root cause.
   5. on each host, ``node.py``: reads the ``Control`` words, relays output, runs ``agent.run_agent``
@@ -39,28 +40,26 @@ Order of events:
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
-from typing import IO, Any
 
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
+from ..config.rules import heal_off_reason
 from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..membership import Membership
 from .head import Control, NodeArgs, print_stopped, wait_nodes
+from .healing import Keeper, wait_healing
 from .hosts import SSH_LOST, ready_hosts, remote_shell, resolve_hosts, ssh_command
 from .mode import BaseMode, LaunchPlan
-
-HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
+from .ports import free_port
+from .ssh_nodes import SshNode, forwarding_stops, heartbeats
 
 
 class SshMode(BaseMode):
@@ -77,6 +76,8 @@ class SshMode(BaseMode):
         c = job.cluster
         hosts = ", ".join(getattr(c, "hosts", []))
         port = c.master_port or "a free port chosen there"
+        if heal_off_reason(job) is None:
+            return f"the keeper's store on this head (healing); node processes started over ssh on {hosts}"
         return f"store on {c.master_addr}:{port} (node 0's agent, the first host); agents started over ssh on {hosts}"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
@@ -97,97 +98,16 @@ def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
                 raise
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
-        code, lost = run_attempt(job, c, hosts, master, facts, uuid.uuid4().hex[:12], members.attempt)
+        launch_id = uuid.uuid4().hex[:12]
+        if heal_off_reason(job) is None:
+            code, lost = run_healing_attempt(job, c, hosts, facts, launch_id, members)
+        else:
+            code, lost = run_attempt(job, c, hosts, master, facts, launch_id, members.attempt)
         if code == 0 or code in STOP_CODES:
             return code
         why = "its ssh connection dropped while its ranks ran (the host or its link went down)"
         if not members.again(dict.fromkeys(lost, why), "host"):
             return code
-
-
-class SshNode:
-    """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
-    prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
-
-    def __init__(self, host: str, cmd: list[str], lock: threading.Lock) -> None:
-        self.host = host
-        # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
-        self.pumps = [
-            threading.Thread(target=self._pump, args=(src, dst, lock), daemon=True)
-            for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
-        ]
-        for pump in self.pumps:
-            pump.start()
-
-    def _pump(self, src: IO[bytes] | None, dst: IO[str], lock: threading.Lock) -> None:
-        assert src is not None
-        for line in iter(src.readline, b""):
-            with lock:
-                dst.write(f"[{self.host}] {line.decode(errors='replace')}")
-                dst.flush()
-
-    def request(self, word: Control) -> None:
-        """``INT`` or ``TERM``: the node stops its ranks as that signal would; ``ABORT``: at once; ``PING``: a
-        heartbeat."""
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(word.line())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # it has ended already
-
-    def finish(self) -> None:
-        for pump in self.pumps:
-            pump.join(timeout=5)
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-
-
-@contextlib.contextmanager
-def forwarding_stops(nodes: list[SshNode]) -> Iterator[list[int]]:
-    """While the job runs, SIGINT / SIGTERM here are forwarded to every node (once); yields the signals got."""
-    got: list[int] = []
-
-    def forward(signum: int, frame: Any) -> None:
-        if not got:
-            print(
-                f"launcher: {signal.Signals(signum).name}: stopping the job on every host (the ranks checkpoint)",
-                file=sys.stderr,
-            )
-            for node in nodes:
-                node.request(Control.stop_for(signum))
-        got.append(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield got
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def heartbeats(nodes: list[SshNode]) -> Iterator[None]:
-    """``PING`` to every node every ``HEARTBEAT_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
-    stops its ranks (its host cannot reach us, so nobody else would stop them)."""
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            for node in nodes:
-                node.request(Control.PING)
-
-    thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def run_attempt(
@@ -245,3 +165,59 @@ def run_attempt(
             file=sys.stderr,
         )
     return (codes[first] if codes[first] in STOP_CODES else 1), lost
+
+
+def keeper_addr(hosts: list[str], facts: list[dict]) -> str:
+    """The head's address as every host reaches it (``SSH_CONNECTION``'s client address there), where the keeper
+    listens: one address, or an error naming what each host saw."""
+    seen = {f.get("head", "") for f in facts}
+    if len(seen) != 1 or "" in seen:
+        saw = ", ".join(f"{host}: {f.get('head') or '?'}" for host, f in zip(hosts, facts))
+        raise ConfigError(
+            f"the hosts reach this head at different addresses ({saw}): healing in place needs one, where the job's "
+            "store runs; HINT: reach the hosts through one network, or cluster.heal=false"
+        )
+    return seen.pop()
+
+
+def run_healing_attempt(
+    job: JobConfig, c: SshClusterConfig, hosts: list[str], facts: list[dict], launch_id: str, members: Membership
+) -> tuple[int, list[str]]:
+    """One attempt of a job that heals in place: the keeper on this head, a node process per host without agents'
+    rendezvous; a lost host's survivors go on (``healing.wait_healing``). The exit code, and no host to skip."""
+    addr = keeper_addr(hosts, facts)
+    keeper = Keeper([], addr, free_port(addr), members.attempt, members.min_nodes, c.lost_after_s, hosts)
+    lock = threading.Lock()
+    nodes: list[SshNode] = []
+    try:
+        with forwarding_stops(nodes) as stops:
+            for node, host in enumerate(hosts):
+                args = NodeArgs(
+                    job.run_dir, len(hosts), node, keeper.endpoint, launch_id, facts[node]["addr"] or host,
+                    stdin_control=True, head_restarts=True, attempt=members.attempt, members=",".join(hosts),
+                )  # fmt: skip
+                nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock))
+            if stops:
+                for ssh_node in nodes:
+                    ssh_node.request(Control.stop_for(stops[0]))
+            with heartbeats(nodes):
+                stop = lambda proc: next(n for n in nodes if n.proc is proc).request(Control.TERM)  # noqa: E731
+                why = lambda code: "its ssh connection dropped" if code == SSH_LOST else ""  # noqa: E731
+                out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why)
+    finally:
+        keeper.close()
+    for ssh_node in nodes:
+        ssh_node.finish()
+    if stops:
+        print_stopped(128 + stops[0], job)
+        return 128 + stops[0], []
+    if out.first < 0:
+        return 0, []
+    code = out.codes[out.first]
+    if not out.keeper_ended and code not in STOP_CODES and not report_failures(job.run_dir, launch_id):
+        print(
+            f"launcher: node {out.first}'s process on {hosts[out.first]} exited with code {code} (no rank recorded "
+            f"a failure; see {job.run_dir}/logs)",
+            file=sys.stderr,
+        )
+    return (code if code in STOP_CODES else 1), []

@@ -30,14 +30,11 @@ from typing import Any, Optional
 
 from .. import abandon, dist_helpers, membership, watch
 from ..env import DistEnv
+from ..logs import take_the_console
 from ..membership import HEAL_ENV, ROUND_END_KEY
 from ..rendezvous import Group, next_round
 
 log = logging.getLogger(__name__)
-
-
-class Dropped(Exception):
-    """This rank's machine was declared lost while it was still running (frozen, or cut off, for a while)."""
 
 
 @dataclass
@@ -86,8 +83,10 @@ class Healer:
         """Steps 1 and 2: this rank's place in the next round, and that round's group."""
         if decision["stop"]:
             raise RuntimeError(f"{_said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
-        if self.name not in decision["members"]:
-            raise Dropped(f"{self.name} was declared lost ({decision['lost'].get(self.name, '?')}) and left the job")
+        if self.name not in decision["members"]:  # it was cut off or frozen for a while: the others went on
+            why = decision["lost"].get(self.name, "?")
+            log.warning("%s was declared lost (%s) while it ran: the job went on without it; leaving", self.name, why)
+            raise SystemExit(0)
         node = decision["members"].index(self.name)
         per_node = env.local_world_size
         new = replace(
@@ -145,14 +144,17 @@ class Healing:
         log.warning("%s: healing in place (the loss was known %.1f s after it)", _said(decision), seen_s)
         self.sync.leave()
         self.group, self.env = healer.rejoin(self.group, self.env, decision)
+        if self.env.is_main:  # perhaps a new rank 0: the console and the metrics are its now
+            take_the_console()
+            self.metrics.open()
         behind = self.pos.step
         step, state = agree_on_state(self.pos.step, self.state)
         if state is not None:
             self.apply_state(state)
         self._build_world({})  # the sync measures its strategy again: the ranks and links changed
         self.stepper.sync = self.sync
-        if self.env.is_main:
-            self.metrics.open()
+        facts = dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname))
+        self.hosts = [host for _, host in sorted(set(facts))]  # the summary's hosts: this round's
         watch.rebase(self.env, healer.number)
         self._healed_from = (step, behind, decision)
         log.info(

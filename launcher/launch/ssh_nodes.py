@@ -1,0 +1,101 @@
+"""The head's ssh clients of a ``+cluster=ssh`` job, one per host (``SshNode``), and what the head does to all of
+them while the job runs: stop signals forwarded (``forwarding_stops``) and heartbeats written (``heartbeats``)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+from .head import Control
+
+HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
+
+
+class SshNode:
+    """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
+    prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
+
+    def __init__(self, host: str, cmd: list[str], lock: threading.Lock) -> None:
+        self.host = host
+        # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        self.pumps = [
+            threading.Thread(target=self._pump, args=(src, dst, lock), daemon=True)
+            for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+        ]
+        for pump in self.pumps:
+            pump.start()
+
+    def _pump(self, src: IO[bytes] | None, dst: IO[str], lock: threading.Lock) -> None:
+        assert src is not None
+        for line in iter(src.readline, b""):
+            with lock:
+                dst.write(f"[{self.host}] {line.decode(errors='replace')}")
+                dst.flush()
+
+    def request(self, word: Control) -> None:
+        """``INT`` or ``TERM``: the node stops its ranks as that signal would; ``ABORT``: at once; ``PING``: a
+        heartbeat."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(word.line())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it has ended already
+
+    def finish(self) -> None:
+        for pump in self.pumps:
+            pump.join(timeout=5)
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+
+@contextlib.contextmanager
+def forwarding_stops(nodes: list[SshNode]) -> Iterator[list[int]]:
+    """While the job runs, SIGINT / SIGTERM here are forwarded to every node (once); yields the signals got."""
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not got:
+            print(
+                f"launcher: {signal.Signals(signum).name}: stopping the job on every host (the ranks checkpoint)",
+                file=sys.stderr,
+            )
+            for node in nodes:
+                node.request(Control.stop_for(signum))
+        got.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def heartbeats(nodes: list[SshNode]) -> Iterator[None]:
+    """``PING`` to every node every ``HEARTBEAT_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
+    stops its ranks (its host cannot reach us, so nobody else would stop them)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            for node in nodes:
+                node.request(Control.PING)
+
+    thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
