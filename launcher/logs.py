@@ -16,6 +16,7 @@ from .env import DistEnv
 FILE_FORMAT = "%(asctime)s %(levelname)s [rank {rank} {host}] %(name)s: %(message)s"
 CONSOLE_FORMAT = "[launcher] %(message)s"
 console_fd: int | None = None  # a rank other than 0: its console before stdout/stderr went to its log
+_talks = {"console": False}  # this process logs to the console (rank 0)
 
 
 def rank_log_path(run_dir: str | Path, rank: int) -> Path:
@@ -36,9 +37,7 @@ def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = Tru
     file_handler.setFormatter(logging.Formatter(FILE_FORMAT.format(rank=env.rank, host=env.hostname)))
     logger.addHandler(file_handler)
     if env.rank == 0:
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
-        logger.addHandler(console)
+        _add_console(logger)
     elif redirect_output:
         global console_fd
         sys.stdout.flush()
@@ -55,14 +54,18 @@ def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = Tru
 def take_the_console() -> None:
     """A rank that became rank 0 when the job healed in place: from now on it talks to the console (its raw output
     too), as rank 0 does."""
-    logger = logging.getLogger("launcher")
-    if any(type(h) is logging.StreamHandler for h in logger.handlers):
+    if _talks["console"]:  # (tqdm may be standing in for its handler just now)
         return
     if console_fd is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(console_fd, 1)
         os.dup2(console_fd, 2)
+    _add_console(logging.getLogger("launcher"))
+
+
+def _add_console(logger: logging.Logger) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
     logger.addHandler(console)
+    _talks["console"] = True

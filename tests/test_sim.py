@@ -217,52 +217,46 @@ def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
     assert all(s["allreduce"] == 10.0 for s in seen)
 
 
-@pytest.fixture(scope="module")
-def one_process_20_steps(tmp_path_factory):
-    """The reference of the lost-node tests: one process taking each whole global batch (the trajectory does not
-    depend on the layout)."""
-    whole = tmp_path_factory.mktemp("one-process")
-    result = run_launcher(
-        "train.max_steps=20", "train.checkpoint_every_steps=10", "cluster.procs_per_node=1", run_dir=whole
+def test_lost_nodes_the_survivors_heal_in_place(tmp_path, tmp_path_factory):
+    """``cluster.min_nodes=1`` on 3 simulated nodes: node 1 is killed at step 15 (its agent and rank SIGKILLed at
+    once, as when a machine goes away: the head sees it), then node 2 freezes at step 17 (SIGSTOP: only the keeper's
+    missing heartbeat tells). Each time the survivors heal in place: the same processes, no checkpoint read, each
+    step trained and logged once, the next step within 10 s of each loss, and the final model is one process's on
+    the same global batches up to float32 summation order (test_launch's tolerance)."""
+    job = ("train.max_steps=20", "train.checkpoint_every_steps=10", "train.batch_size=48")
+    faults = "step=15,rank=1,signal=KILL,target=node;step=17,rank=2,signal=STOP,target=node"
+    sim = ("+cluster=sim", "cluster.nodes=3", "cluster.procs_per_node=1", "cluster.min_nodes=1")
+    result = run_launcher(*job, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
+    assert result.returncode == 0, result.stderr[-3000:]
+    err = result.stderr
+    assert "lost machine: the survivors heal in place (cluster.heal)" in err
+    assert (
+        "launcher: lost node-1 (its agent was killed by SIGKILL): the survivors heal in place, continuing on 2 of 3 "
+        "nodes (round 1, cluster.min_nodes=1)" in err
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return final_state(whole)
-
-
-@pytest.mark.parametrize(
-    ("signal_name", "why"),
-    [("KILL", "its agent was killed by SIGKILL"), ("STOP", "no heartbeat for 3.")],
-    ids=["killed", "frozen"],
-)
-def test_lost_node_the_survivors_heal_in_place(tmp_path, one_process_20_steps, signal_name, why):
-    """``cluster.min_nodes=1`` on 2 simulated nodes x 2 ranks: at step 15 node 1 is lost, killed (its agent and
-    ranks SIGKILLed at once, as when a machine goes away: the head sees it) or frozen (SIGSTOP: only the keeper's
-    missing heartbeats tell). Node 0's ranks heal in place: the same processes, no checkpoint read, each step
-    trained and logged once, the next step within 10 s of the loss, and the final model is one process's on the
-    same global batches up to float32 summation order (test_launch's tolerance)."""
-    job = ("+cluster=sim", "cluster.procs_per_node=2", "train.max_steps=20", "train.checkpoint_every_steps=10")
-    fault = {"LAUNCHER_FAULT": f"step=15,rank=2,signal={signal_name},target=node,attempt=0"}
-    result = run_launcher(*job, "cluster.min_nodes=1", "train.log_every_steps=1", run_dir=tmp_path, env=fault)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"launcher: lost node-1 ({why}" in result.stderr
-    assert "the survivors heal in place, continuing on 1 of 2 nodes (round 1, cluster.min_nodes=1)" in result.stderr
-    assert "(in memory: no checkpoint read)" in result.stderr
-    assert "resumed from /" not in result.stderr and "restarting" not in result.stderr  # no checkpoint loaded
+    assert re.search(
+        r"launcher: lost node-2 \(no heartbeat for 3\.\d s \(cluster.lost_after_s=3\)\): the survivors heal in "
+        r"place, continuing on 1 of 3 nodes \(round 2, cluster.min_nodes=1\)",
+        err,
+    ), err[-3000:]
+    assert "(in memory: no checkpoint read)" in err
+    assert "resumed from /" not in err and "restarting" not in err  # no checkpoint loaded
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
-    assert summary["resumed_from"] is None
-    [change] = summary["membership"]
-    assert change["why"].startswith(f"node-1: {why}"), change
-    assert {k: change[k] for k in ("step", "nodes_before", "nodes_after", "hosts_lost", "how")} == {
-        "step": 14,
-        "nodes_before": 2,
-        "nodes_after": 1,
-        "hosts_lost": ["node-1"],
-        "how": "in place",
-    }
-    assert 0 < change["fault_to_step_s"] <= 10, change
+    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 1, 20), summary
+    assert summary["resumed_from"] is None and summary["hosts"] == [summary["hosts"][0]]
+    killed, frozen = summary["membership"]
+    assert killed["why"] == "node-1: its agent was killed by SIGKILL", killed
+    assert frozen["why"].startswith("node-2: no heartbeat for 3."), frozen
+    for change, step, nodes in ((killed, 14, (3, 2)), (frozen, 16, (2, 1))):
+        assert (change["step"], change["how"], change["nodes_before"], change["nodes_after"]) == (
+            step,
+            "in place",
+            *nodes,
+        )
+        assert 0 < change["fault_to_step_s"] <= 10, change
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
     assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
-    a = final_state(tmp_path)
-    assert a["step"] == 20 and a["world_size"] == 2
-    assert_same_trajectory(a, one_process_20_steps)
+    whole = tmp_path_factory.mktemp("one-process")
+    alone = run_launcher(*job, "cluster.procs_per_node=1", run_dir=whole)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert_same_trajectory(final_state(tmp_path), final_state(whole))

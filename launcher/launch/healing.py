@@ -151,4 +151,6 @@ def wait_healing(
             )
             out.keeper_ended, deadline, deadline_why = True, time.monotonic(), "at once: the job's store is gone"
             out.first = min(running)
+    if out.keeper_ended:  # not a stop: the attempt failed (a restart from the checkpoint, if cluster.max_restarts)
+        out.codes[out.first] = 1
     return out

@@ -35,6 +35,7 @@ from ..membership import HEAL_ENV, ROUND_END_KEY
 from ..rendezvous import Group, next_round
 
 log = logging.getLogger(__name__)
+CHECK_IN_S = 60.0  # a round's members must all arrive this soon (a lost one is declared within lost_after_s)
 
 
 @dataclass
@@ -98,9 +99,35 @@ class Healer:
         )
         self.number, self.members, self.decision = decision["round"], list(decision["members"]), decision
         self._stop.set()  # the old round's watch (a late word from it is ignored: abandon.reset)
+        later = self._check_in(new)
+        if later is not None:  # another machine lost while this round formed
+            log.warning("%s while round %d formed: healing again", _said(later), self.number)
+            return self.rejoin(group, env, later)
         group = next_round(group, self.number, new)
         self.watch(group)
         return group, new
+
+    def _check_in(self, env: DistEnv) -> Optional[dict[str, Any]]:
+        """Every member of the round being formed says so in the store before its group forms (whose own rendezvous
+        would wait for a missing one until the group's timeout); returns the decision that ends this round
+        instead, when another machine is lost meanwhile."""
+        keys = [f"heal/in/{self.number}/{rank}" for rank in range(env.world_size)]
+        self.store.set(keys[env.rank], "1")
+        end = ROUND_END_KEY.format(self.number)
+        deadline = time.monotonic() + CHECK_IN_S
+        while True:
+            try:
+                self.store.wait(keys, timedelta(seconds=abandon.POLL_S * 4))
+                return None
+            except (RuntimeError, OSError):
+                if self.store.check([end]):
+                    return json.loads(self.store.get(end))
+                if time.monotonic() > deadline:
+                    missing = [rank for rank, key in enumerate(keys) if not self.store.check([key])]
+                    raise RuntimeError(
+                        f"round {self.number}: ranks {missing} did not check in within {CHECK_IN_S:.0f} s, and no "
+                        "machine was declared lost; the job stops"
+                    ) from None
 
 
 def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
@@ -114,6 +141,11 @@ def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
     source = steps.index(top)
     sent = dist_helpers.broadcast_object(state() if dist_helpers.get_rank() == source else None, src=source)
     return top, sent if step < top else None
+
+
+def _cut_off(exc: BaseException) -> bool:
+    """``exc`` may come from a machine lost under a collective (the keeper's decision then tells)."""
+    return isinstance(exc, abandon.PeerLost) or abandon.LOST.is_set() or "onnection" in str(exc)
 
 
 def _said(decision: dict[str, Any]) -> str:
@@ -132,10 +164,19 @@ class Healing:
 
     def heal_after(self, exc: Exception) -> bool:
         """After ``exc`` in the training loop: True when a machine was lost and this rank now trains on in the
-        next round with the survivors; False: ``exc`` is no loss of a machine (or this job does not heal)."""
+        next round with the survivors; False: ``exc`` is no loss of a machine (or this job does not heal). A machine
+        lost while the survivors heal: they heal again, from the next decision."""
+        while True:
+            try:
+                return self._heal_once(exc)
+            except Exception as again:
+                if not _cut_off(again) or self.healer is None:
+                    raise
+                exc = again
+
+    def _heal_once(self, exc: Exception) -> bool:
         healer = self.healer
-        cut_off = isinstance(exc, abandon.PeerLost) or abandon.LOST.is_set() or "onnection" in str(exc)
-        if healer is None or not cut_off:
+        if healer is None or not _cut_off(exc):
             return False
         decision = healer.end_of_round()
         if decision is None:
