@@ -98,3 +98,25 @@ def test_a_failing_node_ends_the_attempt_as_without_healing(tmp_path, monkeypatc
     out, _ = wait(procs, keeper, tmp_path, min_nodes=1)
     assert keeper.told == []  # a failure is no lost machine
     assert (out.first, out.codes[0], out.lost) == (0, 1, set())
+
+
+def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision():
+    """The ranks' side: members check in on the keeper's store before their group forms; one that never comes
+    (lost meanwhile) does not hold the others up until the group's timeout: the keeper's next decision does."""
+    import json
+
+    import torch.distributed as dist
+
+    from launcher.env import DistEnv
+    from launcher.membership import ROUND_END_KEY
+    from launcher.train.heal import Healer
+
+    store = dist.HashStore()
+    healer = Healer("node-0", ["node-0", "node-1"], lost_after_s=1.0, store=store, number=1)
+    env = DistEnv(rank=0, world_size=2, local_world_size=1, num_nodes=2)
+    store.set("heal/in/1/1", "1")  # the other member arrived: the round forms
+    assert healer._check_in(env) is None
+    healer.number = 2
+    decision = {"round": 3, "members": ["node-0"], "lost": {"node-1": "gone"}, "stop": "", "fault_time": 0.0}
+    store.set(ROUND_END_KEY.format(2), json.dumps(decision))  # node-1 lost before it checked in to round 2
+    assert healer._check_in(env) == decision

@@ -207,16 +207,16 @@ class Healing:
         )
         return True
 
-    def healed_step(self) -> None:
-        """After a step: the first one completed since a heal is recorded (rank 0) with the time since the loss."""
+    def healed_step(self, what: str = "") -> None:
+        """After a step (``what``: or the end of training): the first one completed since a heal is recorded (rank 0)
+        with the time since the loss."""
         if getattr(self, "_healed_from", None) is None:
             return
         step, _, decision = self._healed_from
         self._healed_from = None
         took = seconds_since(decision)
-        log.warning(
-            "healed in place: the first step after the loss (step %d) completed %.1f s after it", step + 1, took
-        )
+        what = what or f"the first step after the loss (step {step + 1})"
+        log.warning("healed in place: %s completed %.1f s after it", what, took)
         if self.env.is_main:
             membership.write(
                 self.run_dir,

@@ -183,11 +183,21 @@ class Trainer(Checkpointing, Healing, Records):
         if self.stop is not None:
             self.stop.disarm()
         wall = time.perf_counter() - start
+        while True:
+            try:
+                return self._finish(wall)
+            except Exception as exc:  # a machine lost in the last evaluation or checkpoint: those again, healed
+                if not self.heal_after(exc):
+                    raise
+
+    def _finish(self, wall: float) -> RunSummary:
+        """The end: the evaluation and the checkpoint the loop did not write, then the summary."""
         loop, t = self.loop, self.job.train
         if loop.last_eval_epoch != self.pos.epoch - 1 or loop.accuracy is None:
             loop.accuracy = self._evaluate(self.pos.epoch)
         if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and loop.trained_steps):
             self.save()
+        self.healed_step("the end of training")  # a loss in the last evaluation or checkpoint: recorded now
         return self._summary(loop.final_loss, loop.accuracy, loop.trained_steps, wall)
 
     def _epochs(self, bar: tqdm) -> bool:
