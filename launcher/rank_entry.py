@@ -100,7 +100,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     env = DistEnv.resolve()
     try:
         rank_main(load_frozen(run_dir), env)
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return  # left cleanly (a machine the job went on without, once it answers again)
         with open(rank_log_path(run_dir, env.rank), "a", encoding="utf-8") as log_file:
             traceback.print_exc(file=log_file)
         raise SystemExit(1) from None
