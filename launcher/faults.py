@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -28,6 +29,7 @@ from .env import DistEnv
 from .exiting import children
 
 FAULT_ENV = "LAUNCHER_FAULT"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Fault:
     slow: float = 0.0
 
     def fire(self) -> None:
+        log.warning("%s: firing %s at step %d", FAULT_ENV, self, self.step)  # the rank's log says when
         if self.stall:
             threading.Event().wait()  # forever: only the launcher ends this rank
         if self.signum is None:
