@@ -7,10 +7,10 @@ waits until the group's timeout. ``ProcessGroup.abort()``, ``shutdown()`` and ``
 once but leave a thread blocked in a collective blocked, and a survivor that is not a ring neighbour of the lost
 rank gets no error at all. So a collective that may outlive a peer is started with ``async_op=True`` and waited for
 through ``abortable``: a future of our own that completes with the backend's, or fails with ``PeerLost`` the moment
-``lost()`` is called (by whoever learns first that a machine is gone: this rank's own failed collective, or the
-keeper's decision in the store, polled by ``watch_store``). The abandoned work stays referenced until the process
-ends (``GRAVEYARD``, where ``rendezvous.next_round`` leaves the broken group too): dropped, either would block in
-its destructor until the old group's timeout.
+``lost()`` is called (by ``watch_store``, which polls the keeper's store for its decision; a rank whose own
+collective failed first, its peer's connection reset, waits for that decision: ``train.heal.Healer.end_of_round``).
+The abandoned work stays referenced until the process ends (``GRAVEYARD``, where ``rendezvous.next_round`` leaves
+the broken group too): dropped, either would block in its destructor until the old group's timeout.
 
 ``abortable`` only wraps while healing is on (``enable()``, in a rank of a job that heals): elsewhere it returns the
 backend's future itself (its Python callback would cost a GIL hand-off per bucket: bench/reducer.py)."""
@@ -104,8 +104,8 @@ def wait(work: Any) -> Any:
 
 
 def watch_store(store: Any, key: str, stop: threading.Event, on_key: Callable[[bytes], str]) -> threading.Thread:
-    """A daemon thread that calls ``lost(on_key(value))`` when ``key`` appears in ``store`` (until ``stop`` is set,
-    or the store's host is gone)."""
+    """A daemon thread that calls ``lost(on_key(value))`` when ``key`` appears in ``store`` (until ``stop`` is
+    set; a store unreachable for a while, a link down, is asked again)."""
 
     round_ = _state["round"]
 
@@ -115,8 +115,8 @@ def watch_store(store: Any, key: str, stop: threading.Event, on_key: Callable[[b
                 if store.check([key]):
                     lost(on_key(store.get(key)), round_)
                     return
-            except RuntimeError:  # the store's host is gone: nothing more to learn from it
-                return
+            except RuntimeError:  # unreachable for now
+                pass
             stop.wait(POLL_S)
 
     thread = threading.Thread(target=run, name="heal-watch", daemon=True)

@@ -25,6 +25,7 @@ FILE_NAME = "membership.jsonl"
 # Healing in place: the keys of the keeper's store (``launch/keeper.py``), under the attempt's prefix
 # (``rendezvous.attempt_prefix``): each node process's heartbeat counter, and the decision that ends round N.
 HEARTBEAT_KEY = "heal/heartbeat/{}"
+DONE_KEY = "heal/done/{}"  # a node process whose ranks ended (any way but lost): its silence is no loss
 ROUND_END_KEY = "heal/end/{}"
 HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "members": round 0's nodes}
 
@@ -92,6 +93,7 @@ class Membership:
         names = ", ".join(f"{n} ({why})" for n, why in decision["lost"].items())
         if decision["stop"]:
             print(f"launcher: lost {names}: {decision['stop']}; the job stops", file=sys.stderr)
+            self.spent_restarts = self.max_restarts  # too few machines: no restart either
             return False
         self.live = list(decision["members"])
         print(

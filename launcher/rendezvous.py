@@ -77,7 +77,7 @@ def process_group(
         gc.collect()
 
 
-def next_round(group: Group, number: int, env: DistEnv) -> Group:
+def next_round(group: Group, number: int, env: DistEnv, base: dist.Store | None = None) -> Group:
     """Heal in place: leave the current default group, which a lost machine broke, and form round ``number`` on
     the same store for ``env`` (this rank's place among the survivors), with nothing lost in it yet
     (``abandon.reset``). The old group is not destroyed but kept in ``abandon.GRAVEYARD``: its destructor joins
@@ -88,7 +88,7 @@ def next_round(group: Group, number: int, env: DistEnv) -> Group:
     abandon.GRAVEYARD.append(dist.group.WORLD)
     dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
     abandon.reset()
-    store = dist.PrefixStore(f"round-{number}", group.store)
+    store = dist.PrefixStore(f"round-{number}", base or group.store)  # base: one root for every round
     dist.init_process_group(
         backend=backend,
         store=store,

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from launcher.launch import healing
 from launcher.membership import Membership, Rounds
 
@@ -120,3 +122,40 @@ def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision
     decision = {"round": 3, "members": ["node-0"], "lost": {"node-1": "gone"}, "stop": "", "fault_time": 0.0}
     store.set(ROUND_END_KEY.format(2), json.dumps(decision))  # node-1 lost before it checked in to round 2
     assert healer._check_in(env) == decision
+
+
+def test_the_keeper_loses_a_silent_node_but_not_one_whose_ranks_ended(tmp_path):
+    """The real keeper process: two nodes beat; then node-0 says its ranks ended and falls silent, node-1 just falls
+    silent (frozen). Only node-1 is lost, after ``lost_after_s``, in the store and on stdout."""
+    import json
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from launcher.launch.ports import free_port
+    from launcher.membership import DONE_KEY, HEARTBEAT_KEY, ROUND_END_KEY
+    from launcher.rendezvous import attempt_prefix
+
+    port = free_port("127.0.0.1")
+    keeper = healing.Keeper([], "127.0.0.1", port, 0, 1, 1.0, ["node-0", "node-1"])
+    try:
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        store = dist.PrefixStore(attempt_prefix(0), client)
+        for _ in range(3):
+            time.sleep(0.2)  # the heartbeat's pace (a node beats every 0.5 s)
+            for name in ("node-0", "node-1"):
+                store.add(HEARTBEAT_KEY.format(name), 1)
+        silent = time.time()
+        store.set(DONE_KEY.format("node-0"), "1")
+        store.wait([ROUND_END_KEY.format(0)], timedelta(seconds=10))
+        took = time.time() - silent
+        decision = json.loads(store.get(ROUND_END_KEY.format(0)))
+        assert decision["members"] == ["node-0"] and list(decision["lost"]) == ["node-1"], decision
+        assert decision["lost"]["node-1"].startswith("no heartbeat for 1."), decision
+        assert 1.0 <= took < 3.0, took
+        with pytest.raises(RuntimeError):  # node-0, as silent as node-1 was by now, is never lost
+            store.wait([ROUND_END_KEY.format(1)], timedelta(seconds=1.5))
+    finally:
+        keeper.close()
+    assert keeper.proc.returncode == 0

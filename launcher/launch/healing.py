@@ -141,7 +141,7 @@ def wait_healing(
             for index in positions & running:
                 kill_tree(procs[index])
             if not members.healed(decision) and deadline is None:
-                out.first = min(positions)
+                out.first = min(positions) if out.first < 0 else out.first
                 deadline, deadline_why = time.monotonic(), "at once: too few nodes are left"
         elif kind == "keeper" and running and deadline is None:
             print(

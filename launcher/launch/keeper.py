@@ -5,9 +5,10 @@ included, leaves it standing.
 
 It hosts the job's store (the ranks' rendezvous and every round after it: ``rendezvous.next_round``), hears each
 node process's heartbeat (``HEARTBEAT_KEY``, every ``BEAT_S``) and decides the rounds (``membership.Rounds``): a node
-is lost when its heartbeat has been silent for ``cluster.lost_after_s`` (a frozen machine, a link down), or at once
-when the head says so (its node process ended by a signal: ``LOST`` on stdin). The decision goes into the store
-(``ROUND_END_KEY``: the ranks leave the broken round and form the next one) and to the head (stdout).
+is lost when its heartbeat has been silent for ``cluster.lost_after_s`` (a frozen machine, a link down; not one
+whose ranks ended, which says so: ``DONE_KEY``), or at once when the head says so (its node process ended by a
+signal: ``LOST`` on stdin). The decision goes into the store (``ROUND_END_KEY``: the ranks leave the broken round
+and form the next one) and to the head (stdout).
 
 ``python -m launcher.launch.keeper ADDR PORT ATTEMPT MIN_NODES LOST_AFTER_S NAME...`` (built by ``healing.Keeper``);
 stdout: one ``ROUND <json>`` line per decision; stdin: ``LOST <name> <time> <why>`` lines; the end of input ends
@@ -25,7 +26,7 @@ import time
 
 import torch.distributed as dist
 
-from ..membership import HEARTBEAT_KEY, ROUND_END_KEY, Rounds
+from ..membership import DONE_KEY, HEARTBEAT_KEY, ROUND_END_KEY, Rounds
 from ..rendezvous import attempt_prefix, listening_store
 
 BEAT_S = 0.5  # how often a node process beats (launch/workers.py)
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=read_head, args=(said,), daemon=True).start()
     heard: dict[str, tuple[int, float]] = {}  # name -> (its counter, when it last changed: wall time)
     silence = float(lost_after_s)
+    done = DONE_KEY.format  # a node whose ranks ended: silent, not lost
     while True:
         lost: dict[str, str] = {}
         fault_time = time.time()
@@ -69,7 +71,7 @@ def main(argv: list[str]) -> int:
             count = view.add(HEARTBEAT_KEY.format(name), 0)
             if count and count != heard.get(name, (0, 0.0))[0]:
                 heard[name] = (count, now)
-            elif count and now - heard[name][1] > silence and name not in lost:
+            elif count and now - heard[name][1] > silence and name not in lost and not view.check([done(name)]):
                 lost[name] = f"no heartbeat for {now - heard[name][1]:.1f} s (cluster.lost_after_s={silence:g})"
                 fault_time = min(fault_time, heard[name][1])
         decision = rounds.lose(lost, fault_time) if lost else None

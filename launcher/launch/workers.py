@@ -7,6 +7,7 @@ processes: the ranks heal among themselves (``launcher.train.heal``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,20 +22,18 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from ..config import JobConfig
 from ..env import TORCHRUN_VARS, head_attempt
 from ..failures import attempt_dir, exit_failure, record_exits
-from ..membership import HEAL_ENV, HEARTBEAT_KEY
+from ..membership import DONE_KEY, HEAL_ENV, HEARTBEAT_KEY
 from ..rendezvous import attempt_prefix
 from .head import NodeArgs
 from .keeper import BEAT_S
 
 
 def beat(store: dist.Store, name: str, stop: threading.Event) -> None:
-    """The node's heartbeat to the keeper, until ``stop`` (a keeper gone: the head sees it and ends the job)."""
+    """The node's heartbeat to the keeper, until ``stop`` (a keeper gone for good: the head sees it, ends the job)."""
     key = HEARTBEAT_KEY.format(name)
     while not stop.is_set():
-        try:
+        with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
             store.add(key, 1)
-        except RuntimeError:
-            return
         stop.wait(BEAT_S)
 
 
@@ -81,6 +80,8 @@ def run_workers(job: JobConfig, args: NodeArgs) -> int:
         ranks.close(exc.sigval)
         return 128 + int(exc.sigval)
     finally:
+        with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
+            store.set(DONE_KEY.format(names[args.node]), "1")
         stop.set()
     if result is None or not result.is_failed():
         return 0

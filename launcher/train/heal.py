@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Optional
 
+import torch.distributed as dist
+
 from .. import abandon, dist_helpers, membership, watch
 from ..env import DistEnv
 from ..logs import take_the_console
@@ -35,6 +37,12 @@ from ..membership import HEAL_ENV, ROUND_END_KEY
 from ..rendezvous import Group, next_round
 
 log = logging.getLogger(__name__)
+
+
+class HealStop(RuntimeError):
+    """The job cannot heal (too few machines left, a round that never formed): it stops, as named."""
+
+
 CHECK_IN_S = 60.0  # a round's members must all arrive this soon (a lost one is declared within lost_after_s)
 
 
@@ -45,7 +53,7 @@ class Healer:
     lost_after_s: float
     store: Any = None  # the attempt's store on the keeper (round 0's group store)
     number: int = 0  # the current round
-    decision: Optional[dict[str, Any]] = None  # the decision that began the current round
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # accepted, not yet recorded (membership)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -83,10 +91,11 @@ class Healer:
     def rejoin(self, group: Group, env: DistEnv, decision: dict[str, Any]) -> tuple[Group, DistEnv]:
         """Steps 1 and 2: this rank's place in the next round, and that round's group."""
         if decision["stop"]:
-            raise RuntimeError(f"{_said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
+            raise HealStop(f"{_said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
         if self.name not in decision["members"]:  # it was cut off or frozen for a while: the others went on
             why = decision["lost"].get(self.name, "?")
             log.warning("%s was declared lost (%s) while it ran: the job went on without it; leaving", self.name, why)
+            abandon.GRAVEYARD.append(dist.group.WORLD)  # destroyed, the broken group would wait for the dead
             raise SystemExit(0)
         node = decision["members"].index(self.name)
         per_node = env.local_world_size
@@ -97,13 +106,14 @@ class Healer:
             node_rank=node,
             num_nodes=len(decision["members"]),
         )
-        self.number, self.members, self.decision = decision["round"], list(decision["members"]), decision
+        self.number, self.members = decision["round"], list(decision["members"])
+        self.decisions.append(decision)  # recorded once the first step after it completes
         self._stop.set()  # the old round's watch (a late word from it is ignored: abandon.reset)
         later = self._check_in(new)
         if later is not None:  # another machine lost while this round formed
             log.warning("%s while round %d formed: healing again", _said(later), self.number)
             return self.rejoin(group, env, later)
-        group = next_round(group, self.number, new)
+        group = next_round(group, self.number, new, base=self.store)
         self.watch(group)
         return group, new
 
@@ -120,11 +130,13 @@ class Healer:
                 self.store.wait(keys, timedelta(seconds=abandon.POLL_S * 4))
                 return None
             except (RuntimeError, OSError):
+                if self.store.check(keys):  # everyone arrived just now: the round forms, whatever comes next
+                    return None
                 if self.store.check([end]):
                     return json.loads(self.store.get(end))
                 if time.monotonic() > deadline:
                     missing = [rank for rank, key in enumerate(keys) if not self.store.check([key])]
-                    raise RuntimeError(
+                    raise HealStop(
                         f"round {self.number}: ranks {missing} did not check in within {CHECK_IN_S:.0f} s, and no "
                         "machine was declared lost; the job stops"
                     ) from None
@@ -169,6 +181,8 @@ class Healing:
         while True:
             try:
                 return self._heal_once(exc)
+            except HealStop:
+                raise
             except Exception as again:
                 if not _cut_off(again) or self.healer is None:
                     raise
@@ -192,12 +206,15 @@ class Healing:
         step, state = agree_on_state(self.pos.step, self.state)
         if state is not None:
             self.apply_state(state)
+        loop = self.loop  # the ranks' running counts may differ by the step some were ahead: the highest holds
+        counts = dist_helpers.all_gather_object((loop.logged_step, loop.saved_step, loop.trained_steps))
+        loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*counts))
         self._build_world({})  # the sync measures its strategy again: the ranks and links changed
         self.stepper.sync = self.sync
         facts = dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname))
         self.hosts = [host for _, host in sorted(set(facts))]  # the summary's hosts: this round's
         watch.rebase(self.env, healer.number)
-        self._healed_from = (step, behind, decision)
+        self._healed_from = step
         log.info(
             "round %d: %s; step %d%s (in memory: no checkpoint read)",
             healer.number,
@@ -208,26 +225,29 @@ class Healing:
         return True
 
     def healed_step(self, what: str = "") -> None:
-        """After a step (``what``: or the end of training): the first one completed since a heal is recorded (rank 0)
-        with the time since the loss."""
-        if getattr(self, "_healed_from", None) is None:
+        """After a step (``what``: or the end of training): the first one completed since a heal records (rank 0)
+        each loss healed since, with the time from it."""
+        if getattr(self, "_healed_from", None) is None or self.healer is None:
             return
-        step, _, decision = self._healed_from
-        self._healed_from = None
-        took = seconds_since(decision)
+        step, self._healed_from = self._healed_from, None
         what = what or f"the first step after the loss (step {step + 1})"
-        log.warning("healed in place: %s completed %.1f s after it", what, took)
-        if self.env.is_main:
-            membership.write(
-                self.run_dir,
-                membership.Change(
-                    step=step,
-                    nodes_before=len(decision["before"]),
-                    nodes_after=len(decision["members"]),
-                    hosts_lost=list(decision["lost"]),
-                    why="; ".join(f"{name}: {why}" for name, why in decision["lost"].items()),
-                    time=float(decision["fault_time"]),
-                    how="in place",
-                    fault_to_step_s=took,
-                ),
+        for decision in self.healer.decisions:
+            took = seconds_since(decision)
+            log.warning(
+                "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision["lost"])
             )
+            if self.env.is_main:
+                membership.write(
+                    self.run_dir,
+                    membership.Change(
+                        step=step,
+                        nodes_before=len(decision["before"]),
+                        nodes_after=len(decision["members"]),
+                        hosts_lost=list(decision["lost"]),
+                        why="; ".join(f"{name}: {why}" for name, why in decision["lost"].items()),
+                        time=float(decision["fault_time"]),
+                        how="in place",
+                        fault_to_step_s=took,
+                    ),
+                )
+        self.healer.decisions.clear()

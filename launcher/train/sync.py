@@ -142,6 +142,8 @@ class GradientSync:
         return self.reducer.last_wait_s if self.reducer is not None else None
 
     def close(self) -> None:
+        if getattr(self, "left", False):  # left to the graveyard: its groups may wait for the dead
+            return
         if self.reducer is not None:
             self.reducer.close()
         self.topology.close()
@@ -151,4 +153,5 @@ class GradientSync:
         would too): our reducer's hooks come off the model, the rest goes to ``abandon.GRAVEYARD``."""
         if self.reducer is not None:
             self.reducer.close()
+        self.left = True
         abandon.GRAVEYARD.append(self)

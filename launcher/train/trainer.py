@@ -53,6 +53,7 @@ class Loop:
     final_loss: float = math.nan
     accuracy: Optional[float] = None
     logged_step: int = -1
+    saved_step: int = -1  # the step of the newest checkpoint this run wrote in the loop
 
 
 class Trainer(Checkpointing, Healing, Records):
@@ -192,10 +193,10 @@ class Trainer(Checkpointing, Healing, Records):
 
     def _finish(self, wall: float) -> RunSummary:
         """The end: the evaluation and the checkpoint the loop did not write, then the summary."""
-        loop, t = self.loop, self.job.train
+        loop = self.loop
         if loop.last_eval_epoch != self.pos.epoch - 1 or loop.accuracy is None:
             loop.accuracy = self._evaluate(self.pos.epoch)
-        if not (t.checkpoint_every_steps and self.pos.step % t.checkpoint_every_steps == 0 and loop.trained_steps):
+        if loop.saved_step != self.pos.step:  # the loop did not just write this step's
             self.save()
         self.healed_step("the end of training")  # a loss in the last evaluation or checkpoint: recorded now
         return self._summary(loop.final_loss, loop.accuracy, loop.trained_steps, wall)
@@ -204,8 +205,9 @@ class Trainer(Checkpointing, Healing, Records):
         """Train to the end (True), or until the job healed in place after losing a machine (False)."""
         t, loop = self.job.train, self.loop
         try:
-            if loop.trained_steps:  # healed: the step whose log the loss cut short is logged now (each step once)
+            if loop.trained_steps:  # healed: the step whose log or checkpoint the loss cut short, now (each once)
                 self._log_if_due(bar, self.pos.epoch)
+                self._checkpoint_or_stop()
             while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
                 epoch = self.pos.epoch
                 skip = self.pos.batch_in_epoch * self.batch_per_rank
@@ -241,8 +243,9 @@ class Trainer(Checkpointing, Healing, Records):
         rank leaves at this step with one checkpoint (``Preempted``)."""
         every = self.job.train.checkpoint_every_steps
         saved = bool(every) and self.pos.step % every == 0
-        if saved:
+        if saved and self.loop.saved_step < self.pos.step:  # (after a heal, this step's may be written already)
             self.save()
+            self.loop.saved_step = self.pos.step
         if self.stop is not None and self.stop.agreed(self.device, pipelined=self.sync.overlaps_forward):
             if not saved:
                 self.save()
