@@ -1,12 +1,14 @@
 """The machines a several-node job runs on, and its changes (``cluster.min_nodes``).
 
 A job started on ``cluster.nodes`` machines keeps going on fewer when machines are lost, down to
-``cluster.min_nodes``: the launcher's head (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent
-killed, its ssh connection dropped, or it fails the host checks before a restart), restarts the job on the
-survivors, and the ranks resume from the newest checkpoint on the smaller world (the global batch, and so the
-trajectory, is unchanged: ``launcher.train.saving``). A machine that answers the checks again joins at the next
-restart. Each change is one line of ``membership.jsonl`` in the run dir, written by the head; the trainer copies
-them into ``summary.json`` (``membership``).
+``cluster.min_nodes``, one of two ways (``config.rules.heal_off_reason`` says which). Healing in place (the built-in
+trainer): the keeper decides the rounds (``Rounds``, in ``launch/keeper.py``), the survivors go on in the same
+processes, and their rank 0 records each change (``launcher.train.heal``). The restart: the launcher's head
+(``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed, its ssh connection dropped, or it
+fails the host checks before a restart), restarts the job on the survivors (``Membership``), and the ranks resume
+from the newest checkpoint on the smaller world (the global batch, and so the trajectory, is unchanged:
+``launcher.train.saving``); a machine that answers the checks again joins at the next restart. Each change is one
+line of ``membership.jsonl`` in the run dir; the trainer copies them into ``summary.json`` (``membership``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Change:
     hosts_lost: list[str] = field(default_factory=list)
     hosts_joined: list[str] = field(default_factory=list)
     why: str = ""
-    time: float = 0.0  # when the head decided (seconds since the epoch)
+    time: float = 0.0  # restart: when the head decided; in place: the loss, the earliest it can have happened
     how: str = "restart"  # restart: from the newest checkpoint; in place: the survivors healed (launcher.train.heal)
     fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
 
