@@ -29,7 +29,7 @@ FILE_NAME = "membership.jsonl"
 HEARTBEAT_KEY = "heal/heartbeat/{}"
 DONE_KEY = "heal/done/{}"  # a node process whose ranks ended (any way but lost): its silence is no loss
 ROUND_END_KEY = "heal/end/{}"
-HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "members": round 0's nodes}
+HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node}
 
 
 @dataclass(frozen=True)

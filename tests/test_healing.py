@@ -114,7 +114,7 @@ def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision
     from launcher.train.heal import Healer
 
     store = dist.HashStore()
-    healer = Healer("node-0", ["node-0", "node-1"], lost_after_s=1.0, store=store, number=1)
+    healer = Healer("node-0", lost_after_s=1.0, store=store, number=1)
     env = DistEnv(rank=0, world_size=2, local_world_size=1, num_nodes=2)
     store.set("heal/in/1/1", "1")  # the other member arrived: the round forms
     assert healer._check_in(env) is None

@@ -59,7 +59,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
     head_max_restarts = c.max_restarts if c.may_shrink else 0
     members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
-    heals = c.may_shrink and heal_off_reason(job) is None
+    heals = heal_off_reason(job) is None
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
             launch_id = uuid.uuid4().hex[:12]

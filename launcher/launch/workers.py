@@ -51,7 +51,7 @@ def worker_envs(job: JobConfig, args: NodeArgs, names: list[str]) -> dict[int, d
         v["launch_id"]: args.launch_id,
         v["agent_store"]: "True",
         v["attempt"]: "0",
-        HEAL_ENV: json.dumps({"name": names[args.node], "members": names}),
+        HEAL_ENV: json.dumps({"name": names[args.node]}),
     }
     return {
         local: {**os.environ, **place, v["rank"]: str(args.node * procs + local), v["local_rank"]: str(local)}

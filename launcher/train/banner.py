@@ -10,6 +10,11 @@ from ..env import DistEnv
 MAX_DEVICE_LINES = 12
 
 
+def node_hosts(facts: list) -> list[str]:
+    """Each node's host name in node order, from every rank's ``(node_rank, host, ...)``."""
+    return [host for _, host in sorted({fact[0]: fact[1] for fact in reversed(facts)}.items())]
+
+
 def format_banner(env: DistEnv, backend: str, devices: list[str], sync: str, batch: str, run_dir: Path) -> str:
     """``devices``: ``"host: device"`` per rank; consecutive CPU ranks on one host share a line."""
     groups: list[tuple[list[int], str]] = []

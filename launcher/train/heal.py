@@ -35,6 +35,7 @@ from ..env import DistEnv
 from ..logs import take_the_console
 from ..membership import HEAL_ENV, ROUND_END_KEY
 from ..rendezvous import Group, next_round
+from .banner import node_hosts
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ CHECK_IN_S = 60.0  # a round's members must all arrive this soon (a lost one is 
 @dataclass
 class Healer:
     name: str  # this rank's node
-    members: list[str]  # the nodes of the current round
     lost_after_s: float
     store: Any = None  # the attempt's store on the keeper (round 0's group store)
     number: int = 0  # the current round
@@ -64,7 +64,7 @@ class Healer:
             return None
         place = json.loads(raw)
         abandon.enable()
-        return cls(place["name"], list(place["members"]), lost_after_s)
+        return cls(place["name"], lost_after_s)
 
     def watch(self, group: Group) -> None:
         """Watch the keeper's store for the end of the current round (round 0: ``group`` is its group)."""
@@ -106,7 +106,7 @@ class Healer:
             node_rank=node,
             num_nodes=len(decision["members"]),
         )
-        self.number, self.members = decision["round"], list(decision["members"])
+        self.number = decision["round"]
         self.decisions.append(decision)  # recorded once the first step after it completes
         self._stop.set()  # the old round's watch (a late word from it is ignored: abandon.reset)
         later = self._check_in(new)
@@ -211,8 +211,7 @@ class Healing:
         loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*counts))
         self._build_world({})  # the sync measures its strategy again: the ranks and links changed
         self.stepper.sync = self.sync
-        facts = dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname))
-        self.hosts = [host for _, host in sorted(set(facts))]  # the summary's hosts: this round's
+        self.hosts = node_hosts(dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname)))  # round's
         watch.rebase(self.env, healer.number)
         self._healed_from = step
         log.info(

@@ -27,7 +27,7 @@ from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
 from ..watch import note_step
 from . import checkpoint as ckpt
-from .banner import format_banner
+from .banner import format_banner, node_hosts
 from .data import build_datasets, eval_loader, train_loader
 from .heal import Healer, Healing
 from .metrics import MetricsWriter
@@ -129,7 +129,7 @@ class Trainer(Checkpointing, Healing, Records):
         for the summary)."""
         env = self.env
         facts = dist_helpers.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
-        self.hosts = [host for _, host in sorted({node: host for node, host, _ in reversed(facts)}.items())]
+        self.hosts = node_hosts(facts)
         if env.is_main:
             t = self.job.train
             batch = (
@@ -157,6 +157,8 @@ class Trainer(Checkpointing, Healing, Records):
                 self.stop.disarm()
             self.sync.close()
             self.metrics.close()
+            if self.healer is not None:
+                self.healer.close()  # the round's store watch
 
     def _fit(self) -> RunSummary:
         self.maybe_resume()
