@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from torch.futures import Future
 
@@ -103,9 +103,12 @@ def wait(work: Any) -> Any:
     return abortable(work.get_future()).wait() if _state["enabled"] else work.wait()
 
 
-def watch_store(store: Any, key: str, stop: threading.Event, on_key: Callable[[bytes], str]) -> threading.Thread:
-    """A daemon thread that calls ``lost(on_key(value))`` when ``key`` appears in ``store`` (until ``stop`` is
-    set; a store unreachable for a while, a link down, is asked again)."""
+def watch_store(
+    store: Any, key: str, stop: threading.Event, on_key: Callable[[bytes], Optional[str]]
+) -> threading.Thread:
+    """A daemon thread that calls ``on_key(value)`` when ``key`` appears in ``store`` (until ``stop`` is set; a
+    store unreachable for a while, a link down, is asked again), then ``lost`` with what it returns (None: nothing
+    is lost, a machine joins)."""
 
     round_ = _state["round"]
 
@@ -113,7 +116,8 @@ def watch_store(store: Any, key: str, stop: threading.Event, on_key: Callable[[b
         while not stop.is_set() and not LOST.is_set():
             try:
                 if store.check([key]):
-                    lost(on_key(store.get(key)), round_)
+                    if (why := on_key(store.get(key))) is not None:
+                        lost(why, round_)
                     return
             except RuntimeError:  # unreachable for now
                 pass

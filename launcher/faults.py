@@ -11,6 +11,9 @@
   step's gradient allreduce;
 - ``slow=F``: from step K on, rank R takes F times as long per step (a straggler: each forward first waits
   F - 1 times the work the rank did since the previous one);
+- ``delay=S``: from step K on, rank R spends S seconds more on each step (a job slow enough for a test to act
+  while it runs: unlike ``slow``, a pause between steps, e.g. a heal, adds nothing); ``while=PATH``: only while
+  that file exists (the test removes it when it has seen what it waited for);
 - ``attempt=A``: only in attempt A (the DistEnv's 0-based attempt: elastic or head restarts, Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
@@ -41,6 +44,8 @@ class Fault:
     target: str = "self"
     backward: bool = False
     slow: float = 0.0
+    delay: float = 0.0
+    while_path: str = ""
 
     def fire(self) -> None:
         log.warning("%s: firing %s at step %d", FAULT_ENV, self, self.step)  # the rank's log says when
@@ -63,11 +68,24 @@ def fire_at(faults: dict[int, Fault], step: int, model: Any) -> None:
         return
     if fault.slow:
         model.register_forward_pre_hook(_SlowDown(fault.slow))
+    elif fault.delay:
+        model.register_forward_pre_hook(_Delay(fault.delay, fault.while_path))
     elif fault.backward:
         first = next(p for p in model.parameters() if p.requires_grad)
         first.register_hook(lambda grad: fault.fire())
     else:
         fault.fire()
+
+
+class _Delay:
+    """A forward pre-hook: waits ``seconds`` (while ``path`` exists, if given)."""
+
+    def __init__(self, seconds: float, path: str) -> None:
+        self.seconds, self.path = seconds, path
+
+    def __call__(self, module: Any, args: Any) -> None:
+        if not self.path or os.path.exists(self.path):
+            time.sleep(self.seconds)  # simulated work, not synchronisation
 
 
 class _SlowDown:
@@ -102,6 +120,8 @@ def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
             target=fields.get("target", "self"),
             backward="backward" in fields,
             slow=float(fields.get("slow", 0)),
+            delay=float(fields.get("delay", 0)),
+            while_path=fields.get("while", ""),
             signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
         )
         mine[fault.step] = fault

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -25,11 +25,26 @@ from .checkpoint_names import newest_step
 
 FILE_NAME = "membership.jsonl"
 # Healing in place: the keys of the keeper's store (``launch/keeper.py``), under the attempt's prefix
-# (``rendezvous.attempt_prefix``): each node process's heartbeat counter, and the decision that ends round N.
-HEARTBEAT_KEY = "heal/heartbeat/{}"
+# (``rendezvous.attempt_prefix``). A node process is known by ``node_id``: its node's name and which start of it
+# this is in the attempt (0: with the attempt; 1, 2, ...: joining later), so a cut-off process that answers again
+# is never taken for the one started after it.
+HEARTBEAT_KEY = "heal/heartbeat/{}"  # each node process's heartbeat counter
 DONE_KEY = "heal/done/{}"  # a node process whose ranks ended (any way but lost): its silence is no loss
-ROUND_END_KEY = "heal/end/{}"
-HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node}
+READY_KEY = "heal/ready/{}"  # a joining node process: how many of its ranks are ready to join
+JOINED_KEY = "heal/joined/{}"  # a joining node process: the round it joins
+ROUND_END_KEY = "heal/end/{}"  # the decision that ends round N
+TRAINED_KEY = "heal/trained"  # the ranks trained every step: a machine still waiting to join need not
+HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node_id's number}
+
+
+def joins_running_job(environ: Mapping[str, str]) -> bool:
+    """This rank's node process was started to join a job already running (healing in place)."""
+    return bool(json.loads(environ.get(HEAL_ENV) or "{}").get("start"))
+
+
+def node_id(name: str, start: int) -> str:
+    """A node process's name in the keeper's store: its node's ``name`` and its ``start`` in the attempt."""
+    return f"{name}#{start}"
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,7 @@ class Change:
     time: float = 0.0  # restart: when the head decided; in place: the loss, the earliest it can have happened
     how: str = "restart"  # restart: from the newest checkpoint; in place: the survivors healed (launcher.train.heal)
     fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
+    answer_to_step_s: Optional[float] = None  # in place: from the joining machine's answer to the first step with it
 
 
 def write(run_dir: str | Path, change: Change) -> None:
@@ -90,17 +106,19 @@ class Membership:
         return self.min_nodes < len(self.all)
 
     def healed(self, decision: dict[str, Any]) -> bool:
-        """The keeper's ``decision`` (``Rounds.lose``): said, and the next restart (if any) runs on its members.
-        False when too few nodes are left (the job stops)."""
+        """The keeper's ``decision`` (``Rounds.lose``, ``Rounds.join``): said, and the next restart (if any) runs on
+        its members. False when too few nodes are left (the job stops)."""
         names = ", ".join(f"{n} ({why})" for n, why in decision["lost"].items())
         if decision["stop"]:
             print(f"launcher: lost {names}: {decision['stop']}; the job stops", file=sys.stderr)
             self.spent_restarts = self.max_restarts  # too few machines: no restart either
             return False
         self.live = list(decision["members"])
+        self.all += [name for name in decision["joined"] if name not in self.all]
+        what = f"lost {names}: the survivors heal in place" if names else f"{', '.join(decision['joined'])} joined"
         print(
-            f"launcher: lost {names}: the survivors heal in place, continuing on {len(self.live)} of "
-            f"{len(self.all)} nodes (round {decision['round']}, cluster.min_nodes={self.min_nodes})",
+            f"launcher: {what}, continuing on {len(self.live)} of {len(self.all)} nodes (round {decision['round']}, "
+            f"cluster.min_nodes={self.min_nodes})",
             file=sys.stderr,
         )
         return True
@@ -149,7 +167,10 @@ class Rounds:
     """The keeper's decisions (``launch/keeper.py``) for a job that heals in place: the nodes of each round of
     process groups. Round 0 is every node started; each loss ends a round and names the next one's members, in
     the order started (a node's ranks keep their order), or none when fewer than ``min_nodes`` would be left (the
-    job then stops, or falls back to the head's restart)."""
+    job then stops, or falls back to the head's restart); a machine that answers again ends a round too, joining
+    the next one last. A decision: ``round`` (the next), ``members``, ``before``, ``lost`` (name -> why),
+    ``joined``, ``fault_time`` (a loss: the earliest it can have happened), ``answer_time`` (a join: when the
+    machine answered), ``stop`` (why the job cannot go on, or "")."""
 
     names: list[str]
     min_nodes: int
@@ -167,13 +188,18 @@ class Rounds:
             return None
         after = [name for name in self.live if name not in lost]
         enough = len(after) >= self.min_nodes
-        decision = {
-            "round": self.number + 1,
-            "members": after if enough else [],
-            "before": list(self.live),
-            "lost": lost,
-            "fault_time": fault_time,
-            "stop": "" if enough else f"{len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}",
-        }
-        self.number, self.live = self.number + 1, after
+        stop = "" if enough else f"{len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}"
+        return self._next(after if enough else [], lost=lost, fault_time=fault_time, stop=stop)
+
+    def join(self, name: str, answer_time: float) -> Optional[dict[str, Any]]:
+        """End the round with ``name`` joining it (its machine answered again at ``answer_time``), last in the
+        order: every other rank keeps its place, rank 0 and its console included. None when it is in already."""
+        if name in self.live:
+            return None
+        return self._next([*self.live, name], joined=[name], answer_time=answer_time)
+
+    def _next(self, members: list[str], **change: Any) -> dict[str, Any]:
+        decision = {"round": self.number + 1, "members": members, "before": list(self.live), "lost": {}, "joined": []}
+        decision.update({"fault_time": None, "answer_time": None, "stop": "", **change})
+        self.number, self.live = self.number + 1, members or [n for n in self.live if n not in change.get("lost", ())]
         return decision

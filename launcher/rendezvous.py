@@ -43,6 +43,7 @@ def process_group(
     timeout_s: float = 300.0,
     store: dist.Store | None = None,
     join_timeout_s: Optional[float] = None,
+    form: bool = True,
 ) -> Iterator[Group]:
     """Initialise the default group for ``env``, yield it, and always destroy it, whatever happens inside.
 
@@ -50,6 +51,8 @@ def process_group(
     ``env.master_addr:env.master_port``; a single process uses an in-memory store (no port at all).
     Every rank first checks in on the store: after ``join_timeout_s`` (default ``timeout_s``) the ranks that are
     there name the ranks that are not, and the address they waited at; ``timeout_s`` then bounds collectives.
+    ``form=False``: a rank joining a job that heals in place reaches the store only (``next_round`` forms its
+    group later); whatever group it formed is destroyed at the end.
     """
     join_s = join_timeout_s or timeout_s
     if store is None and env.world_size == 1:
@@ -58,8 +61,40 @@ def process_group(
         store = _connect(env, join_s)
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
     store = dist.PrefixStore(attempt_prefix(env.attempt), store)
-    _check_in(store, env, join_s)
+    if form:
+        _check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
+    if form:
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        log.debug("process group up: %s backend=%s", env.describe(), backend)
+    try:
+        yield Group(store, env, timeout_s)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # Groups still referenced from garbage cycles (DDP, reducer hooks) would otherwise be destroyed at
+        # interpreter exit, while their backend threads are joinable: std::terminate (SIGABRT) after a clean run.
+        gc.collect()
+
+
+def next_round(number: int, env: DistEnv, base: dist.Store, backend: str, timeout_s: float) -> Group:
+    """Heal in place: leave the current default group (a lost machine broke it; a joining rank has none yet) and
+    form round ``number`` on the attempt's store ``base`` for ``env`` (this rank's place in the round), with
+    nothing lost in it yet (``abandon.reset``). The old group is not destroyed but kept in ``abandon.GRAVEYARD``:
+    its destructor joins backend threads that wait for the dead peers until its timeout (measured: seconds to
+    minutes), while leaving it costs nothing. The caller then builds anew what held the old group (DDP, the
+    reducer's topology); ``process_group``'s exit destroys the newest round."""
+    if dist.is_initialized():
+        abandon.GRAVEYARD.append(dist.group.WORLD)
+        dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
+    abandon.reset()
+    store = dist.PrefixStore(f"round-{number}", base)  # one root for every round
     dist.init_process_group(
         backend=backend,
         store=store,
@@ -67,37 +102,8 @@ def process_group(
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
-    log.debug("process group up: %s backend=%s", env.describe(), backend)
-    try:
-        yield Group(store, env, timeout_s)
-    finally:
-        dist.destroy_process_group()
-        # Groups still referenced from garbage cycles (DDP, reducer hooks) would otherwise be destroyed at
-        # interpreter exit, while their backend threads are joinable: std::terminate (SIGABRT) after a clean run.
-        gc.collect()
-
-
-def next_round(group: Group, number: int, env: DistEnv, base: dist.Store | None = None) -> Group:
-    """Heal in place: leave the current default group, which a lost machine broke, and form round ``number`` on
-    the same store for ``env`` (this rank's place among the survivors), with nothing lost in it yet
-    (``abandon.reset``). The old group is not destroyed but kept in ``abandon.GRAVEYARD``: its destructor joins
-    backend threads that wait for the dead peers until its timeout (measured: seconds to minutes), while leaving
-    it costs nothing. The caller then builds anew what held the old group (DDP, the reducer's topology);
-    ``process_group``'s exit destroys the newest round."""
-    backend = dist.get_backend()
-    abandon.GRAVEYARD.append(dist.group.WORLD)
-    dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
-    abandon.reset()
-    store = dist.PrefixStore(f"round-{number}", base or group.store)  # base: one root for every round
-    dist.init_process_group(
-        backend=backend,
-        store=store,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=group.timeout_s),
-    )
     log.info("process group round %d: %s", number, env.describe())
-    return Group(store, env, group.timeout_s)
+    return Group(store, env, timeout_s)
 
 
 def attempt_prefix(attempt: int) -> str:

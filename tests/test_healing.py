@@ -7,8 +7,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from launcher.launch import healing
 from launcher.membership import Membership, Rounds
 
@@ -24,12 +22,31 @@ def test_rounds_name_the_survivors_in_order_and_stop_below_min_nodes():
         "members": ["node-1", "node-2"],
         "before": NAMES,
         "lost": {"node-0": "gone"},
+        "joined": [],
         "fault_time": 5.0,
+        "answer_time": None,
         "stop": "",
     }
     second = rounds.lose({"node-2": "frozen", "node-0": "again"}, 6.0)  # node-0 is no longer in the round
     assert (second["round"], second["members"], second["lost"]) == (2, [], {"node-2": "frozen"})
     assert second["stop"] == "1 node(s) left, fewer than cluster.min_nodes=2"
+
+
+def test_a_machine_that_answers_again_joins_last_and_rank_0_stays():
+    rounds = Rounds(NAMES, min_nodes=1)
+    rounds.lose({"node-0": "link down"}, 5.0)
+    assert rounds.join("node-2", 6.0) is None  # in the round already
+    back = rounds.join("node-0", 7.0)
+    assert (back["round"], back["members"], back["before"]) == (2, ["node-1", "node-2", "node-0"], ["node-1", "node-2"])
+    assert (back["lost"], back["joined"], back["fault_time"], back["answer_time"], back["stop"]) == (
+        {},
+        ["node-0"],
+        None,
+        7.0,
+        "",
+    )
+    again = rounds.lose({"node-0": "gone again"}, 8.0)  # the one that joined is a member like the others
+    assert (again["round"], again["members"]) == (3, ["node-1", "node-2"])
 
 
 class StandInKeeper:
@@ -40,7 +57,12 @@ class StandInKeeper:
 
     def lose(self, name, why):
         self.told.append((name, why))
-        self.put(("round", self.rounds.lose({name: why}, 0.0)))
+        if (decision := self.rounds.lose({name: why}, 0.0)) is not None:  # (none: not in the round)
+            self.put(("round", decision))
+
+    def join(self, name, start, ranks, answered):
+        self.told.append((name, f"joins as start {start} with {ranks} rank(s)"))
+        self.put(("round", self.rounds.join(name, answered)))
 
     def read(self, put):
         self.put = put
@@ -48,17 +70,47 @@ class StandInKeeper:
             put(("keeper", -9))
 
 
+class StandInRejoin:
+    """A lost node answers again at the first check; its node process runs ``body`` (a ``nodes`` word)."""
+
+    ranks, every_s = 2, 0.05
+
+    def __init__(self, body: str) -> None:
+        self.body, self.started, self.checked = body, [], []
+
+    def answering(self, names):
+        self.checked.append(list(names))
+        return names if len(self.checked) == 1 else []  # once
+
+    def start(self, name, start, members):
+        self.started.append((name, start, members))
+        return nodes(self.body)[0]
+
+
 def nodes(*codes_after: str) -> list[subprocess.Popen]:
-    """Node processes: each runs the given Python statement (``wait``: until stopped)."""
+    """Node processes: each runs the given Python statement (``wait``: until stopped; ``input``: until its input
+    ends, ``end``)."""
     body = {"wait": "import time; time.sleep(60)", "ok": "pass", "killed": "import os; os.kill(os.getpid(), 9)"}
-    return [subprocess.Popen([sys.executable, "-c", body[what]]) for what in codes_after]
+    body["input"] = "import sys; sys.stdin.read()"
+    return [
+        subprocess.Popen([sys.executable, "-c", body[what]], stdin=subprocess.PIPE if what == "input" else None)
+        for what in codes_after
+    ]
 
 
-def wait(procs, keeper, tmp_path, min_nodes):
+def end(procs: list[subprocess.Popen]) -> None:
+    """End the ``input`` ones (exit 0)."""
+    for proc in procs:
+        if proc.stdin is not None:
+            proc.stdin.close()
+
+
+def wait(procs, keeper, tmp_path, min_nodes, rejoin=None):
     members = Membership(tmp_path, NAMES, min_nodes, max_restarts=0)
     why = lambda code: f"killed by {signal.Signals(-code).name}" if code < 0 else ""  # noqa: E731
+    stop = subprocess.Popen.terminate
     try:
-        return healing.wait_healing(procs, NAMES, keeper, members, subprocess.Popen.terminate, why), members
+        return healing.wait_healing(procs, NAMES, keeper, members, stop, why, rejoin), members
     finally:
         for proc in procs:
             proc.kill()
@@ -66,13 +118,45 @@ def wait(procs, keeper, tmp_path, min_nodes):
 
 
 def test_a_killed_node_is_reported_and_the_others_go_on(tmp_path, capfd):
-    keeper = StandInKeeper(min_nodes=2)
-    out, members = wait(nodes("ok", "killed", "ok"), keeper, tmp_path, min_nodes=2)
+    keeper, procs = StandInKeeper(min_nodes=2), nodes("input", "killed", "input")
+    told = keeper.lose
+    keeper.lose = lambda name, why: (told(name, why), end(procs))  # the survivors end once the loss is decided
+    out, members = wait(procs, keeper, tmp_path, min_nodes=2)
     assert keeper.told == [("node-1", "killed by SIGKILL")]
     assert (out.first, out.lost, out.keeper_ended) == (-1, {1}, False)
     assert members.live == ["node-0", "node-2"]
     err = capfd.readouterr().err
     assert "launcher: lost node-1 (killed by SIGKILL): the survivors heal in place, continuing on 2 of 3 nodes" in err
+
+
+def test_a_lost_node_that_answers_again_gets_a_node_process_that_joins(tmp_path, capfd):
+    """node-1 is killed; the next check finds it answering: a node process is started for it (its start number 1,
+    the round it expects to join: itself last), the keeper is told, its decision brings the world back to 3."""
+    keeper, rejoin = StandInKeeper(min_nodes=2), StandInRejoin("input")
+    procs = nodes("input", "killed", "input")
+    keeper.join = lambda *said, join=keeper.join: (join(*said), end(procs))  # then all end
+    out, members = wait(procs, keeper, tmp_path, min_nodes=2, rejoin=rejoin)
+    assert rejoin.started == [("node-1", 1, ["node-0", "node-2", "node-1"])]
+    assert keeper.told == [("node-1", "killed by SIGKILL"), ("node-1", "joins as start 1 with 2 rank(s)")]
+    assert members.live == ["node-0", "node-2", "node-1"] and out.names == [*NAMES, "node-1"]
+    assert (out.first, out.lost) == (-1, {1})  # the killed one: lost, no failure; the joiner: a member
+    err = capfd.readouterr().err
+    assert "launcher: node-1 answers again: starting its ranks to join the job in place" in err
+    assert "launcher: node-1 joined, continuing on 3 of 3 nodes (round 2, cluster.min_nodes=2)" in err
+
+
+def test_a_machine_whose_node_process_ends_before_it_joined_is_no_failure(tmp_path, capfd):
+    """The joiner's node process fails before the keeper let it in: said, the keeper told, and the job goes on
+    (exit 0) without it."""
+    keeper, rejoin = StandInKeeper(min_nodes=2), StandInRejoin("killed")
+    keeper.join = lambda name, *_: keeper.told.append((name, "joins"))  # never ready: no decision
+    procs = nodes("input", "killed", "input")
+    told = keeper.lose
+    keeper.lose = lambda name, why: (told(name, why), len(keeper.told) == 3 and end(procs))
+    out, members = wait(procs, keeper, tmp_path, min_nodes=2, rejoin=rejoin)
+    assert keeper.told[1:] == [("node-1", "joins"), ("node-1", "its node process ended before it joined")]
+    assert out.first == -1 and members.live == ["node-0", "node-2"]
+    assert "launcher: node-1 did not join (its node process ended with code -9)" in capfd.readouterr().err
 
 
 def test_too_few_left_stops_the_others_at_once(tmp_path, capfd):
@@ -114,7 +198,7 @@ def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision
     from launcher.train.heal import Healer
 
     store = dist.HashStore()
-    healer = Healer("node-0", lost_after_s=1.0, store=store, number=1)
+    healer = Healer("node-0", lost_after_s=1.0, backend="gloo", store=store, number=1)
     env = DistEnv(rank=0, world_size=2, local_world_size=1, num_nodes=2)
     store.set("heal/in/1/1", "1")  # the other member arrived: the round forms
     assert healer._check_in(env) is None
@@ -124,9 +208,12 @@ def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision
     assert healer._check_in(env) == decision
 
 
-def test_the_keeper_loses_a_silent_node_but_not_one_whose_ranks_ended(tmp_path):
+def test_the_real_keeper_loses_a_silent_node_lets_it_join_again_and_never_loses_a_finished_one(tmp_path):
     """The real keeper process: two nodes beat; then node-0 says its ranks ended and falls silent, node-1 just falls
-    silent (frozen). Only node-1 is lost, after ``lost_after_s``, in the store and on stdout."""
+    silent (frozen). Only node-1 is lost, after ``lost_after_s``, in the store and on stdout. The head then says
+    node-1 answers again (a new node process, start 1, two ranks): once both its ranks are ready it joins (the
+    round it joins is in the store for it); the old process beating again counts for nothing: the new one, silent,
+    is lost again. node-0, silent all along, never is."""
     import json
     import time
     from datetime import timedelta
@@ -134,28 +221,49 @@ def test_the_keeper_loses_a_silent_node_but_not_one_whose_ranks_ended(tmp_path):
     import torch.distributed as dist
 
     from launcher.launch.ports import free_port
-    from launcher.membership import DONE_KEY, HEARTBEAT_KEY, ROUND_END_KEY
+    from launcher.membership import DONE_KEY, HEARTBEAT_KEY, JOINED_KEY, READY_KEY, ROUND_END_KEY, node_id
     from launcher.rendezvous import attempt_prefix
 
     port = free_port("127.0.0.1")
     keeper = healing.Keeper([], "127.0.0.1", port, 0, 1, 1.0, ["node-0", "node-1"])
+    decisions: list = []
+    keeper.read(decisions.append)
     try:
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
         store = dist.PrefixStore(attempt_prefix(0), client)
         for _ in range(3):
             time.sleep(0.2)  # the heartbeat's pace (a node beats every 0.5 s)
             for name in ("node-0", "node-1"):
-                store.add(HEARTBEAT_KEY.format(name), 1)
+                store.add(HEARTBEAT_KEY.format(node_id(name, 0)), 1)
         silent = time.time()
-        store.set(DONE_KEY.format("node-0"), "1")
+        store.set(DONE_KEY.format(node_id("node-0", 0)), "1")
         store.wait([ROUND_END_KEY.format(0)], timedelta(seconds=10))
         took = time.time() - silent
         decision = json.loads(store.get(ROUND_END_KEY.format(0)))
         assert decision["members"] == ["node-0"] and list(decision["lost"]) == ["node-1"], decision
         assert decision["lost"]["node-1"].startswith("no heartbeat for 1."), decision
         assert 1.0 <= took < 3.0, took
-        with pytest.raises(RuntimeError):  # node-0, as silent as node-1 was by now, is never lost
-            store.wait([ROUND_END_KEY.format(1)], timedelta(seconds=1.5))
+
+        keeper.join("node-1", 1, 2, answered=123.0)
+        new = node_id("node-1", 1)
+        store.add(HEARTBEAT_KEY.format(new), 1)
+        store.add(READY_KEY.format(new), 1)
+        time.sleep(0.3)  # the keeper looks every 0.1 s: one rank of two ready is not enough
+        assert not store.check([JOINED_KEY.format(new)])
+        store.add(READY_KEY.format(new), 1)
+        store.wait([JOINED_KEY.format(new)], timedelta(seconds=5))
+        joined = time.time()
+        assert store.get(JOINED_KEY.format(new)) == b"2"
+        decision = json.loads(store.get(ROUND_END_KEY.format(1)))
+        assert (decision["members"], decision["joined"], decision["lost"]) == (["node-0", "node-1"], ["node-1"], {})
+        assert decision["answer_time"] == 123.0
+        while time.time() - joined < 1.5:  # the cut-off old process beats again: not the member any more
+            store.add(HEARTBEAT_KEY.format(node_id("node-1", 0)), 1)
+            time.sleep(0.2)
+        store.wait([ROUND_END_KEY.format(2)], timedelta(seconds=5))
+        decision = json.loads(store.get(ROUND_END_KEY.format(2)))
+        assert decision["members"] == ["node-0"] and list(decision["lost"]) == ["node-1"], decision
     finally:
         keeper.close()
     assert keeper.proc.returncode == 0
+    assert [d[1]["round"] for d in decisions if d[0] == "round"] == [1, 2, 3]  # each said on stdout too

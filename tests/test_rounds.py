@@ -55,7 +55,7 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
         left_at = time.time()
         stop.set()
         survivor = DistEnv(rank=rank, local_rank=rank, world_size=WORLD - 1, local_world_size=WORLD - 1)
-        group = next_round(group, 1, survivor)
+        group = next_round(1, survivor, group.store, "gloo", group.timeout_s)
         abandon.reset()
         y = torch.full((2,), rank + 1.0)
         dist.all_reduce(y)  # the new round works: 1 + 2

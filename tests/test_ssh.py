@@ -161,6 +161,7 @@ def wait_first_checkpoint(head: subprocess.Popen, run_dir: Path, log: Path) -> N
         time.sleep(0.2)
 
 
+DELAY_S = 1.0  # the heal test's slowed rank, each step until the machine is back: it joins within 20 steps
 LONG = ("cluster.procs_per_node=2", "train.epochs=200", "train.checkpoint_every_steps=20")
 
 
@@ -345,20 +346,24 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
     assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
 
 
-def test_first_machine_lost_the_others_heal_in_place(machines, tmp_path):
-    """Three machines, ``cluster.min_nodes=2``: after the first checkpoint the FIRST machine's link goes down (no
+def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines, tmp_path):
+    """Three machines, ``cluster.min_nodes=2``: as soon as training runs the FIRST machine's link goes down (no
     reset reaches anyone: only its silent heartbeat tells). The keeper, on this head (the job's store: no machine
     holds it), declares it lost after ``cluster.lost_after_s``; the other two leave the broken group and go on in
-    the same processes, from memory: the next step within 10 s of the loss, each step logged once, exit 0, and the
-    final model is one process's on the same global batches (test_launch's tolerance). The link comes back; the
-    cut-off machine's processes end and nothing is left."""
+    the same processes, from memory: the next step within 10 s of the loss. The link comes back: the head's checks
+    find the machine answering, start its ranks, and they join at a step boundary within 10 s of the answer, with
+    the state from a live peer (the world is 3 again, the machine last). Each step is logged once, exit 0, the final
+    model is one process's on the same global batches (test_launch's tolerance), and nothing is left running."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
     # 3 machines share this host's cores: one thread per rank; 20 steps (the trajectory check's span: float32
-    # summation orders drift apart over hundreds of steps); the link goes as soon as training runs (~50 steps/s)
+    # summation orders drift apart over hundreds of steps), slowed down by the second machine's rank (the job's pace
+    # is the slowest rank's) so that the first one has time to come back and join
     job = ("cluster.procs_per_node=1", "train.batch_size=48", "train.threads_per_rank=1", "train.max_steps=20")
-    overrides = (*job, "cluster.min_nodes=2", "train.log_every_steps=1")
-    head = start_head(args, run_dir, *overrides, "cluster.heartbeat_timeout_s=15")
+    overrides = (*job, "cluster.min_nodes=2", "train.log_every_steps=1", "cluster.heartbeat_timeout_s=15")
+    slow = tmp_path / "slow"  # the second machine's rank takes DELAY_S more per step while it exists
+    slow.touch()
+    head = start_head(args, run_dir, *overrides, fault=f"step=2,rank=1,delay={DELAY_S},while={slow}")
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
@@ -371,14 +376,18 @@ def test_first_machine_lost_the_others_heal_in_place(machines, tmp_path):
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "up"], check=True)
+        deadline = time.monotonic() + 60
+        while "joined, continuing" not in log.read_text():
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        slow.unlink()  # the rest at full speed
         assert head.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
         subprocess.run(["ip", "-n", ALL[0], "link", "set", "eth0", "up"])
         if head.poll() is None:
             head.kill()
-        # the cut-off machine: its sshd session ends once the link is back (the head's client is gone), then its
-        # node stops its ranks (SIGTERM; they reach no step boundary: 25 s), plus 10 s of margin
-        wait_nothing_left(machines, 15 + 30 + 10, sessions=False)
+        # the cut-off machine's first processes: they leave once they hear the job went on without them
+        wait_nothing_left(machines, 30, sessions=False)
         for pid in job_processes(machines):
             os.kill(int(pid.split(":")[0]), signal.SIGKILL)
     stderr = log.read_text()
@@ -387,19 +396,28 @@ def test_first_machine_lost_the_others_heal_in_place(machines, tmp_path):
         r"place, continuing on 2 of 3 nodes \(round 1, cluster.min_nodes=2\)",
         stderr,
     ), stderr[-3000:]
+    assert f"launcher: {ALL[0]} joined, continuing on 3 of 3 nodes (round 2, cluster.min_nodes=2)" in stderr
     assert re.search(rf"\[{ALL[1]}\] .*round 1: rank 0/2 \(node 0/2, local 0/1\) on {ALL[1]}", stderr), stderr[-3000:]
+    [joiner] = [p for p in (run_dir / "logs").glob("rank-*.log") if "answers again: ready to join" in p.read_text()]
+    assert re.search(
+        rf"round 2: rank 2/3 \(node 2/3, local 0/1\) on {ALL[0]} .*; step \d+, this rank was at step 0: state from the "
+        r"ranks ahead \(in memory: no checkpoint read\)",
+        joiner.read_text(),
+    ), joiner.read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (2, 2, ALL[1:]), summary
+    assert (summary["nodes"], summary["world_size"], summary["hosts"]) == (3, 3, [*ALL[1:], ALL[0]]), summary
     assert summary["resumed_from"] is None
-    [change] = summary["membership"]
-    assert (change["how"], change["nodes_before"], change["nodes_after"], change["hosts_lost"]) == (
+    lost, joined = summary["membership"]
+    assert (lost["how"], lost["nodes_before"], lost["nodes_after"], lost["hosts_lost"]) == ("in place", 3, 2, [ALL[0]])
+    assert lost["time"] - down < 1.0, f"the last heartbeat came {lost['time'] - down:.1f} s after the link went"
+    assert 0 < lost["fault_to_step_s"] <= 10, lost
+    assert (joined["how"], joined["nodes_before"], joined["nodes_after"], joined["hosts_joined"]) == (
         "in place",
-        3,
         2,
+        3,
         [ALL[0]],
-    ), change
-    assert change["time"] - down < 1.0, f"the last heartbeat came {change['time'] - down:.1f} s after the link went"
-    assert 0 < change["fault_to_step_s"] <= 10, change
+    ), joined
+    assert 0 < joined["answer_to_step_s"] <= 10 and joined["step"] < 20, joined
     steps = [
         r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]

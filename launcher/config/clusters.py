@@ -197,6 +197,8 @@ class SshClusterConfig(ClusterConfig):
     check_timeout_s: float = 30.0  # how long each host may take to answer the checks before anything starts
     heartbeat_timeout_s: float = 60.0  # a host stops its ranks after hearing nothing from the head this long
     #                                    (its link is down, the head is suspended); the head writes every 5 s
+    rejoin_every_s: float = 2.0  # healing in place: the head checks the lost hosts this often, and one that
+    #                              passes the host checks again joins at a step boundary (0: it stays out)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -206,6 +208,7 @@ class SshClusterConfig(ClusterConfig):
             "the hosts in their order; HINT: drop cluster.node_rank",
         )
         _check(self.check_timeout_s > 0, f"cluster.check_timeout_s={self.check_timeout_s} must be > 0")
+        _check(self.rejoin_every_s >= 0, f"cluster.rejoin_every_s={self.rejoin_every_s} must be >= 0 (0: never)")
         _check(
             self.heartbeat_timeout_s >= 15,
             f"cluster.heartbeat_timeout_s={self.heartbeat_timeout_s} must be >= 15 (the head writes every 5 s)",

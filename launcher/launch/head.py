@@ -62,6 +62,7 @@ class NodeArgs:
     head_restarts: bool = False  # the head restarts the whole job, not the agent (ssh; sim under min_nodes)
     attempt: int = 0  # the head's 0-based attempt number (with ``head_restarts``): the workers' DistEnv.attempt
     members: str = ""  # healing in place: this attempt's nodes by name (a,b,...); ``endpoint`` is the keeper's store
+    start: int = 0  # healing in place: this node process's start in the attempt (``membership.node_id``); > 0: joins
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-u", "-m", "launcher.launch.node", self.run_dir, str(self.nodes), str(self.node)]
@@ -70,6 +71,7 @@ class NodeArgs:
         argv += ["--static-rendezvous"] if self.static_rendezvous else []
         argv += ["--head-restarts", "--attempt", str(self.attempt)] if self.head_restarts else []
         argv += ["--members", self.members] if self.members else []
+        argv += ["--start", str(self.start)] if self.start else []
         return argv
 
     @classmethod
@@ -81,6 +83,7 @@ class NodeArgs:
             parser.add_argument(flag, action="store_true")
         parser.add_argument("--attempt", type=int, default=0)
         parser.add_argument("--members", default="")
+        parser.add_argument("--start", type=int, default=0)
         return cls(**vars(parser.parse_args(argv)))
 
 

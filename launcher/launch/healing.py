@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Optional, Protocol
 
 from ..exiting import children
 from ..failures import STOP_CODES
@@ -46,10 +47,18 @@ class Keeper:
 
     def lose(self, name: str, why: str) -> None:
         """Tell the keeper ``name`` is gone (now)."""
+        self._say(f"LOST {name} {time.time():.3f} {why}")
+
+    def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # the keeper is gone: the head sees that too
             assert self.proc.stdin is not None
-            self.proc.stdin.write(f"LOST {name} {time.time():.3f} {why}\n")
+            self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
+
+    def join(self, name: str, start: int, ranks: int, answered: float) -> None:
+        """Tell the keeper that ``name``'s machine answered again at ``answered`` and its node process (``start``,
+        ``ranks`` ranks) is starting: it joins once they are ready."""
+        self._say(f"JOIN {name} {start} {ranks} {answered:.3f}")
 
     def read(self, put: Callable[[tuple], None]) -> None:
         """Each decision as ``("round", decision)``, then ``("keeper", exit code)`` when it ends."""
@@ -82,12 +91,138 @@ def kill_tree(proc: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+class Rejoin(Protocol):
+    """How a mode brings a lost machine back (ssh: the host checks; ``wait_healing``)."""
+
+    @property
+    def ranks(self) -> int:
+        """Each node process's ranks."""
+        ...
+
+    @property
+    def every_s(self) -> float:
+        """How often the lost machines are checked (0: never)."""
+        ...
+
+    def answering(self, names: list[str]) -> list[str]:
+        """Which of the lost ``names`` answer now (it may take a while: the checks)."""
+        ...
+
+    def start(self, name: str, start: int, members: list[str]) -> subprocess.Popen:
+        """``name``'s node process, joining (``start``: its number in the attempt; ``members``: the round it expects
+        to join, itself last)."""
+        ...
+
+
 @dataclass
 class Outcome:
-    codes: list[int]  # each node process's exit code (node order)
-    first: int = -1  # the node that failed first (-1: none; a lost node is not a failure)
-    lost: set[int] = field(default_factory=set)  # positions the keeper declared lost (the job went on without them)
+    codes: list[int]  # each node process's exit code (in the order started: the attempt's nodes, then joiners)
+    names: list[str]  # each node process's node
+    first: int = -1  # the node process that failed first (-1: none; a lost node is not a failure)
+    lost: set[int] = field(default_factory=set)  # node processes declared lost (the job went on without them)
     keeper_ended: bool = False  # the keeper (the job's store) ended under a running job
+
+
+@dataclass
+class Waiting:
+    """``wait_healing``'s state, one method per event: a node process ended, a lost machine answers, the keeper
+    decided a round, the keeper ended."""
+
+    procs: list[subprocess.Popen]
+    keeper: Keeper
+    members: Membership
+    stop: Callable[[subprocess.Popen], None]
+    lost_by_signal: Callable[[int], str]
+    rejoin: Optional[Rejoin]
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    out: Outcome = field(default_factory=lambda: Outcome(codes=[], names=[]))
+    running: set[int] = field(default_factory=set)
+    joining: dict[int, str] = field(default_factory=dict)  # node process -> its node, until the round with it
+    starts: int = 0  # node processes started in the attempt beyond the first (their node_id's number)
+    deadline: Optional[float] = None  # the others are stopped then (a failure, too few left, the keeper gone)
+    deadline_why: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def started(self, proc: subprocess.Popen, name: str) -> None:
+        index = len(self.out.codes)
+        self.out.codes.append(0)
+        self.out.names.append(name)
+        self.running.add(index)
+        threading.Thread(target=lambda: self.events.put(("exit", index, proc.wait())), daemon=True).start()
+
+    def check_lost(self) -> None:
+        """Check the lost machines every ``rejoin.every_s`` (those not joining already): ``("answers", name, time)``
+        for each one that answers."""
+        rejoin = self.rejoin
+        if rejoin is None or not rejoin.every_s:
+            return
+
+        def run() -> None:
+            while not self.done.wait(rejoin.every_s):
+                lost = [n for n in self.members.all if n not in self.members.live and n not in self.joining.values()]
+                for name in rejoin.answering(lost) if lost else []:
+                    self.events.put(("answers", name, time.time()))
+
+        threading.Thread(target=run, name="rejoin-checks", daemon=True).start()
+
+    def stop_at(self, deadline: float, why: str) -> None:
+        if self.deadline is None:
+            self.deadline, self.deadline_why = deadline, why
+
+    def on_exit(self, index: int, code: int) -> None:
+        out = self.out
+        self.running.discard(index)
+        out.codes[index] = code
+        if index in self.joining:
+            name = self.joining.pop(index)
+            print(f"launcher: {name} did not join (its node process ended with code {code})", file=sys.stderr)
+            self.keeper.lose(name, "its node process ended before it joined")
+            return
+        if index in out.lost or code == 0:
+            return
+        why = self.lost_by_signal(code)
+        if why and out.first < 0 and self.deadline is None:
+            self.keeper.lose(out.names[index], why)  # the keeper decides; the survivors heal
+            return
+        if out.first < 0:
+            out.first = index
+        if code not in STOP_CODES:
+            self.stop_at(time.monotonic() + AFTER_FAILURE_GRACE_S, f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure")
+
+    def on_answers(self, name: str, answered: float) -> None:
+        if self.rejoin is None or self.deadline is not None:
+            return
+        if name in self.members.live or name in self.joining.values():
+            return
+        self.starts += 1
+        self.procs.append(self.rejoin.start(name, self.starts, [*self.members.live, name]))
+        self.joining[len(self.out.codes)] = name
+        self.started(self.procs[-1], name)
+        self.keeper.join(name, self.starts, self.rejoin.ranks, answered)
+        print(f"launcher: {name} answers again: starting its ranks to join the job in place", file=sys.stderr)
+
+    def on_round(self, decision: dict) -> None:
+        self.joining = {i: n for i, n in self.joining.items() if n not in decision["joined"]}
+        names = self.out.names
+        positions = {i for i, name in enumerate(names) if name in decision["lost"] and i not in self.joining}
+        self.out.lost |= positions
+        for index in positions & self.running:
+            kill_tree(self.procs[index])
+        if not self.members.healed(decision) and self.deadline is None:
+            self.out.first = min(positions) if self.out.first < 0 else self.out.first
+            self.stop_at(time.monotonic(), "at once: too few nodes are left")
+
+    def on_keeper(self, code: int) -> None:
+        if not self.running or self.deadline is not None:
+            return
+        print(
+            f"launcher: the keeper (the job's store, on the head's host) ended with code {code} under a running job: "
+            "stopping it",
+            file=sys.stderr,
+        )
+        self.out.keeper_ended = True
+        self.out.first = min(self.running)
+        self.stop_at(time.monotonic(), "at once: the job's store is gone")
 
 
 def wait_healing(
@@ -97,60 +232,42 @@ def wait_healing(
     members: Membership,
     stop: Callable[[subprocess.Popen], None],
     lost_by_signal: Callable[[int], str],
+    rejoin: Optional[Rejoin] = None,
 ) -> Outcome:
     """Wait for an attempt's node processes while the job heals: a node ended by a signal nobody here sent
     (``lost_by_signal(code)``: why, or "" when the code is no loss) is reported to the keeper, whose decisions drop
     nodes (a lost one still running, frozen or cut off, is killed); a failure ends the attempt as ``wait_nodes``
     does (the others get ``AFTER_FAILURE_GRACE_S``, then ``stop``), and so does the keeper's end or its verdict that
-    too few nodes are left."""
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    for index, proc in enumerate(procs):
-        threading.Thread(target=lambda n=index, p=proc: events.put(("exit", n, p.wait())), daemon=True).start()
-    keeper.read(events.put)
-    out = Outcome(codes=[0] * len(procs))
-    running, deadline, stopping, deadline_why = set(range(len(procs))), None, False, ""
-    while running:
+    too few nodes are left. With ``rejoin``, a lost machine that answers again gets a node process that joins the
+    job at a step boundary; one that ends before it joined is no failure (the job goes on without it)."""
+    wait = Waiting(procs, keeper, members, stop, lost_by_signal, rejoin)
+    for proc, name in zip(procs, names):
+        wait.started(proc, name)
+    keeper.read(wait.events.put)
+    wait.check_lost()
+    handlers: dict[str, Callable[..., None]] = {
+        "exit": wait.on_exit,
+        "answers": wait.on_answers,
+        "round": wait.on_round,
+        "keeper": wait.on_keeper,
+    }
+    stopping = False
+    while wait.running - set(wait.joining):
         try:
-            wait_s = None if deadline is None or stopping else max(0.0, deadline - time.monotonic())
-            kind, *what = events.get(timeout=wait_s)
+            timeout = None if wait.deadline is None or stopping else max(0.0, wait.deadline - time.monotonic())
+            kind, *what = wait.events.get(timeout=timeout)
         except queue.Empty:
-            print(f"launcher: stopping the nodes still running {deadline_why}", file=sys.stderr)
-            for index in running:
+            print(f"launcher: stopping the nodes still running {wait.deadline_why}", file=sys.stderr)
+            for index in wait.running:
                 stop(procs[index])
             stopping = True
             continue
-        if kind == "exit":
-            index, code = what
-            running.discard(index)
-            out.codes[index] = code
-            if index in out.lost or code == 0:
-                continue
-            why = lost_by_signal(code)
-            if why and out.first < 0 and deadline is None:
-                keeper.lose(names[index], why)  # the keeper decides; the survivors heal
-                continue
-            if out.first < 0:
-                out.first = index
-            if deadline is None and code not in STOP_CODES:
-                deadline = time.monotonic() + AFTER_FAILURE_GRACE_S
-                deadline_why = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
-        elif kind == "round":
-            decision = what[0]
-            positions = {names.index(name) for name in decision["lost"]}
-            out.lost |= positions
-            for index in positions & running:
-                kill_tree(procs[index])
-            if not members.healed(decision) and deadline is None:
-                out.first = min(positions) if out.first < 0 else out.first
-                deadline, deadline_why = time.monotonic(), "at once: too few nodes are left"
-        elif kind == "keeper" and running and deadline is None:
-            print(
-                f"launcher: the keeper (the job's store, on the head's host) ended with code {what[0]} under a running "
-                "job: stopping it",
-                file=sys.stderr,
-            )
-            out.keeper_ended, deadline, deadline_why = True, time.monotonic(), "at once: the job's store is gone"
-            out.first = min(running)
+        handlers[kind](*what)
+    wait.done.set()
+    for index in list(wait.joining):  # the job ended before they joined
+        stop(procs[index])
+        procs[index].wait()
+    out = wait.out
     if out.keeper_ended:  # not a stop: the attempt failed (a restart from the checkpoint, if cluster.max_restarts)
         out.codes[out.first] = 1
     return out

@@ -2,10 +2,10 @@
 head): ``python -m launcher.launch.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
 
 Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
-count, where it resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is
-there) and writable. With ``PORT`` other than "-" (only on the master host), the port the rendezvous will use:
-a free one when ``PORT`` is 0, else ``PORT`` checked free. Problems go into ``problems``; the exit code is 0
-whenever the JSON was printed.
+count, how long a reverse look-up of the head's address takes, where it resolves MASTER_ADDR, and whether the run
+dir is the head's (the token file the head wrote is there) and writable. With ``PORT`` other than "-" (only on the
+master host), the port the rendezvous will use: a free one when ``PORT`` is 0, else ``PORT`` checked free.
+Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
 """
 
 from __future__ import annotations
@@ -14,11 +14,23 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 
 def token_path(run_dir: str | Path, token: str) -> Path:
     return Path(run_dir) / f".ssh-check-{token}"
+
+
+def lookup_s(addr: str) -> float:
+    """How long a reverse look-up of ``addr`` takes here: c10d makes one for each store connection it opens (a
+    DNS server that never answers costs each one 10 s)."""
+    start = time.monotonic()
+    try:
+        socket.getnameinfo((addr, 0), socket.NI_NAMEREQD)
+    except OSError:
+        pass
+    return round(time.monotonic() - start, 1)
 
 
 def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> dict:
@@ -27,6 +39,7 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> di
     connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
     facts["addr"] = connection[2] if len(connection) == 4 else ""
     facts["head"] = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
+    facts["head_lookup_s"] = lookup_s(facts["head"]) if facts["head"] else 0.0
     shared = token_path(run_dir, token)
     try:
         if shared.read_text() != token:

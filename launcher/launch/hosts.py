@@ -216,15 +216,17 @@ def check_host(
     return facts, problems
 
 
-def check_hosts(job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str) -> list[tuple[dict, list[str]]]:
+def check_hosts(
+    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, picks_port: bool = True
+) -> list[tuple[dict, list[str]]]:
     """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
-    master, picks the port)."""
+    master, picks the port, unless not ``picks_port``: hosts that join a running job)."""
     token = uuid.uuid4().hex
     marker = token_path(job.run_dir, token)
     marker.write_text(token)
     try:
         with ThreadPoolExecutor(len(hosts)) as pool:
-            ports = [str(c.master_port) if node == 0 else "-" for node in range(len(hosts))]
+            ports = [str(c.master_port) if node == 0 and picks_port else "-" for node in range(len(hosts))]
             results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, master, hp[1]), zip(hosts, ports)))
     finally:
         marker.unlink(missing_ok=True)

@@ -200,6 +200,7 @@ class SimNetwork:
         self._etc.append(directory)
         # IPv4 and the IPv4-mapped IPv6 form a dual-stack TCPStore server sees its peers as
         names = "".join(f"{a}{self.addr(n)} {self.ns(n)}\n" for n in range(self.nodes) for a in ("", "::ffff:"))
+        names += "".join(f"{a}{self.keeper_addr()} keeper\n" for a in ("", "::ffff:"))  # healing's store
         with open(f"{directory}/hosts", "w") as f:
             f.write(f"127.0.0.1 localhost\n::1 localhost\n{names}{self.addr(node)} {socket.gethostname()}\n")
 

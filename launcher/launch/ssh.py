@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
@@ -56,7 +57,7 @@ from ..failures import report as report_failures
 from ..membership import Membership
 from .head import Control, NodeArgs, print_stopped, wait_nodes
 from .healing import Keeper, wait_healing
-from .hosts import SSH_LOST, ready_hosts, remote_shell, resolve_hosts, ssh_command
+from .hosts import SSH_LOST, check_hosts, ready_hosts, remote_shell, resolve_hosts, ssh_command
 from .mode import BaseMode, LaunchPlan
 from .ports import free_port
 from .ssh_nodes import SshNode, forwarding_stops, heartbeats
@@ -177,7 +178,57 @@ def keeper_addr(hosts: list[str], facts: list[dict]) -> str:
             f"the hosts reach this head at different addresses ({saw}): healing in place needs one, where the job's "
             "store runs; HINT: reach the hosts through one network, or cluster.heal=false"
         )
-    return seen.pop()
+    addr = seen.pop()
+    slow = [f"{host} ({f['head_lookup_s']:.0f} s)" for host, f in zip(hosts, facts) if f.get("head_lookup_s", 0) > 1]
+    if slow:
+        print(
+            f"launcher: warning: a reverse look-up of this head's address {addr} is slow on {', '.join(slow)}: each "
+            "connection to the job's store here waits that long (c10d looks its peer up); HINT: name the address "
+            "in those hosts' /etc/hosts",
+            file=sys.stderr,
+        )
+    return addr
+
+
+@dataclass
+class SshRejoin:
+    """``healing.Rejoin`` over ssh: a lost host answers again when it passes the host checks, reaching this head
+    at the keeper's address; its node process then starts as the others did, to join."""
+
+    job: JobConfig
+    c: SshClusterConfig
+    keeper: Keeper
+    launch_id: str
+    attempt: int
+    nodes: list[SshNode]  # the attempt's (a joining one is added: stop signals and heartbeats reach it too)
+    lock: threading.Lock
+    facts: dict[str, dict] = field(default_factory=dict)  # the hosts that passed the checks, until started
+
+    @property
+    def ranks(self) -> int:
+        return int(self.c.procs_per_node or 1)
+
+    @property
+    def every_s(self) -> float:
+        return self.c.rejoin_every_s
+
+    def answering(self, names: list[str]) -> list[str]:
+        addr = self.keeper.endpoint.rsplit(":", 1)[0]
+        checked = zip(names, check_hosts(self.job, self.c, names, addr, picks_port=False))
+        self.facts.update({name: facts for name, (facts, problems) in checked if not problems})
+        return [name for name in names if self.facts.get(name, {}).get("head") == addr]
+
+    def start(self, name: str, start: int, members: list[str]) -> subprocess.Popen:
+        node = len(self.nodes) - 1 + start  # a place of its own until it joins (its ranks' log and failure files)
+        args = NodeArgs(
+            self.job.run_dir, node + 1, node, self.keeper.endpoint, self.launch_id,
+            self.facts.pop(name)["addr"] or name, stdin_control=True, head_restarts=True, attempt=self.attempt,
+            members=",".join(members), start=start,
+        )  # fmt: skip
+        self.nodes.append(
+            SshNode(name, ssh_command(self.c, name, remote_shell(self.c, args.argv(self.c.python))), self.lock)
+        )
+        return self.nodes[-1].proc
 
 
 def run_healing_attempt(
@@ -203,7 +254,8 @@ def run_healing_attempt(
             with heartbeats(nodes):
                 stop = lambda proc: next(n for n in nodes if n.proc is proc).request(Control.TERM)  # noqa: E731
                 why = lambda code: "its ssh connection dropped" if code == SSH_LOST else ""  # noqa: E731
-                out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why)
+                rejoin = SshRejoin(job, c, keeper, launch_id, members.attempt, nodes, lock)
+                out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why, rejoin)
     finally:
         keeper.close()
     for ssh_node in nodes:
@@ -216,7 +268,7 @@ def run_healing_attempt(
     code = out.codes[out.first]
     if not out.keeper_ended and code not in STOP_CODES and not report_failures(job.run_dir, launch_id):
         print(
-            f"launcher: node {out.first}'s process on {hosts[out.first]} exited with code {code} (no rank recorded "
+            f"launcher: node {out.first}'s process on {out.names[out.first]} exited with code {code} (no rank recorded "
             f"a failure; see {job.run_dir}/logs)",
             file=sys.stderr,
         )

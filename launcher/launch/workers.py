@@ -22,28 +22,36 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from ..config import JobConfig
 from ..env import TORCHRUN_VARS, head_attempt
 from ..failures import attempt_dir, exit_failure, record_exits
-from ..membership import DONE_KEY, HEAL_ENV, HEARTBEAT_KEY
+from ..membership import DONE_KEY, HEAL_ENV, HEARTBEAT_KEY, node_id
 from ..rendezvous import attempt_prefix
 from .head import NodeArgs
 from .keeper import BEAT_S
 
 
-def beat(store: dist.Store, name: str, stop: threading.Event) -> None:
-    """The node's heartbeat to the keeper, until ``stop`` (a keeper gone for good: the head sees it, ends the job)."""
-    key = HEARTBEAT_KEY.format(name)
+def beat(store: dist.Store, me: str, stop: threading.Event) -> None:
+    """The node process's heartbeat to the keeper (``me``: its ``node_id``), until ``stop`` (a keeper gone for
+    good: the head sees it, ends the job)."""
+    key = HEARTBEAT_KEY.format(me)
     while not stop.is_set():
         with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
             store.add(key, 1)
         stop.wait(BEAT_S)
 
 
-def worker_envs(job: JobConfig, args: NodeArgs, names: list[str]) -> dict[int, dict[str, str]]:
-    """Each local rank's environment: its place in round 0, the keeper's store as the rendezvous (as a client)."""
+def node_name(args: NodeArgs) -> str:
+    """This node's name: its place in ``--members``, or their last one when it joins (``--start``)."""
+    names = args.members.split(",")
+    return names[-1] if args.start else names[args.node]
+
+
+def worker_envs(job: JobConfig, args: NodeArgs) -> dict[int, dict[str, str]]:
+    """Each local rank's environment: its place in round 0 (joining: a place of its own, until it learns its
+    round), the keeper's store as the rendezvous (as a client)."""
     procs = int(job.cluster.procs_per_node or 1)
     host, port = args.endpoint.rsplit(":", 1)
     v = TORCHRUN_VARS
     place = {
-        v["world_size"]: str(len(names) * procs),
+        v["world_size"]: str(args.nodes * procs),
         v["local_world_size"]: str(procs),
         v["node_rank"]: str(args.node),
         v["master_addr"]: host,
@@ -51,7 +59,7 @@ def worker_envs(job: JobConfig, args: NodeArgs, names: list[str]) -> dict[int, d
         v["launch_id"]: args.launch_id,
         v["agent_store"]: "True",
         v["attempt"]: "0",
-        HEAL_ENV: json.dumps({"name": names[args.node]}),
+        HEAL_ENV: json.dumps({"name": node_name(args), "start": args.start}),
     }
     return {
         local: {**os.environ, **place, v["rank"]: str(args.node * procs + local), v["local_rank"]: str(local)}
@@ -61,7 +69,7 @@ def worker_envs(job: JobConfig, args: NodeArgs, names: list[str]) -> dict[int, d
 
 def run_workers(job: JobConfig, args: NodeArgs) -> int:
     """Run this node's ranks to their end: 0, 128 + a stop signal, or 1 with the exits recorded for the report."""
-    names = args.members.split(",")
+    me = node_id(node_name(args), args.start)
     host, port = args.endpoint.rsplit(":", 1)
     timeout = timedelta(seconds=job.cluster.join_timeout_s)
     store = dist.PrefixStore(
@@ -69,8 +77,8 @@ def run_workers(job: JobConfig, args: NodeArgs) -> int:
         dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False),
     )
     stop = threading.Event()
-    threading.Thread(target=beat, args=(store, names[args.node], stop), name="heartbeat", daemon=True).start()
-    envs = worker_envs(job, args, names)
+    threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
+    envs = worker_envs(job, args)
     logs = DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{args.node}"))
     entry = ("-u", "-m", "launcher.rank_entry", job.run_dir)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
@@ -81,7 +89,7 @@ def run_workers(job: JobConfig, args: NodeArgs) -> int:
         return 128 + int(exc.sigval)
     finally:
         with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
-            store.set(DONE_KEY.format(names[args.node]), "1")
+            store.set(DONE_KEY.format(me), "1")
         stop.set()
     if result is None or not result.is_failed():
         return 0
@@ -89,7 +97,7 @@ def run_workers(job: JobConfig, args: NodeArgs) -> int:
     record_exits(
         attempt_dir(job.run_dir, args.launch_id, head_attempt(os.environ)),
         [
-            exit_failure(args.node * procs + local, f.pid, f.exitcode, socket.gethostname(), args.node, len(names))
+            exit_failure(args.node * procs + local, f.pid, f.exitcode, socket.gethostname(), args.node, args.nodes)
             for local, f in result.failures.items()
         ],
     )

@@ -1,9 +1,11 @@
-"""Healing in place, the ranks' side: a lost machine's survivors go on in the same processes, from memory.
+"""Healing in place, the ranks' side: a lost machine's survivors go on in the same processes, from memory, and a
+machine that answers again joins them at a step boundary.
 
 In a job that heals (``config.rules.heal_off_reason``; the ranks learn it from ``membership.HEAL_ENV``, set by
 ``launch/workers.py``), every collective of the training loop is abortable (``launcher.abandon``) and a thread
 watches the keeper's store for the decision that ends the round (``launch/keeper.py``). When a machine is lost,
-the survivors' collectives fail (at once, or when the decision comes) and the trainer calls ``Healer.rejoin``:
+the survivors' collectives fail (at once, or when the decision comes) and the trainer (``train/in_place.py``)
+calls ``Healer.rejoin``:
 
 1. the decision names the next round's members (this rank's node among them: its new rank keeps the order);
 2. the survivors leave the broken group (``rendezvous.next_round``: nothing waits for the dead) and form the next;
@@ -12,30 +14,31 @@ the survivors' collectives fail (at once, or when the decision comes) and the tr
    a gradient allreduce short; the lowest rank at the highest step broadcasts its state (model, optimizer,
    schedule, scaler, position) to the others, in memory: no checkpoint is read and no step is trained twice.
 
-The trainer then rebuilds what held the old group (the gradient sync, the loaders for the new world: the same
-global batch, the same samples) and goes on; its rank 0 records the change in ``membership.jsonl`` with the time
-from the loss to the first step completed after it.
+A machine that answers again (``launch/healing.py``: the head's checks) gets a node process whose ranks set up
+and wait (``Healer.wait_to_join``); the keeper's decision then ends the round without failing anything: the watch
+sees it, the ranks agree at the next step boundary to leave (``StopRequest.agreed``: ``grow``), and all of them,
+the new ones included, form the next round as above (the new ones are behind every survivor: they get the state).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .. import abandon, dist_helpers, membership, watch
+from .. import abandon, dist_helpers
 from ..env import DistEnv
-from ..logs import take_the_console
-from ..membership import HEAL_ENV, ROUND_END_KEY
+from ..membership import HEAL_ENV, JOINED_KEY, READY_KEY, ROUND_END_KEY, TRAINED_KEY, node_id
 from ..rendezvous import Group, next_round
-from .banner import node_hosts
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +54,62 @@ CHECK_IN_S = 60.0  # a round's members must all arrive this soon (a lost one is 
 class Healer:
     name: str  # this rank's node
     lost_after_s: float
+    backend: str  # every round's (a failed init leaves no default group to ask)
+    start: int = 0  # its node process's start in the attempt (``membership.node_id``); > 0: it joins a running job
     store: Any = None  # the attempt's store on the keeper (round 0's group store)
+    timeout_s: float = 0.0  # every round's collectives (comm.timeout_s and the backstop)
     number: int = 0  # the current round
     decisions: list[dict[str, Any]] = field(default_factory=list)  # accepted, not yet recorded (membership)
+    joined: bool = True  # this rank is in a round (a joining one: not until ``rejoin``)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _grow: threading.Event = field(default_factory=threading.Event)  # the round ends with a machine joining
 
     @classmethod
-    def from_environ(cls, lost_after_s: float) -> Optional[Healer]:
+    def from_environ(cls, lost_after_s: float, backend: str) -> Optional[Healer]:
         """The healer of a rank in a job that heals in place (None elsewhere); abortable collectives from now on."""
         raw = os.environ.get(HEAL_ENV)
         if not raw:
             return None
         place = json.loads(raw)
         abandon.enable()
-        return cls(place["name"], lost_after_s)
+        start = int(place.get("start", 0))
+        return cls(place["name"], lost_after_s, backend, start, joined=not start)
+
+    @property
+    def joins(self) -> bool:
+        """This rank joins a running job and has not yet: no collective before ``rejoin``."""
+        return not self.joined
 
     def watch(self, group: Group) -> None:
-        """Watch the keeper's store for the end of the current round (round 0: ``group`` is its group)."""
+        """Watch the keeper's store for the end of the current round (round 0: ``group`` is its group): a loss
+        fails this rank's collectives (``abandon.lost``), a machine joining is ``growing`` from then on."""
         if self.store is None:
             self.store = group.store
+        self.timeout_s = group.timeout_s
         self._stop.set()
         self._stop = threading.Event()
+        self._grow.clear()
         key = ROUND_END_KEY.format(self.number)
-        abandon.watch_store(self.store, key, self._stop, lambda value: _said(json.loads(value)))
+        abandon.watch_store(self.store, key, self._stop, self._heard)
+
+    def _heard(self, value: bytes) -> Optional[str]:
+        decision = json.loads(value)
+        if decision["lost"] or decision["stop"]:
+            return said(decision)
+        self._grow.set()
+        return None
+
+    def growing(self) -> bool:
+        """A machine joins: the round ends at the next step boundary (every rank agrees when: ``stop.agreed``)."""
+        return self._grow.is_set()
 
     def close(self) -> None:
         self._stop.set()
+
+    def trained(self) -> None:
+        """Every step is trained: a machine still waiting to join need not (``wait_to_join``, ``_check_in``)."""
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(TRAINED_KEY, "1")
 
     def end_of_round(self) -> Optional[dict[str, Any]]:
         """The keeper's decision ending this round: there already, or within ``lost_after_s`` and a second (a killed
@@ -88,14 +121,44 @@ class Healer:
             return None
         return json.loads(self.store.get(key))
 
-    def rejoin(self, group: Group, env: DistEnv, decision: dict[str, Any]) -> tuple[Group, DistEnv]:
+    def wait_to_join(self, group: Group) -> dict[str, Any]:
+        """A joining rank, set up: ready (``READY_KEY``); returns the keeper's decision that ends the round before
+        the one it joins, once every rank of its node is ready. A job that trained to its end meanwhile: this rank
+        leaves (SystemExit 0, no traceback)."""
+        self.store, self.timeout_s = group.store, group.timeout_s
+        me = node_id(self.name, self.start)
+        self.store.add(READY_KEY.format(me), 1)
+        log.info("%s answers again: ready to join the job (waiting for the round)", self.name)
+        joined = JOINED_KEY.format(me)
+        self._poll(lambda: self.store.check([joined]) or None, lambda: f"{self.name} was not let in")
+        self.number = int(self.store.get(joined)) - 1
+        return json.loads(self.store.get(ROUND_END_KEY.format(self.number)))
+
+    def _poll(self, answer: Callable[[], Any], what: Callable[[], str]) -> Any:
+        """Ask the keeper's store every ``abandon.POLL_S`` until ``answer()`` is not None (a store wait that times
+        out writes a warning each time). A joining rank leaves if the job trained to its end meanwhile; HealStop
+        after ``CHECK_IN_S`` (a joining rank: the group's timeout; the others reach a step boundary first)."""
+        limit_s = self.timeout_s if self.joins else CHECK_IN_S
+        deadline = time.monotonic() + limit_s
+        tick = threading.Event()  # never set: the pace of the questions
+        while (said := answer()) is None:
+            if self.joins and self.store.check([TRAINED_KEY]):
+                log.warning("the job trained to its end before %s could join: leaving", self.name)
+                raise SystemExit(0)
+            if time.monotonic() > deadline:
+                raise HealStop(f"{what()} within {limit_s:.0f} s; the job stops")
+            tick.wait(abandon.POLL_S)
+        return said
+
+    def rejoin(self, env: DistEnv, decision: dict[str, Any]) -> tuple[Group, DistEnv]:
         """Steps 1 and 2: this rank's place in the next round, and that round's group."""
         if decision["stop"]:
-            raise HealStop(f"{_said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
+            raise HealStop(f"{said(decision)}: {decision['stop']}; the job stops (cluster.min_nodes)")
         if self.name not in decision["members"]:  # it was cut off or frozen for a while: the others went on
             why = decision["lost"].get(self.name, "?")
             log.warning("%s was declared lost (%s) while it ran: the job went on without it; leaving", self.name, why)
-            abandon.GRAVEYARD.append(dist.group.WORLD)  # destroyed, the broken group would wait for the dead
+            if dist.is_initialized():  # destroyed, the broken group would wait for the dead
+                abandon.GRAVEYARD.append(dist.group.WORLD)
             raise SystemExit(0)
         node = decision["members"].index(self.name)
         per_node = env.local_world_size
@@ -111,9 +174,10 @@ class Healer:
         self._stop.set()  # the old round's watch (a late word from it is ignored: abandon.reset)
         later = self._check_in(new)
         if later is not None:  # another machine lost while this round formed
-            log.warning("%s while round %d formed: healing again", _said(later), self.number)
-            return self.rejoin(group, env, later)
-        group = next_round(group, self.number, new, base=self.store)
+            log.warning("%s while round %d formed: healing again", said(later), self.number)
+            return self.rejoin(env, later)
+        group = next_round(self.number, new, self.store, self.backend, self.timeout_s)
+        self.joined = True
         self.watch(group)
         return group, new
 
@@ -124,22 +188,17 @@ class Healer:
         keys = [f"heal/in/{self.number}/{rank}" for rank in range(env.world_size)]
         self.store.set(keys[env.rank], "1")
         end = ROUND_END_KEY.format(self.number)
-        deadline = time.monotonic() + CHECK_IN_S
-        while True:
-            try:
-                self.store.wait(keys, timedelta(seconds=abandon.POLL_S * 4))
-                return None
-            except (RuntimeError, OSError):
-                if self.store.check(keys):  # everyone arrived just now: the round forms, whatever comes next
-                    return None
-                if self.store.check([end]):
-                    return json.loads(self.store.get(end))
-                if time.monotonic() > deadline:
-                    missing = [rank for rank, key in enumerate(keys) if not self.store.check([key])]
-                    raise HealStop(
-                        f"round {self.number}: ranks {missing} did not check in within {CHECK_IN_S:.0f} s, and no "
-                        "machine was declared lost; the job stops"
-                    ) from None
+
+        def formed_or_ended() -> Optional[tuple[Optional[dict[str, Any]]]]:
+            if self.store.check(keys):  # everyone arrived: the round forms, whatever comes next
+                return (None,)
+            return (json.loads(self.store.get(end)),) if self.store.check([end]) else None
+
+        def missing() -> str:
+            ranks = [rank for rank, key in enumerate(keys) if not self.store.check([key])]
+            return f"round {self.number}: ranks {ranks} did not check in, and no machine was declared lost"
+
+        return self._poll(formed_or_ended, missing)[0]
 
 
 def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
@@ -155,98 +214,23 @@ def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
     return top, sent if step < top else None
 
 
-def _cut_off(exc: BaseException) -> bool:
-    """``exc`` may come from a machine lost under a collective (the keeper's decision then tells)."""
-    return isinstance(exc, abandon.PeerLost) or abandon.LOST.is_set() or "onnection" in str(exc)
+class Grow(Exception):
+    """The ranks agreed to leave the round at this step boundary: a machine joins (``Healer.growing``)."""
 
 
-def _said(decision: dict[str, Any]) -> str:
+def cut_off(exc: BaseException) -> bool:
+    """``exc`` may end this round (the keeper's decision then tells): a machine lost under a collective, or one
+    joining."""
+    return isinstance(exc, (abandon.PeerLost, Grow)) or abandon.LOST.is_set() or "onnection" in str(exc)
+
+
+def said(decision: dict[str, Any]) -> str:
     lost = ", ".join(f"{name} ({why})" for name, why in decision["lost"].items())
-    return f"round {decision['round'] - 1} ended: lost {lost}"
+    joined = ", ".join(decision.get("joined", ()))
+    what = "; ".join(([f"lost {lost}"] if lost else []) + ([f"{joined} joined"] if joined else []))
+    return f"round {decision['round'] - 1} ended: {what}"
 
 
-def seconds_since(decision: Optional[dict[str, Any]]) -> Optional[float]:
-    """From the loss (the earliest it can have happened) to now."""
-    return None if decision is None else round(time.time() - float(decision["fault_time"]), 3)
-
-
-class Healing:
-    """Mixed into the Trainer (whose attributes it reads: healer, group, env, pos, sync, stepper, model, metrics,
-    loop, job, run_dir, state/apply_state from ``saving.Checkpointing``, _build_world)."""
-
-    def heal_after(self, exc: Exception) -> bool:
-        """After ``exc`` in the training loop: True when a machine was lost and this rank now trains on in the
-        next round with the survivors; False: ``exc`` is no loss of a machine (or this job does not heal). A machine
-        lost while the survivors heal: they heal again, from the next decision."""
-        while True:
-            try:
-                return self._heal_once(exc)
-            except HealStop:
-                raise
-            except Exception as again:
-                if not _cut_off(again) or self.healer is None:
-                    raise
-                exc = again
-
-    def _heal_once(self, exc: Exception) -> bool:
-        healer = self.healer
-        if healer is None or not _cut_off(exc):
-            return False
-        decision = healer.end_of_round()
-        if decision is None:
-            return False
-        seen_s = seconds_since(decision)
-        log.warning("%s: healing in place (the loss was known %.1f s after it)", _said(decision), seen_s)
-        self.sync.leave()
-        self.group, self.env = healer.rejoin(self.group, self.env, decision)
-        if self.env.is_main:  # perhaps a new rank 0: the console and the metrics are its now
-            take_the_console()
-            self.metrics.open()
-        behind = self.pos.step
-        step, state = agree_on_state(self.pos.step, self.state)
-        if state is not None:
-            self.apply_state(state)
-        loop = self.loop  # the ranks' running counts may differ by the step some were ahead: the highest holds
-        counts = dist_helpers.all_gather_object((loop.logged_step, loop.saved_step, loop.trained_steps))
-        loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*counts))
-        self._build_world({})  # the sync measures its strategy again: the ranks and links changed
-        self.stepper.sync = self.sync
-        self.hosts = node_hosts(dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname)))  # round's
-        watch.rebase(self.env, healer.number)
-        self._healed_from = step
-        log.info(
-            "round %d: %s; step %d%s (in memory: no checkpoint read)",
-            healer.number,
-            self.env.describe(),
-            step,
-            f", this rank was at step {behind}: state from the ranks ahead" if state is not None else "",
-        )
-        return True
-
-    def healed_step(self, what: str = "") -> None:
-        """After a step (``what``: or the end of training): the first one completed since a heal records (rank 0)
-        each loss healed since, with the time from it."""
-        if getattr(self, "_healed_from", None) is None or self.healer is None:
-            return
-        step, self._healed_from = self._healed_from, None
-        what = what or f"the first step after the loss (step {step + 1})"
-        for decision in self.healer.decisions:
-            took = seconds_since(decision)
-            log.warning(
-                "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision["lost"])
-            )
-            if self.env.is_main:
-                membership.write(
-                    self.run_dir,
-                    membership.Change(
-                        step=step,
-                        nodes_before=len(decision["before"]),
-                        nodes_after=len(decision["members"]),
-                        hosts_lost=list(decision["lost"]),
-                        why="; ".join(f"{name}: {why}" for name, why in decision["lost"].items()),
-                        time=float(decision["fault_time"]),
-                        how="in place",
-                        fault_to_step_s=took,
-                    ),
-                )
-        self.healer.decisions.clear()
+def seconds_since(decision: dict[str, Any]) -> float:
+    """From the change (a loss: the earliest it can have happened; a join: the machine's answer) to now."""
+    return round(time.time() - float(decision["fault_time"] or decision["answer_time"]), 3)

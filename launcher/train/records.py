@@ -1,5 +1,6 @@
 """The trainer's records concern: the logged window of steps (``metrics.jsonl``), the communication trace
-(``comm.trace``), and ``summary.json`` at the end. Mixed into the Trainer, whose attributes it reads."""
+(``comm.trace``), the evaluation on the held-out split, and ``summary.json`` at the end. Mixed into the Trainer,
+whose attributes it reads."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..comm import trace
 from ..comm.trace import write_trace
 from ..summary import RunSummary
 from ..watch import stragglers
+from .model import evaluate
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +99,18 @@ class Records:
         if env.is_main:
             summary.write(self.run_dir)
         return summary
+
+    def _evaluate(self, epoch: int) -> Optional[float]:
+        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
+        if self.test_loader is None:
+            return None
+        self._phase = f"the evaluation after epoch {epoch}"
+        self.sync.flush()
+        self.sync.module.eval()
+        with self.stepper.autocast():
+            loss, accuracy = evaluate(self.model, self.test_loader, self.device)
+        self.metrics.write(
+            {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
+        )
+        log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
+        return accuracy

@@ -39,6 +39,8 @@ class Checkpointing:
             "epoch": self.pos.epoch,
             "batch_in_epoch": self.pos.batch_in_epoch,
             "world_size": self.env.world_size,
+            "global_batch": self.global_batch,  # the job's shape, for a machine joining in place
+            "steps_per_epoch": self.steps_per_epoch,
             "hierarchical": self.sync.hierarchical,
             "bucket_cap_mb": self.sync.bucket_cap_mb,
             "config": OmegaConf.to_container(OmegaConf.structured(self.job)),

@@ -62,6 +62,7 @@ class StopRequest:
         self._lock = threading.Lock()
         self._held = False  # failing: stop signals ignored (``hold``)
         self._asked: Optional[tuple] = None  # agreed(pipelined=True): the question in flight
+        self.grow = False  # the last ``agreed``: a machine joins at this step boundary (healing in place)
 
     def install(self, *signums: int) -> StopRequest:
         self._signums = signums
@@ -151,12 +152,13 @@ class StopRequest:
         sys.stderr.flush()
         os._exit(128 + signum)
 
-    def agreed(self, device: torch.device, pipelined: bool = False) -> bool:
+    def agreed(self, device: torch.device, pipelined: bool = False, growing: bool = False) -> bool:
         """Collective: True on every rank if any rank was signalled (the deadline timer stops: we are leaving).
         ``pipelined``: this step's question is sent without waiting and the previous step's answer returned (the
         stop comes one step later, on every rank alike): a blocking collective here would wait behind the buckets
-        still in flight under the forward overlap and hide nothing."""
-        flag = torch.tensor([1.0 if self.signum else 0.0], device=device)
+        still in flight under the forward overlap and hide nothing. ``growing``: this rank saw a machine ready to
+        join (healing in place); afterwards ``grow`` says whether any rank did (then all leave the round here)."""
+        flag = torch.tensor([1.0 if self.signum else 0.0, 1.0 if growing else 0.0], device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
             if pipelined:
@@ -165,7 +167,7 @@ class StopRequest:
                     return False
                 work, flag = previous
             abandon.wait(work)  # healing in place: PeerLost once a machine is lost
-        stopping = bool(flag.item())
+        stopping, self.grow = bool(flag[0].item()), bool(flag[1].item())
         if stopping:
             with self._lock:
                 self._agreed = True

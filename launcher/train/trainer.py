@@ -29,9 +29,10 @@ from ..watch import note_step
 from . import checkpoint as ckpt
 from .banner import format_banner, node_hosts
 from .data import build_datasets, eval_loader, train_loader
-from .heal import Healer, Healing
+from .heal import Grow, Healer
+from .in_place import Healing
 from .metrics import MetricsWriter
-from .model import build_model, check_same_weights, evaluate
+from .model import build_model, check_same_weights
 from .optim import build_optimizer, build_scheduler
 from .records import Records
 from .saving import Checkpointing, Position
@@ -66,21 +67,26 @@ class Trainer(Checkpointing, Healing, Records):
         group: Optional[Group] = None,
         stop: Optional[StopRequest] = None,
     ) -> None:
-        self.job, self.env, self.device, self.backend, self.stop = job, env, device, backend, stop
+        self.job, self.env, self.device, self.backend = job, env, device, backend
         self.group = group
         self.run_dir = Path(job.run_dir)
-        self.healer = Healer.from_environ(job.cluster.lost_after_s)  # healing in place (sim, ssh: min_nodes)
+        self.healer = Healer.from_environ(job.cluster.lost_after_s, backend)  # healing in place (sim, ssh)
+        self.stop = stop or (StopRequest() if self.healer else None)  # (the step boundary where a machine joins)
+        joins = self.healer is not None and self.healer.joins  # no collective until the keeper lets it in
+        self.has_state = not joins  # the job's state, its own or (joining) from a live peer
         world = env.world_size
         t = job.train
-        self.batch_per_rank = t.batch_size_per_rank or t.batch_size // world
-        self.global_batch = self.batch_per_rank * world
+        self.global_batch = (t.batch_size_per_rank or t.batch_size // world) * world
 
         model = build_model(job, device)
-        check_same_weights(model)
+        if not joins:
+            check_same_weights(model)
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self._resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
+        self._resume_path, self._resume_state = (
+            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
+        )
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         # (on another world size both are measured again: the layout of ranks and links changed)
         kept = self._resume_state or {}
@@ -88,12 +94,6 @@ class Trainer(Checkpointing, Healing, Records):
             kept = {}
         self.optimizer = build_optimizer(job.optim, model, world)
         self.train_set, self.test_set = build_datasets(job.data)
-        self._build_world(kept)
-        self.steps_per_epoch = len(self.train_loader)
-        schedule_steps = t.epochs * self.steps_per_epoch  # the schedule spans the epochs; max_steps only stops early
-        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
-        self.scheduler = build_scheduler(job.optim, self.optimizer, schedule_steps)
-        self.stepper = Stepper(t, job.optim, device, self.sync, self.optimizer, self.scheduler)
         self.pos = Position()
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
@@ -102,7 +102,21 @@ class Trainer(Checkpointing, Healing, Records):
         self._exposed_s = 0.0  # communication waited for since the last log
         self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
         self._tracing = ExitStack()
+        if joins:
+            return  # the rest once the keeper lets it in, from a live peer's state (in_place.Healing.join_job)
+        self._build_world(kept)
+        self._schedule(len(self.train_loader))
         self._banner()
+
+    def _schedule(self, steps_per_epoch: int) -> None:
+        """The schedule spans the epochs (``train.max_steps`` only stops early), and the step that follows it."""
+        t = self.job.train
+        self.steps_per_epoch = steps_per_epoch
+        schedule_steps = t.epochs * steps_per_epoch
+        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
+        self.scheduler = build_scheduler(self.job.optim, self.optimizer, schedule_steps)
+        sync = getattr(self, "sync", None)
+        self.stepper = Stepper(t, self.job.optim, self.device, sync, self.optimizer, self.scheduler)
 
     def _build_world(self, kept: dict) -> None:
         """What holds this round's ranks: the gradient sync (its groups) and the loaders (this rank's share of the
@@ -155,16 +169,23 @@ class Trainer(Checkpointing, Healing, Records):
         finally:
             if self.stop is not None:
                 self.stop.disarm()
-            self.sync.close()
+            if getattr(self, "sync", None) is not None:  # (a joining rank that never got in has none)
+                self.sync.close()
             self.metrics.close()
             if self.healer is not None:
                 self.healer.close()  # the round's store watch
 
     def _fit(self) -> RunSummary:
         self.maybe_resume()
-        env = self.env
         start = time.perf_counter()
         self.loop = Loop(window=torch.zeros(3, dtype=torch.float64, device=self.device))  # loss, batches, comm s
+        if self.healer is not None and self.healer.joins:
+            self.join_job()  # (its loop counts and position come from the ranks it joins)
+        elif self.healer is not None:
+            self.healer.watch(self.group)
+        if self.stop is not None:
+            self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
+        env = self.env
         bar = tqdm(
             total=self.total_steps,
             initial=self.pos.step,
@@ -174,14 +195,12 @@ class Trainer(Checkpointing, Healing, Records):
             leave=False,
         )
         quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
-        if self.stop is not None:
-            self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
-        if self.healer is not None:
-            self.healer.watch(self.group)
         with quiet_bar:
             while not self._epochs(bar):
-                pass  # healed in place (a machine was lost): on with the survivors
+                pass  # healed in place (a machine was lost, or one joins): on in the next round
         bar.close()
+        if self.healer is not None:
+            self.healer.trained()
         self._trace_window(self.loop.trained_steps, end=True)
         if self.stop is not None:
             self.stop.disarm()
@@ -248,10 +267,15 @@ class Trainer(Checkpointing, Healing, Records):
         if saved and self.loop.saved_step < self.pos.step:  # (after a heal, this step's may be written already)
             self.save()
             self.loop.saved_step = self.pos.step
-        if self.stop is not None and self.stop.agreed(self.device, pipelined=self.sync.overlaps_forward):
+        if self.stop is None:
+            return
+        growing = self.healer is not None and self.healer.growing()
+        if self.stop.agreed(self.device, pipelined=self.sync.overlaps_forward, growing=growing):
             if not saved:
                 self.save()
             raise Preempted(self.pos.step, self.stop.signum or 0)
+        if self.stop.grow:
+            raise Grow(f"a machine joins at step {self.pos.step}")
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._phase = f"step {self.pos.step + 1}"
@@ -262,18 +286,3 @@ class Trainer(Checkpointing, Healing, Records):
         if (exposed := self.sync.exposed_s()) is not None:
             self._exposed_s += exposed
         return loss
-
-    def _evaluate(self, epoch: int) -> Optional[float]:
-        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
-        if self.test_loader is None:
-            return None
-        self._phase = f"the evaluation after epoch {epoch}"
-        self.sync.flush()
-        self.sync.module.eval()
-        with self.stepper.autocast():
-            loss, accuracy = evaluate(self.model, self.test_loader, self.device)
-        self.metrics.write(
-            {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
-        )
-        log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
-        return accuracy

@@ -45,6 +45,9 @@ names=()
 for i in $(seq 1 "$N"); do names+=("$PREFIX$i"); done
 hosts_lines="127.0.0.1 localhost"$'\n'"::1 localhost"$'\n'
 for i in $(seq 1 "$N"); do hosts_lines+="$SUBNET.$i $PREFIX$i"$'\n'"::ffff:$SUBNET.$i $PREFIX$i"$'\n'; done
+# the head as the machines see it (the bridge): c10d looks up each store peer, and a keeper on the head
+# (healing in place) is one; unnamed, each look-up would wait for a DNS server the machines cannot reach
+hosts_lines+="$SUBNET.254 ${PREFIX}head"$'\n'"::ffff:$SUBNET.254 ${PREFIX}head"$'\n'
 : > "$STATE/ssh_config"
 for i in $(seq 1 "$N"); do
   name=$PREFIX$i addr=$SUBNET.$i

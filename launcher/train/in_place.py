@@ -1,0 +1,131 @@
+"""The trainer's side of healing in place (``launcher.train.heal`` says how a round ends and the next forms): after
+an error in the loop, whether a machine was lost, and if so going on with the survivors; at a step boundary where
+the ranks agreed a machine joins, going on with it; and a joining rank's own start, which takes the job's state
+from a live peer instead of reading a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from .. import dist_helpers, membership, watch
+from ..logs import take_the_console
+from .banner import node_hosts
+from .heal import HealStop, agree_on_state, cut_off, said, seconds_since
+
+log = logging.getLogger(__name__)
+
+
+class Healing:
+    """Mixed into the Trainer (whose attributes it reads: healer, group, env, pos, sync, stepper, model, metrics,
+    loop, job, run_dir, global_batch, has_state, state/apply_state from ``saving.Checkpointing``, _build_world,
+    _schedule)."""
+
+    def heal_after(self, exc: Exception) -> bool:
+        """After ``exc`` in the training loop: True when the round ended (a machine was lost, or one joins) and this
+        rank now trains on in the next; False: ``exc`` ends no round (or this job does not heal). A machine lost
+        while the ranks heal: they heal again, from the next decision."""
+        while True:
+            try:
+                return self._heal_once(exc)
+            except HealStop:
+                raise
+            except Exception as again:
+                if not cut_off(again) or self.healer is None:
+                    raise
+                exc = again
+
+    def _heal_once(self, exc: Exception) -> bool:
+        healer = self.healer
+        if healer is None or not cut_off(exc):
+            return False
+        decision = healer.end_of_round()
+        if decision is None:
+            return False
+        if decision["lost"]:
+            seen_s = seconds_since(decision)
+            log.warning("%s: healing in place (the loss was known %.1f s after it)", said(decision), seen_s)
+        else:
+            log.warning("%s: going on with it from this step", said(decision))
+        if getattr(self, "sync", None) is not None:  # (a joining rank has none before its first round)
+            self.sync.leave()
+        self._next_round(decision)
+        return True
+
+    def join_job(self) -> None:
+        """A rank that joins a running job: ready, let in by the keeper, then the round as every rank forms it."""
+        decision = self.healer.wait_to_join(self.group)
+        try:
+            self._next_round(decision)
+        except Exception as exc:  # a machine lost while it joined
+            if not self.heal_after(exc):
+                raise
+
+    def _next_round(self, decision: dict[str, Any]) -> None:
+        """Leave for the round after ``decision`` and go on in it (collective with its members, new ones too)."""
+        healer = self.healer
+        joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
+        self.group, self.env = healer.rejoin(self.env, decision)
+        if self.env.is_main:  # perhaps a new rank 0: the console and the metrics are its now
+            take_the_console()
+            self.metrics.open()
+        behind = self.pos.step
+        step, state = agree_on_state(-1 if joining else self.pos.step, self.state)
+        if joining:  # the job's shape as it started, whatever this rank's place was before it joined
+            self.global_batch = state["global_batch"]
+            self._schedule(state["steps_per_epoch"])
+        if state is not None:
+            self.apply_state(state)
+            self.has_state = True
+        loop = self.loop  # the ranks' running counts may differ by the step some were ahead: the highest holds
+        counts = dist_helpers.all_gather_object((loop.logged_step, loop.saved_step, loop.trained_steps))
+        loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*counts))
+        self._build_world({})  # the sync measures its strategy again: the ranks and links changed
+        self.stepper.sync = self.sync
+        self.hosts = node_hosts(dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname)))  # round's
+        watch.rebase(self.env, healer.number)
+        self._healed_from = step
+        log.info(
+            "round %d: %s; step %d%s (in memory: no checkpoint read)",
+            healer.number,
+            self.env.describe(),
+            step,
+            f", this rank was at step {behind}: state from the ranks ahead" if state is not None else "",
+        )
+
+    def healed_step(self, what: str = "") -> None:
+        """After a step (``what``: or the end of training): the first one completed since a heal records (rank 0)
+        each change healed since, with the time from it."""
+        if getattr(self, "_healed_from", None) is None or self.healer is None:
+            return
+        step, self._healed_from = self._healed_from, None
+        what = what or f"the first step after the change (step {step + 1})"
+        for decision in self.healer.decisions:
+            took = seconds_since(decision)
+            if decision["lost"]:
+                log.warning(
+                    "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision["lost"])
+                )
+            else:
+                log.warning(
+                    "grown in place: %s completed %.1f s after %s answered", what, took, ", ".join(decision["joined"])
+                )
+            if self.env.is_main:
+                membership.write(self.run_dir, _change(decision, step, took))
+        self.healer.decisions.clear()
+
+
+def _change(decision: dict[str, Any], step: int, took: Optional[float]) -> membership.Change:
+    lost, joined = decision["lost"], decision.get("joined", [])
+    return membership.Change(
+        step=step,
+        nodes_before=len(decision["before"]),
+        nodes_after=len(decision["members"]),
+        hosts_lost=list(lost),
+        hosts_joined=list(joined),
+        why="; ".join([*(f"{name}: {why}" for name, why in lost.items()), *(f"{n}: answers again" for n in joined)]),
+        time=float(decision["fault_time"] or decision["answer_time"]),
+        how="in place",
+        fault_to_step_s=took if lost else None,
+        answer_to_step_s=None if lost else took,
+    )
