@@ -47,7 +47,7 @@ def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Rank ``src``'s buffers (batch-norm statistics) on every rank."""
     if is_initialized() and get_world_size() > 1:
         for buffer in module.buffers():
-            dist.broadcast(buffer, src=src)
+            abandon.wait(dist.broadcast(buffer, src=src, async_op=True))  # healing: PeerLost, not a hang
 
 
 def all_gather_object(obj: object) -> list:
@@ -72,6 +72,17 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     """Rank ``src``'s ``obj`` on every rank."""
     if not (is_initialized() and get_world_size() > 1):
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    if not abandon.enabled():
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+    # healing in place (gloo, CPU): its size, then its bytes, in two collectives a lost machine cannot hold up
+    mine = get_rank() == src
+    data = pickle.dumps(obj) if mine else b""
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    abandon.wait(dist.broadcast(size, src=src, async_op=True))
+    payload = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8) if mine else torch.empty(int(size), dtype=torch.uint8)
+    )
+    abandon.wait(dist.broadcast(payload, src=src, async_op=True))
+    return obj if mine else pickle.loads(payload.numpy().tobytes())

@@ -3,7 +3,8 @@
 A job started on ``cluster.nodes`` machines keeps going on fewer when machines are lost, down to
 ``cluster.min_nodes``, one of two ways (``config.rules.heal_off_reason`` says which). Healing in place (the built-in
 trainer): the keeper decides the rounds (``Rounds``, in ``launch/keeper.py``), the survivors go on in the same
-processes, and their rank 0 records each change (``launcher.train.heal``). The restart: the launcher's head
+processes, a machine that answers again (ssh: the head's checks) joins them at a step boundary, and their rank 0
+records each change (``launcher.train.in_place``). The restart: the launcher's head
 (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed, its ssh connection dropped, or it
 fails the host checks before a restart), restarts the job on the survivors (``Membership``), and the ranks resume
 from the newest checkpoint on the smaller world (the global batch, and so the trajectory, is unchanged:

@@ -13,8 +13,13 @@ from launcher.rendezvous import process_group
 from models import LeNet
 
 
-def _seeds_allreduce(rank, world, out_dir):
+def _seeds_allreduce(rank, world, out_dir, healing=False):
     # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
+    # ``healing``: the same through the abortable collectives of a job that heals in place (launcher.abandon)
+    if healing:
+        from launcher import abandon
+
+        abandon.enable()
     data = torch.ones((1, 2)) * (rank + 1)
     dist_helpers.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
@@ -24,11 +29,17 @@ def _seeds_allreduce(rank, world, out_dir):
     assert dist_helpers.get_rank() == rank and dist_helpers.get_world_size() == world
     assert dist_helpers.all_gather_object(f"r{rank}") == ["r0", "r1"]
     assert dist_helpers.broadcast_object({"from": rank}) == {"from": 0}
+    assert dist_helpers.broadcast_object(list(range(rank, 300)), src=1) == list(range(1, 300))
+    module = torch.nn.BatchNorm1d(2)
+    module.running_mean.fill_(rank)
+    dist_helpers.broadcast_buffers(module)
+    assert module.running_mean.tolist() == [0.0, 0.0]
     dist_helpers.barrier()
 
 
-def test_seeds_allreduce_example_on_two_ranks(tmp_path):
-    spawn_ranks(_seeds_allreduce, 2, tmp_path)
+@pytest.mark.parametrize("healing", [False, True])
+def test_seeds_allreduce_example_on_two_ranks(tmp_path, healing):
+    spawn_ranks(_seeds_allreduce, 2, tmp_path, healing)
 
 
 def test_helpers_without_process_group():

@@ -172,9 +172,12 @@ def stream_until_done(submitted, log: Path) -> None:
     """Print rank 0's log as it grows until the job ends. The state comes from sacct at each turn (``POLL_S``):
     submitit's own rhythm backs off to one call per half the job's age, and a job that failed at 10 s was seen
     ~6 s late, past the report's 10 s."""
-    offset, tick = 0, threading.Event()
+    offset, tick, ran = 0, threading.Event(), False
     while True:
         done = submitted.done(force_check=True)
+        ran = ran or log.exists()
+        if ran and not done and submitted.state != "RUNNING":  # (sacct's word; after a requeue it says PENDING)
+            lift_requeue_hold(str(submitted.job_id))
         if log.exists():
             with open(log, encoding="utf-8", errors="replace") as f:
                 f.seek(offset)
@@ -185,6 +188,19 @@ def stream_until_done(submitted, log: Path) -> None:
         if done:
             return
         tick.wait(POLL_S)
+
+
+def lift_requeue_hold(job_id: str) -> None:
+    """A requeued job is held by Slurm before it may start again (reason ``BeginTime``: ``scontrol show job`` gives
+    it an EligibleTime ~10 s after the requeue, whatever the configuration); the requeue came after the ranks'
+    stop checkpoint, so nothing needs that pause: the hold is lifted (``StartTime=now``) and the job starts as soon
+    as Slurm can place it. Called only after the job ran: a ``--begin`` the user asked for holds its first start."""
+    try:
+        reason = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=30)
+        if reason.stdout.strip() == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):  # Slurm's tools unreachable for now: the job starts on its own
+        pass
 
 
 def report(submitted, job: JobConfig) -> int:

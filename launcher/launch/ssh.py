@@ -36,6 +36,9 @@ Order of events:
    the host or its link went down) is named instead of a report: its peers, which wait for it in collectives,
    are ended at once (``Control.ABORT``) and not blamed. ``cluster.max_restarts``: the head checks the hosts again and
    restarts the job on all of them from the newest checkpoint (the agents themselves do not restart).
+5. A job that heals in place (``run_healing_attempt``): a lost host's survivors go on; the head checks the lost hosts
+   every ``cluster.rejoin_every_s`` (``SshRejoin``), and one that passes the checks again gets a node process whose
+   ranks join the running job at a step boundary (``launch/healing.py``, ``launcher.train.in_place``).
 """
 
 from __future__ import annotations
@@ -203,6 +206,7 @@ class SshRejoin:
     nodes: list[SshNode]  # the attempt's (a joining one is added: stop signals and heartbeats reach it too)
     lock: threading.Lock
     facts: dict[str, dict] = field(default_factory=dict)  # the hosts that passed the checks, until started
+    said: dict[str, str] = field(default_factory=dict)  # each host's last problem said (said again when it changes)
 
     @property
     def ranks(self) -> int:
@@ -214,12 +218,20 @@ class SshRejoin:
 
     def answering(self, names: list[str]) -> list[str]:
         addr = self.keeper.endpoint.rsplit(":", 1)[0]
-        checked = zip(names, check_hosts(self.job, self.c, names, addr, picks_port=False))
-        self.facts.update({name: facts for name, (facts, problems) in checked if not problems})
-        return [name for name in names if self.facts.get(name, {}).get("head") == addr]
+        for name, (facts, problems) in zip(names, check_hosts(self.job, self.c, names, addr, picks_port=False)):
+            if not problems and facts.get("head") != addr:
+                problems = [f"it reaches this head at {facts.get('head')}, not at {addr} where the job's store is"]
+            if not problems:
+                self.facts[name] = facts
+                self.said.pop(name, None)
+            elif self.said.get(name) != problems[0]:
+                self.said[name] = problems[0]
+                every = f"{self.c.rejoin_every_s:g}"
+                print(f"launcher: {name} cannot join yet: {problems[0]} (checked every {every} s)", file=sys.stderr)
+        return [name for name in names if name in self.facts]
 
     def start(self, name: str, start: int, members: list[str]) -> subprocess.Popen:
-        node = len(self.nodes) - 1 + start  # a place of its own until it joins (its ranks' log and failure files)
+        node = len(self.nodes)  # a place of its own until it joins (its ranks' log and failure files)
         args = NodeArgs(
             self.job.run_dir, node + 1, node, self.keeper.endpoint, self.launch_id,
             self.facts.pop(name)["addr"] or name, stdin_control=True, head_restarts=True, attempt=self.attempt,

@@ -97,6 +97,8 @@ class Healer:
         if decision["lost"] or decision["stop"]:
             return said(decision)
         self._grow.set()
+        # a machine lost before the ranks leave for the join must still fail this round's collectives
+        abandon.watch_store(self.store, ROUND_END_KEY.format(decision["round"]), self._stop, self._heard)
         return None
 
     def growing(self) -> bool:
@@ -141,14 +143,14 @@ class Healer:
         limit_s = self.timeout_s if self.joins else CHECK_IN_S
         deadline = time.monotonic() + limit_s
         tick = threading.Event()  # never set: the pace of the questions
-        while (said := answer()) is None:
+        while (got := answer()) is None:
             if self.joins and self.store.check([TRAINED_KEY]):
                 log.warning("the job trained to its end before %s could join: leaving", self.name)
                 raise SystemExit(0)
             if time.monotonic() > deadline:
                 raise HealStop(f"{what()} within {limit_s:.0f} s; the job stops")
             tick.wait(abandon.POLL_S)
-        return said
+        return got
 
     def rejoin(self, env: DistEnv, decision: dict[str, Any]) -> tuple[Group, DistEnv]:
         """Steps 1 and 2: this rank's place in the next round, and that round's group."""
