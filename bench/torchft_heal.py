@@ -10,8 +10,9 @@ step ``--at``, the later of the two), how many step attempts the survivors threw
 their batches), and the global batch before -> after. The gradients go through torchft's ``DistributedDataParallel``
 (``ddp``) or, ``manual``, through ``Manager.allreduce`` of each gradient and ``wait()`` (its documented API). The
 lighthouse runs with the settings of torchft's README (``torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100
---join_timeout_ms 10000``, heartbeat_timeout at its 5 s default); torchft's Python ``LighthouseServer`` defaults to a
-join_timeout of 100 ms instead, which drops a dead group that fast, and any group 100 ms late from that step.
+--join_timeout_ms 10000``, heartbeat_timeout at its 5 s default). join_timeout is how long the lighthouse waits
+for heartbeating stragglers before issuing a quorum without them; torchft's Python ``LighthouseServer`` defaults it
+to 100 ms (``--join-timeout-ms 100``: a dead group is dropped in ~0.2 s, and so is any group that late to a quorum).
 
 Set up the venv (outside the repo; no internet but PyPI) and run, with the testbed's lock held:
 

@@ -62,8 +62,22 @@ def _netns_only_for_some(request):
         pytest.skip("runs on the one-host cluster only (NETNS_TOO lists the tests run on both)")
 
 
+@pytest.fixture(scope="session")
+def slurm_root():
+    """The clusters' state dir, kept from one cluster to the next (the second starts on the first's accounting
+    database instead of creating one), wiped at the end of the session: the machine as found."""
+    env = {**os.environ, "LAUNCHER_SLURM_ROOT": SLURM_ROOT}
+    try:
+        yield SLURM_ROOT
+    finally:
+        # --wipe: the state directory goes too
+        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
+        left = cluster_leftovers()
+        assert not left, "the stopped cluster left:\n" + "\n".join(left)
+
+
 @pytest.fixture(scope="session", params=["one-host", "netns"])
-def slurm(request):
+def slurm(request, slurm_root):
     reason = _cannot_start()
     if reason:
         pytest.skip(reason)
@@ -77,14 +91,13 @@ def slurm(request):
         )
         assert started.returncode == 0, f"local Slurm did not start:\n{started.stderr[-3000:]}"
         yield {"SLURM_CONF": f"{SLURM_ROOT}/etc/slurm.conf", "LAUNCHER_SLURM_NETNS": netns}
-    finally:
-        # --wipe: its state directory and the node names it added to /etc/hosts go too (the machine as found)
-        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
-        left = cluster_leftovers()
+    finally:  # its daemons, the node names it added to /etc/hosts, its namespaces and bridge go (slurm_root: the rest)
+        subprocess.run([str(REPO / "slurm" / "stop-cluster.sh")], env=env, capture_output=True, timeout=120)
+        left = cluster_leftovers(state_dir=False)
         assert not left, "the stopped cluster left:\n" + "\n".join(left)
 
 
-def cluster_leftovers() -> list[str]:
+def cluster_leftovers(state_dir: bool = True) -> list[str]:
     """What start-cluster.sh made under SLURM_ROOT and is still there: its daemons (their command line or
     environment names SLURM_ROOT), /etc/hosts lines, the nodes' namespaces, the bridge, the state dir."""
     left = []
@@ -103,7 +116,7 @@ def cluster_leftovers() -> list[str]:
     left += [f"namespace {ns}" for ns in namespaces if ns.startswith("slurm-node")]
     if Path("/sys/class/net/lnchslurmbr0").exists():
         left.append("bridge lnchslurmbr0")
-    if Path(SLURM_ROOT).exists():
+    if state_dir and Path(SLURM_ROOT).exists():
         left.append(f"state dir {SLURM_ROOT}")
     return left
 
