@@ -57,7 +57,7 @@ class Change:
     hosts_joined: list[str] = field(default_factory=list)
     why: str = ""
     time: float = 0.0  # restart: when the head decided; in place: the loss, the earliest it can have happened
-    how: str = "restart"  # restart: from the newest checkpoint; in place: the survivors healed (launcher.train.heal)
+    how: str = "restart"  # restart: from the newest checkpoint; in place: healed or grown (launcher.train.in_place)
     fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
     answer_to_step_s: Optional[float] = None  # in place: from the joining machine's answer to the first step with it
 

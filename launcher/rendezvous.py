@@ -65,13 +65,7 @@ def process_group(
         _check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     if form:
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        _init(store, env, backend, timeout_s)
         log.debug("process group up: %s backend=%s", env.describe(), backend)
     try:
         yield Group(store, env, timeout_s)
@@ -95,15 +89,14 @@ def next_round(number: int, env: DistEnv, base: dist.Store, backend: str, timeou
         dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
     abandon.reset()
     store = dist.PrefixStore(f"round-{number}", base)  # one root for every round
-    dist.init_process_group(
-        backend=backend,
-        store=store,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    _init(store, env, backend, timeout_s)
     log.info("process group round %d: %s", number, env.describe())
     return Group(store, env, timeout_s)
+
+
+def _init(store: dist.Store, env: DistEnv, backend: str, timeout_s: float) -> None:
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
 
 
 def attempt_prefix(attempt: int) -> str:

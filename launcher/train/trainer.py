@@ -120,7 +120,7 @@ class Trainer(Checkpointing, Healing, Records):
 
     def _build_world(self, kept: dict) -> None:
         """What holds this round's ranks: the gradient sync (its groups) and the loaders (this rank's share of the
-        same global batches). Built again when the job heals in place (``heal.Healing``)."""
+        same global batches). Built again when the job heals in place (``in_place.Healing``)."""
         job, env, t = self.job, self.env, self.job.train
         self.batch_per_rank = self.global_batch // env.world_size
         self.sync = GradientSync(
