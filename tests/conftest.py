@@ -102,3 +102,15 @@ def nothing_of_the_module_remains(tmp_path_factory):
     yield
     base = str(tmp_path_factory.getbasetemp()) + os.sep  # not a later run's pytest-NN when this one is pytest-N
     nothing_left(lambda: sorted({*processes_mentioning(base), *descendants(os.getpid())}), "the module")
+
+
+@pytest.fixture(scope="session")
+def one_process_heal_job(tmp_path_factory):
+    """The heal tests' reference (test_sim, test_ssh): ``HEAL_JOB`` trained by one process, the same global
+    batches; its run dir."""
+    from helpers import HEAL_JOB, run_launcher
+
+    run_dir = tmp_path_factory.mktemp("one-process")
+    alone = run_launcher(*HEAL_JOB, run_dir=run_dir)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    return run_dir

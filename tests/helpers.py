@@ -35,6 +35,11 @@ def launcher_argv(run_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *args]
 
 
+# the heal tests' job (test_sim, test_ssh; conftest.one_process_heal_job is its one-process reference): 20 steps,
+# the trajectory check's span (float32 summation orders drift apart over hundreds), one thread per rank
+HEAL_JOB = ("train.max_steps=20", "train.batch_size=48", "cluster.procs_per_node=1", "train.threads_per_rank=1")
+
+
 def run_launcher(
     *overrides: str,
     run_dir: Path,

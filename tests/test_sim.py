@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import plan, run_launcher
+from helpers import HEAL_JOB, plan, run_launcher
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, final_state
@@ -217,15 +217,15 @@ def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
     assert all(s["allreduce"] == 10.0 for s in seen)
 
 
-def test_lost_nodes_the_survivors_heal_in_place(tmp_path, tmp_path_factory):
+def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     """``cluster.min_nodes=1`` on 3 simulated nodes: node 1 is killed at step 15 (its agent and rank SIGKILLed at
     once, as when a machine goes away: the head sees it), then node 2 freezes at step 17 (SIGSTOP: only the keeper's
     missing heartbeat tells). Each time the survivors heal in place: the same processes, no checkpoint read, each
     step trained and logged once, the next step within 10 s of each loss, and the final model is one process's on
     the same global batches up to float32 summation order (test_launch's tolerance)."""
-    job = ("train.max_steps=20", "train.checkpoint_every_steps=10", "train.batch_size=48")
+    job = (*HEAL_JOB, "train.checkpoint_every_steps=10")
     faults = "step=15,rank=1,signal=KILL,target=node;step=17,rank=2,signal=STOP,target=node"
-    sim = ("+cluster=sim", "cluster.nodes=3", "cluster.procs_per_node=1", "cluster.min_nodes=1")
+    sim = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=1")
     result = run_launcher(*job, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
@@ -256,7 +256,4 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, tmp_path_factory):
         assert 0 < change["fault_to_step_s"] <= 10, change
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
     assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
-    whole = tmp_path_factory.mktemp("one-process")
-    alone = run_launcher(*job, "cluster.procs_per_node=1", run_dir=whole)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    assert_same_trajectory(final_state(tmp_path), final_state(whole))
+    assert_same_trajectory(final_state(tmp_path), final_state(one_process_heal_job))

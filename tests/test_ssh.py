@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, run_launcher
+from helpers import HEAL_JOB, REPO, run_launcher
 from launcher.train.checkpoint import verify
 from test_launch import assert_same_trajectory, final_state
 from test_root_cause import expect_root_cause, job_args, run_watched
@@ -346,7 +346,7 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
     assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
 
 
-def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines, tmp_path):
+def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines, tmp_path, one_process_heal_job):
     """Three machines, ``cluster.min_nodes=2``: as soon as training runs the FIRST machine's link goes down (no
     reset reaches anyone: only its silent heartbeat tells). The keeper, on this head (the job's store: no machine
     holds it), declares it lost after ``cluster.lost_after_s``; the other two leave the broken group and go on in
@@ -356,11 +356,9 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines
     model is one process's on the same global batches (test_launch's tolerance), and nothing is left running."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
-    # 3 machines share this host's cores: one thread per rank; 20 steps (the trajectory check's span: float32
-    # summation orders drift apart over hundreds of steps), slowed down by the second machine's rank (the job's pace
-    # is the slowest rank's) so that the first one has time to come back and join
-    job = ("cluster.procs_per_node=1", "train.batch_size=48", "train.threads_per_rank=1", "train.max_steps=20")
-    overrides = (*job, "cluster.min_nodes=2", "train.log_every_steps=1", "cluster.heartbeat_timeout_s=15")
+    # HEAL_JOB, slowed down by the second machine's rank (the job's pace is the slowest rank's) so that the first
+    # one has time to come back and join
+    overrides = (*HEAL_JOB, "cluster.min_nodes=2", "train.log_every_steps=1", "cluster.heartbeat_timeout_s=15")
     slow = tmp_path / "slow"  # the second machine's rank takes DELAY_S more per step while it exists
     slow.touch()
     head = start_head(args, run_dir, *overrides, fault=f"step=2,rank=1,delay={DELAY_S},while={slow}")
@@ -422,9 +420,6 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines
         r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]
     assert steps == list(range(1, len(steps) + 1)), steps
-    reference = tmp_path / "one-process"
-    alone = run_launcher(*job, run_dir=reference)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    assert_same_trajectory(final_state(run_dir), final_state(reference))
+    assert_same_trajectory(final_state(run_dir), final_state(one_process_heal_job))
     for path in run_dir.glob("checkpoints/step-*.pt"):
         verify(path)  # raises on a torn or corrupted file
