@@ -49,6 +49,7 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -60,6 +61,7 @@ from ..failures import report as report_failures
 from ..membership import Membership
 from .head import Control, NodeArgs, print_stopped, wait_nodes
 from .healing import Keeper, wait_healing
+from .host_check import token_path
 from .hosts import SSH_LOST, check_hosts, ready_hosts, remote_shell, resolve_hosts, ssh_command
 from .mode import BaseMode, LaunchPlan
 from .ports import free_port
@@ -270,6 +272,8 @@ def run_healing_attempt(
                 out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why, rejoin)
     finally:
         keeper.close()
+        for marker in Path(job.run_dir).glob(token_path(".", "*").name):  # a rejoin check still in flight
+            marker.unlink(missing_ok=True)
     for ssh_node in nodes:
         ssh_node.finish()
     if stops:
