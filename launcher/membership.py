@@ -38,9 +38,11 @@ TRAINED_KEY = "heal/trained"  # the ranks trained every step: a machine still wa
 HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node_id's number}
 
 
-def joins_running_job(environ: Mapping[str, str]) -> bool:
-    """This rank's node process was started to join a job already running (healing in place)."""
-    return bool(json.loads(environ.get(HEAL_ENV) or "{}").get("start"))
+def heal_place(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
+    """A rank of a job that heals in place: its node and its node process's start (``HEAL_ENV``); None elsewhere.
+    A start above 0: the node process joins a job already running."""
+    raw = environ.get(HEAL_ENV)
+    return json.loads(raw) if raw else None
 
 
 def node_id(name: str, start: int) -> str:

@@ -19,7 +19,7 @@ from .failures import FailureLog
 from .faults import faults_for
 from .gpus import backend_for
 from .logs import setup_logging
-from .membership import joins_running_job
+from .membership import heal_place
 from .rendezvous import listening_store, process_group
 from .summary import RunSummary
 from .train.stop import StopRequest
@@ -89,7 +89,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
         )
     if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
-    joins = joins_running_job(os.environ)  # its group forms when the keeper lets it in (train/in_place.py)
+    joins = bool((heal_place(os.environ) or {}).get("start"))  # its group forms when the keeper lets it in
     timeout_s, join_s = backstop_s(job.comm), job.cluster.join_timeout_s
     with process_group(env, backend, timeout_s, join_timeout_s=join_s, form=not joins) as group, failures.catching():
         if job.doctor or job.preflight:

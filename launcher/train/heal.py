@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from .. import abandon, dist_helpers
 from ..env import DistEnv
-from ..membership import HEAL_ENV, JOINED_KEY, READY_KEY, ROUND_END_KEY, TRAINED_KEY, node_id
+from ..membership import JOINED_KEY, READY_KEY, ROUND_END_KEY, TRAINED_KEY, heal_place, node_id
 from ..rendezvous import Group, next_round
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,9 @@ class Healer:
     @classmethod
     def from_environ(cls, lost_after_s: float, backend: str) -> Optional[Healer]:
         """The healer of a rank in a job that heals in place (None elsewhere); abortable collectives from now on."""
-        raw = os.environ.get(HEAL_ENV)
-        if not raw:
+        place = heal_place(os.environ)
+        if place is None:
             return None
-        place = json.loads(raw)
         abandon.enable()
         start = int(place.get("start", 0))
         return cls(place["name"], lost_after_s, backend, start, joined=not start)
@@ -203,17 +202,16 @@ class Healer:
         return self._poll(formed_or_ended, missing)[0]
 
 
-def agree_on_state(step: int, state: Any) -> tuple[int, Optional[Any]]:
-    """Step 3 (collective, the new round): the highest step any survivor completed, and, on the ranks behind it,
-    the state of the lowest rank that holds it (None on ranks already there: nothing to load). ``state``: a
-    callable returning this rank's state (called on the source only)."""
-    steps = dist_helpers.all_gather_object(step)
+def agree_on_state(steps: list[int], state: Any) -> tuple[int, Optional[Any]]:
+    """Step 3 (collective, the new round; ``steps``: every rank's completed step, gathered): the highest, and, on
+    the ranks behind it, the state of the lowest rank that holds it (None on ranks already there: nothing to load).
+    ``state``: a callable returning this rank's state (called on the source only)."""
     top = max(steps)
     if min(steps) == top:
         return top, None
-    source = steps.index(top)
-    sent = dist_helpers.broadcast_object(state() if dist_helpers.get_rank() == source else None, src=source)
-    return top, sent if step < top else None
+    source, rank = steps.index(top), dist_helpers.get_rank()
+    sent = dist_helpers.broadcast_object(state() if rank == source else None, src=source)
+    return top, sent if steps[rank] < top else None
 
 
 class Grow(Exception):

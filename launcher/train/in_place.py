@@ -69,20 +69,24 @@ class Healing:
         if self.env.is_main:  # perhaps a new rank 0: the console and the metrics are its now
             take_the_console()
             self.metrics.open()
-        behind = self.pos.step
-        step, state = agree_on_state(-1 if joining else self.pos.step, self.state)
+        behind, loop = self.pos.step, self.loop
+        # one gather: each rank's step (-1: it joins, it holds none of the job's), its loop counts (they may differ
+        # by the step some were ahead: the highest hold), its node and host (the round's hosts)
+        counts = (loop.logged_step, loop.saved_step, loop.trained_steps)
+        facts = dist_helpers.all_gather_object(
+            (-1 if joining else behind, counts, self.env.node_rank, self.env.hostname)
+        )
+        step, state = agree_on_state([f[0] for f in facts], self.state)
         if joining:  # the job's shape as it started, whatever this rank's place was before it joined
             self.global_batch = state["global_batch"]
             self._schedule(state["steps_per_epoch"])
         if state is not None:
             self.apply_state(state)
             self.has_state = True
-        loop = self.loop  # the ranks' running counts may differ by the step some were ahead: the highest holds
-        counts = dist_helpers.all_gather_object((loop.logged_step, loop.saved_step, loop.trained_steps))
-        loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*counts))
+        loop.logged_step, loop.saved_step, loop.trained_steps = (max(c) for c in zip(*(f[1] for f in facts)))
         self._build_world({})  # the sync measures its strategy again: the ranks and links changed
         self.stepper.sync = self.sync
-        self.hosts = node_hosts(dist_helpers.all_gather_object((self.env.node_rank, self.env.hostname)))  # round's
+        self.hosts = node_hosts([f[2:] for f in facts])
         watch.rebase(self.env, healer.number)
         self._healed_from = step
         log.info(
