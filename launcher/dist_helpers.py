@@ -4,12 +4,15 @@ with no group, ``get_rank()`` is 0, ``all_reduce`` is the identity, ``all_gather
 
 from __future__ import annotations
 
-import pickle
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from . import abandon
+from . import signed
+from .abort import Abort, wait
+from .secret import Secret
 
 
 def is_initialized() -> bool:
@@ -33,56 +36,82 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, op: str = "sum", abort: Optional[Abort] = None) -> torch.Tensor:
     """In-place allreduce (``sum``/``mean``/``max``/``min``) across the default group; identity when alone."""
     if is_initialized() and get_world_size() > 1:
         reduce_op = dist.ReduceOp.SUM if op == "mean" else getattr(dist.ReduceOp, op.upper())
-        abandon.wait(dist.all_reduce(tensor, op=reduce_op, async_op=True))  # healing: PeerLost, not a hang
+        wait(dist.all_reduce(tensor, op=reduce_op, async_op=True), abort)  # healing: PeerLost, not a hang
         if op == "mean":
             tensor.div_(get_world_size())
     return tensor
 
 
-def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+def broadcast_buffers(module: torch.nn.Module, src: int = 0, abort: Optional[Abort] = None) -> None:
     """Rank ``src``'s buffers (batch-norm statistics) on every rank."""
     if is_initialized() and get_world_size() > 1:
         for buffer in module.buffers():
-            abandon.wait(dist.broadcast(buffer, src=src, async_op=True))  # healing: PeerLost, not a hang
+            wait(dist.broadcast(buffer, src=src, async_op=True), abort)  # healing: PeerLost, not a hang
 
 
-def all_gather_object(obj: object) -> list:
-    """Every rank's ``obj``, in rank order (a one-element list when alone)."""
+def all_gather_object(obj: object, abort: Optional[Abort] = None, secret: Optional[Secret] = None) -> list:
+    """Every rank's ``obj``, in rank order (a one-element list when alone). With the job's ``secret`` (every job
+    the launcher's head starts) the pickles are signed and a peer's is unpickled only if it verifies; with an
+    ``abort`` signal, a lost machine cannot hold it up. With neither: torch's own."""
     if not (is_initialized() and get_world_size() > 1):
         return [obj]
     out: list = [None] * get_world_size()
-    if not abandon.enabled():
+    if abort is None and secret is None:
         dist.all_gather_object(out, obj)
         return out
-    # healing in place (gloo, CPU): the same, from two collectives that a lost machine cannot hold up
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    data = torch.frombuffer(bytearray(signed.dumps(obj, secret)), dtype=torch.uint8)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in out]
-    abandon.wait(dist.all_gather(sizes, torch.tensor([data.numel()]), async_op=True))
+    wait(dist.all_gather(sizes, torch.tensor([data.numel()]), async_op=True), abort)
     longest = int(max(s.item() for s in sizes))
     parts = [torch.empty(longest, dtype=torch.uint8) for _ in out]
-    abandon.wait(dist.all_gather(parts, torch.nn.functional.pad(data, (0, longest - data.numel())), async_op=True))
-    return [pickle.loads(part[: int(size.item())].numpy().tobytes()) for part, size in zip(parts, sizes)]
+    wait(dist.all_gather(parts, torch.nn.functional.pad(data, (0, longest - data.numel())), async_op=True), abort)
+    return [
+        signed.loads(part[: int(size.item())].numpy().tobytes(), secret, f"rank {rank}")
+        for rank, (part, size) in enumerate(zip(parts, sizes))
+    ]
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    """Rank ``src``'s ``obj`` on every rank."""
+def broadcast_object(
+    obj: object, src: int = 0, abort: Optional[Abort] = None, secret: Optional[Secret] = None
+) -> object:
+    """Rank ``src``'s ``obj`` on every rank (signed and abortable as ``all_gather_object``)."""
     if not (is_initialized() and get_world_size() > 1):
         return obj
-    if not abandon.enabled():
+    if abort is None and secret is None:
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
-    # healing in place (gloo, CPU): its size, then its bytes, in two collectives a lost machine cannot hold up
     mine = get_rank() == src
-    data = pickle.dumps(obj) if mine else b""
+    data = signed.dumps(obj, secret) if mine else b""
     size = torch.tensor([len(data)], dtype=torch.int64)
-    abandon.wait(dist.broadcast(size, src=src, async_op=True))
+    wait(dist.broadcast(size, src=src, async_op=True), abort)
     payload = (
         torch.frombuffer(bytearray(data), dtype=torch.uint8) if mine else torch.empty(int(size), dtype=torch.uint8)
     )
-    abandon.wait(dist.broadcast(payload, src=src, async_op=True))
-    return obj if mine else pickle.loads(payload.numpy().tobytes())
+    wait(dist.broadcast(payload, src=src, async_op=True), abort)
+    return obj if mine else signed.loads(payload.numpy().tobytes(), secret, f"rank {src}")
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The collectives above, bound to a rank's ``abort`` signal (healing in place) and the job's ``secret`` (every
+    job the launcher's head starts): what training code holds and calls, so none of it forgets either."""
+
+    abort: Optional[Abort] = None
+    secret: Optional[Secret] = None
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return all_reduce(tensor, op, self.abort)
+
+    def broadcast_buffers(self, module: torch.nn.Module, src: int = 0) -> None:
+        broadcast_buffers(module, src, self.abort)
+
+    def all_gather_object(self, obj: object) -> list:
+        return all_gather_object(obj, self.abort, self.secret)
+
+    def broadcast_object(self, obj: object, src: int = 0) -> object:
+        return broadcast_object(obj, src, self.abort, self.secret)

@@ -50,6 +50,7 @@ from .tracebacks import format_traceback, log_tail
 KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
 STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
+AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own (the report follows)
 
 # Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
 PEER_ERROR = re.compile(

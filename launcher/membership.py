@@ -1,15 +1,15 @@
 """The machines a several-node job runs on, and its changes (``cluster.min_nodes``).
 
 A job started on ``cluster.nodes`` machines keeps going on fewer when machines are lost, down to
-``cluster.min_nodes``, one of two ways (``config.rules.heal_off_reason`` says which). Healing in place (the built-in
-trainer): the keeper decides the rounds (``Rounds``, in ``launch/keeper.py``), the survivors go on in the same
-processes, a machine that answers again (ssh: the head's checks) joins them at a step boundary, and their rank 0
-records each change (``launcher.train.in_place``). The restart: the launcher's head
-(``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed, its ssh connection dropped, or it
-fails the host checks before a restart), restarts the job on the survivors (``Membership``), and the ranks resume
-from the newest checkpoint on the smaller world (the global batch, and so the trajectory, is unchanged:
-``launcher.train.saving``); a machine that answers the checks again joins at the next restart. Each change is one
-line of ``membership.jsonl`` in the run dir; the trainer copies them into ``summary.json`` (``membership``).
+``cluster.min_nodes``, one of two ways (``config.rules.heals_in_place`` says which). Healing in place (the built-in
+trainer, ``launcher.heal``): the keeper decides the rounds, the survivors go on in the same processes, a machine
+that answers again (ssh: the head's checks) joins them at a step boundary, and their rank 0 records each change.
+The restart: the launcher's head (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed,
+its ssh connection dropped, or it fails the host checks before a restart), restarts the job on the survivors
+(``Membership``), and the ranks resume from the newest checkpoint on the smaller world (the global batch, and so the
+trajectory, is unchanged: ``launcher.train.saving``); a machine that answers the checks again joins at the next
+restart. Each change is one line of ``membership.jsonl`` in the run dir; the trainer copies them into
+``summary.json`` (``membership``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -25,29 +25,6 @@ from typing import Any, Optional
 from .checkpoint_names import newest_step
 
 FILE_NAME = "membership.jsonl"
-# Healing in place: the keys of the keeper's store (``launch/keeper.py``), under the attempt's prefix
-# (``rendezvous.attempt_prefix``). A node process is known by ``node_id``: its node's name and which start of it
-# this is in the attempt (0: with the attempt; 1, 2, ...: joining later), so a cut-off process that answers again
-# is never taken for the one started after it.
-HEARTBEAT_KEY = "heal/heartbeat/{}"  # each node process's heartbeat counter
-DONE_KEY = "heal/done/{}"  # a node process whose ranks ended (any way but lost): its silence is no loss
-READY_KEY = "heal/ready/{}"  # a joining node process: how many of its ranks are ready to join
-JOINED_KEY = "heal/joined/{}"  # a joining node process: the round it joins
-ROUND_END_KEY = "heal/end/{}"  # the decision that ends round N
-TRAINED_KEY = "heal/trained"  # the ranks trained every step: a machine still waiting to join need not
-HEAL_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node_id's number}
-
-
-def heal_place(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
-    """A rank of a job that heals in place: its node and its node process's start (``HEAL_ENV``); None elsewhere.
-    A start above 0: the node process joins a job already running."""
-    raw = environ.get(HEAL_ENV)
-    return json.loads(raw) if raw else None
-
-
-def node_id(name: str, start: int) -> str:
-    """A node process's name in the keeper's store: its node's ``name`` and its ``start`` in the attempt."""
-    return f"{name}#{start}"
 
 
 @dataclass(frozen=True)
@@ -108,24 +85,6 @@ class Membership:
         """``cluster.min_nodes`` < the nodes listed: the job may go on with fewer (``ClusterConfig.may_shrink``)."""
         return self.min_nodes < len(self.all)
 
-    def healed(self, decision: dict[str, Any]) -> bool:
-        """The keeper's ``decision`` (``Rounds.lose``, ``Rounds.join``): said, and the next restart (if any) runs on
-        its members. False when too few nodes are left (the job stops)."""
-        names = ", ".join(f"{n} ({why})" for n, why in decision["lost"].items())
-        if decision["stop"]:
-            print(f"launcher: lost {names}: {decision['stop']}; the job stops", file=sys.stderr)
-            self.spent_restarts = self.max_restarts  # too few machines: no restart either
-            return False
-        self.live = list(decision["members"])
-        self.all += [name for name in decision["joined"] if name not in self.all]
-        what = f"lost {names}: the survivors heal in place" if names else f"{', '.join(decision['joined'])} joined"
-        print(
-            f"launcher: {what}, continuing on {len(self.live)} of {len(self.all)} nodes (round {decision['round']}, "
-            f"cluster.min_nodes={self.min_nodes})",
-            file=sys.stderr,
-        )
-        return True
-
     def change(self, lost: dict[str, str], joined: Sequence[str] = ()) -> bool:
         """Drop the ``lost`` nodes (name -> why) and add ``joined`` (in the listed order). True when the job goes
         on (recorded and said); False when fewer than ``min_nodes`` would be left (nothing changes)."""
@@ -163,46 +122,3 @@ class Membership:
         )
         self.live = after
         return True
-
-
-@dataclass
-class Rounds:
-    """The keeper's decisions (``launch/keeper.py``) for a job that heals in place: the nodes of each round of
-    process groups. Round 0 is every node started; each loss ends a round and names the next one's members, in
-    the order started (a node's ranks keep their order), or none when fewer than ``min_nodes`` would be left (the
-    job then stops, or falls back to the head's restart); a machine that answers again ends a round too, joining
-    the next one last. A decision: ``round`` (the next), ``members``, ``before``, ``lost`` (name -> why),
-    ``joined``, ``fault_time`` (a loss: the earliest it can have happened), ``answer_time`` (a join: when the
-    machine answered), ``stop`` (why the job cannot go on, or "")."""
-
-    names: list[str]
-    min_nodes: int
-    number: int = 0
-    live: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.live = self.live or list(self.names)
-
-    def lose(self, lost: dict[str, str], fault_time: float) -> Optional[dict[str, Any]]:
-        """End the round without the ``lost`` nodes (name -> why), lost at ``fault_time`` (seconds since the epoch,
-        the earliest the loss can have happened); returns the decision (None when none of them is in the round)."""
-        lost = {name: why for name, why in lost.items() if name in self.live}
-        if not lost:
-            return None
-        after = [name for name in self.live if name not in lost]
-        enough = len(after) >= self.min_nodes
-        stop = "" if enough else f"{len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}"
-        return self._next(after if enough else [], lost=lost, fault_time=fault_time, stop=stop)
-
-    def join(self, name: str, answer_time: float) -> Optional[dict[str, Any]]:
-        """End the round with ``name`` joining it (its machine answered again at ``answer_time``), last in the
-        order: every other rank keeps its place, rank 0 and its console included. None when it is in already."""
-        if name in self.live:
-            return None
-        return self._next([*self.live, name], joined=[name], answer_time=answer_time)
-
-    def _next(self, members: list[str], **change: Any) -> dict[str, Any]:
-        decision = {"round": self.number + 1, "members": members, "before": list(self.live), "lost": {}, "joined": []}
-        decision.update({"fault_time": None, "answer_time": None, "stop": "", **change})
-        self.number, self.live = self.number + 1, members or [n for n in self.live if n not in change.get("lost", ())]
-        return decision

@@ -18,9 +18,10 @@ from .env import TORCHRUN_VARS, DistEnv
 from .failures import FailureLog
 from .faults import faults_for
 from .gpus import backend_for
+from .heal.protocol import Place
 from .logs import setup_logging
-from .membership import heal_place
 from .rendezvous import listening_store, process_group
+from .secret import Secret
 from .summary import RunSummary
 from .train.stop import StopRequest
 from .watch import backstop_s, end_watch, start_watch
@@ -60,6 +61,7 @@ def run_rank_work(
 
 
 def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:
+    secret = Secret.from_environ(os.environ)  # the job's (the launcher's head handed it on): out of the environment
     if job.script is not None:
         os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
         store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
@@ -89,9 +91,11 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
         )
     if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
-    joins = bool((heal_place(os.environ) or {}).get("start"))  # its group forms when the keeper lets it in
+    place = Place.from_environ(os.environ)
+    joins = place is not None and place.joins  # its group forms when the keeper lets it in
     timeout_s, join_s = backstop_s(job.comm), job.cluster.join_timeout_s
-    with process_group(env, backend, timeout_s, join_timeout_s=join_s, form=not joins) as group, failures.catching():
+    grouping = process_group(env, backend, timeout_s, join_timeout_s=join_s, form=not joins, secret=secret)
+    with grouping as group, failures.catching():
         if job.doctor or job.preflight:
             from .doctor import run_doctor
 
@@ -100,7 +104,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
             )
             if job.doctor:
                 return report
-        return Trainer(job, env, device, backend, group=group, stop=stop).fit()
+        return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret).fit()
 
 
 def run_script(script: str, args: list[str]) -> None:

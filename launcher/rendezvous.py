@@ -1,6 +1,6 @@
 """The one way to start and end a process group: reach (or host) the rendezvous store, check every rank in,
-then ``init_process_group``; always destroy it; ``next_round``: the survivors' next group after a machine is lost
-(healing in place). Also the stores' listening rules (``bind_address``)."""
+then ``init_process_group`` (``init_group``: also a healed job's next round, ``launcher.heal.rank``); always destroy
+it. Also the stores' listening rules (``bind_address``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from . import abandon
 from .env import DistEnv
+from .secret import Secret
+from .signed import guard
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def process_group(
     store: dist.Store | None = None,
     join_timeout_s: Optional[float] = None,
     form: bool = True,
+    secret: Optional[Secret] = None,
 ) -> Iterator[Group]:
     """Initialise the default group for ``env``, yield it, and always destroy it, whatever happens inside.
 
@@ -51,8 +53,9 @@ def process_group(
     ``env.master_addr:env.master_port``; a single process uses an in-memory store (no port at all).
     Every rank first checks in on the store: after ``join_timeout_s`` (default ``timeout_s``) the ranks that are
     there name the ranks that are not, and the address they waited at; ``timeout_s`` then bounds collectives.
-    ``form=False``: a rank joining a job that heals in place reaches the store only (``next_round`` forms its
-    group later); whatever group it formed is destroyed at the end.
+    ``form=False``: a rank joining a job that heals in place reaches the store only (its healer forms its group
+    later); whatever group it formed is destroyed at the end. ``secret``: the job's (``launcher.secret``): every
+    key under its namespace, every value signed, gloo's own rendezvous of the group included.
     """
     join_s = join_timeout_s or timeout_s
     if store is None and env.world_size == 1:
@@ -60,12 +63,12 @@ def process_group(
     if store is None:
         store = _connect(env, join_s)
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
-    store = dist.PrefixStore(attempt_prefix(env.attempt), store)
+    store = guard(store, secret, attempt_prefix(env.attempt), where=f"the rendezvous store at {_where(env)}")
     if form:
         _check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     if form:
-        _init(store, env, backend, timeout_s)
+        init_group(store, env, backend, timeout_s)
         log.debug("process group up: %s backend=%s", env.describe(), backend)
     try:
         yield Group(store, env, timeout_s)
@@ -77,24 +80,7 @@ def process_group(
         gc.collect()
 
 
-def next_round(number: int, env: DistEnv, base: dist.Store, backend: str, timeout_s: float) -> Group:
-    """Heal in place: leave the current default group (a lost machine broke it; a joining rank has none yet) and
-    form round ``number`` on the attempt's store ``base`` for ``env`` (this rank's place in the round), with
-    nothing lost in it yet (``abandon.reset``). The old group is not destroyed but kept in ``abandon.GRAVEYARD``:
-    its destructor joins backend threads that wait for the dead peers until its timeout (measured: seconds to
-    minutes), while leaving it costs nothing. The caller then builds anew what held the old group (DDP, the
-    reducer's topology); ``process_group``'s exit destroys the newest round."""
-    if dist.is_initialized():
-        abandon.GRAVEYARD.append(dist.group.WORLD)
-        dist.destroy_process_group()  # forgets the group; the graveyard's reference keeps its threads alive
-    abandon.reset()
-    store = dist.PrefixStore(f"round-{number}", base)  # one root for every round
-    _init(store, env, backend, timeout_s)
-    log.info("process group round %d: %s", number, env.describe())
-    return Group(store, env, timeout_s)
-
-
-def _init(store: dist.Store, env: DistEnv, backend: str, timeout_s: float) -> None:
+def init_group(store: dist.Store, env: DistEnv, backend: str, timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
 

@@ -1,5 +1,7 @@
 """Process group and rank helpers on real gloo ranks; the d2l notes' allreduce example; hand-written data parallel."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,27 +14,29 @@ from launcher.env import DistEnv
 from launcher.rendezvous import process_group
 from models import LeNet
 
+SECRET = "ab" * 32  # the job's secret, as every rank of one job has it
+
 
 def _seeds_allreduce(rank, world, out_dir, healing=False):
     # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
-    # ``healing``: the same through the abortable collectives of a job that heals in place (launcher.abandon)
-    if healing:
-        from launcher import abandon
+    # ``healing``: the same through the abortable, signed collectives of a job that heals in place
+    from launcher.abort import Abort
+    from launcher.secret import Secret
 
-        abandon.enable()
+    peers = dist_helpers.Peers(Abort(), Secret.from_hex(SECRET)) if healing else dist_helpers.Peers()
     data = torch.ones((1, 2)) * (rank + 1)
-    dist_helpers.all_reduce(data)
+    peers.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
     mean = torch.ones(2) * (rank + 1)
-    dist_helpers.all_reduce(mean, op="mean")
+    peers.all_reduce(mean, op="mean")
     torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
     assert dist_helpers.get_rank() == rank and dist_helpers.get_world_size() == world
-    assert dist_helpers.all_gather_object(f"r{rank}") == ["r0", "r1"]
-    assert dist_helpers.broadcast_object({"from": rank}) == {"from": 0}
-    assert dist_helpers.broadcast_object(list(range(rank, 300)), src=1) == list(range(1, 300))
+    assert peers.all_gather_object(f"r{rank}") == ["r0", "r1"]
+    assert peers.broadcast_object({"from": rank}) == {"from": 0}
+    assert peers.broadcast_object(list(range(rank, 300)), src=1) == list(range(1, 300))
     module = torch.nn.BatchNorm1d(2)
     module.running_mean.fill_(rank)
-    dist_helpers.broadcast_buffers(module)
+    peers.broadcast_buffers(module)
     assert module.running_mean.tolist() == [0.0, 0.0]
     dist_helpers.barrier()
 
@@ -40,6 +44,41 @@ def _seeds_allreduce(rank, world, out_dir, healing=False):
 @pytest.mark.parametrize("healing", [False, True])
 def test_seeds_allreduce_example_on_two_ranks(tmp_path, healing):
     spawn_ranks(_seeds_allreduce, 2, tmp_path, healing)
+
+
+class Planted:
+    """Unpickling it leaves a file: the proof that bytes were unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _forged_objects(rank, world, out_dir):
+    from launcher.secret import Secret
+    from launcher.signed import Forged
+
+    mine = Secret.from_hex(SECRET if rank == 0 else "cd" * 32)  # rank 1 does not hold the job's secret
+    planted = f"{out_dir}/planted-{rank}"
+    for call in (
+        lambda: dist_helpers.all_gather_object(Planted(planted), secret=mine),
+        lambda: dist_helpers.broadcast_object(Planted(planted), src=1, secret=mine),
+    ):
+        if rank == 0:
+            with pytest.raises(Forged, match="from rank 1 do not verify with the job's secret: not unpickled"):
+                call()
+        else:
+            with contextlib.suppress(Forged):  # (rank 0's bytes do not verify with its key either)
+                call()
+    import os
+
+    assert not os.path.exists(f"{out_dir}/planted-1"), "rank 0 unpickled rank 1's unverified bytes"
+
+
+def test_object_collectives_refuse_bytes_without_the_jobs_secret_before_unpickling(tmp_path):
+    spawn_ranks(_forged_objects, 2, tmp_path)
 
 
 def test_helpers_without_process_group():

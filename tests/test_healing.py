@@ -1,5 +1,6 @@
-"""Healing in place, the head's rules without a job: the keeper's round decisions (``membership.Rounds``) and the
-head's wait (``launch/healing.wait_healing``) on real processes standing in for nodes, with a stand-in keeper.
+"""Healing in place, the head's rules without a job: the keeper's round decisions (``heal.rounds.Rounds``) and the
+head's wait (``heal.head.wait_healing``) on real processes standing in for nodes, with a stand-in keeper; the real
+keeper process with a stranger writing into its store.
 The whole path runs in tests/test_sim.py (node killed, node frozen) and tests/test_ssh.py (the first machine's
 link down)."""
 
@@ -7,8 +8,10 @@ import signal
 import subprocess
 import sys
 
-from launcher.launch import healing
-from launcher.membership import Membership, Rounds
+from launcher.heal import head as healing
+from launcher.heal.protocol import Decision
+from launcher.heal.rounds import Rounds
+from launcher.membership import Membership
 
 NAMES = ["node-0", "node-1", "node-2"]
 
@@ -17,19 +20,13 @@ def test_rounds_name_the_survivors_in_order_and_stop_below_min_nodes():
     rounds = Rounds(NAMES, min_nodes=2)
     assert rounds.lose({"node-7": "?"}, 1.0) is None  # not in the round: nothing to decide
     first = rounds.lose({"node-0": "gone"}, 5.0)
-    assert first == {
-        "round": 1,
-        "members": ["node-1", "node-2"],
-        "before": NAMES,
-        "lost": {"node-0": "gone"},
-        "joined": [],
-        "fault_time": 5.0,
-        "answer_time": None,
-        "stop": "",
-    }
+    assert first == Decision(
+        round=1, members=("node-1", "node-2"), before=tuple(NAMES), lost={"node-0": "gone"}, fault_time=5.0
+    )
+    assert Decision.from_bytes(first.to_bytes()) == first  # what the store and the head's pipe carry
     second = rounds.lose({"node-2": "frozen", "node-0": "again"}, 6.0)  # node-0 is no longer in the round
-    assert (second["round"], second["members"], second["lost"]) == (2, [], {"node-2": "frozen"})
-    assert second["stop"] == "1 node(s) left, fewer than cluster.min_nodes=2"
+    assert (second.round, second.members, second.lost) == (2, (), {"node-2": "frozen"})
+    assert second.stop == "1 node(s) left, fewer than cluster.min_nodes=2"
 
 
 def test_a_machine_that_answers_again_joins_last_and_rank_0_stays():
@@ -37,16 +34,11 @@ def test_a_machine_that_answers_again_joins_last_and_rank_0_stays():
     rounds.lose({"node-0": "link down"}, 5.0)
     assert rounds.join("node-2", 6.0) is None  # in the round already
     back = rounds.join("node-0", 7.0)
-    assert (back["round"], back["members"], back["before"]) == (2, ["node-1", "node-2", "node-0"], ["node-1", "node-2"])
-    assert (back["lost"], back["joined"], back["fault_time"], back["answer_time"], back["stop"]) == (
-        {},
-        ["node-0"],
-        None,
-        7.0,
-        "",
-    )
+    members, before = ("node-1", "node-2", "node-0"), ("node-1", "node-2")
+    assert back == Decision(round=2, members=members, before=before, joined=("node-0",), answer_time=7.0)
+    assert back.grows and back.said() == "round 1 ended: node-0 joined"
     again = rounds.lose({"node-0": "gone again"}, 8.0)  # the one that joined is a member like the others
-    assert (again["round"], again["members"]) == (3, ["node-1", "node-2"])
+    assert (again.round, again.members, again.grows) == (3, ("node-1", "node-2"), False)
 
 
 class StandInKeeper:
@@ -189,81 +181,113 @@ def test_a_failing_node_ends_the_attempt_as_without_healing(tmp_path, monkeypatc
 def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision():
     """The ranks' side: members check in on the keeper's store before their group forms; one that never comes
     (lost meanwhile) does not hold the others up until the group's timeout: the keeper's next decision does."""
-    import json
-
     import torch.distributed as dist
 
     from launcher.env import DistEnv
-    from launcher.membership import ROUND_END_KEY
-    from launcher.train.heal import Healer
+    from launcher.heal.protocol import Keys, Place
+    from launcher.heal.rank import Healer
+    from launcher.secret import Secret
+    from launcher.signed import SignedStore
 
-    store = dist.HashStore()
-    healer = Healer("node-0", lost_after_s=1.0, backend="gloo", store=store, number=1)
+    store = SignedStore(dist.HashStore(), Secret.new())
+    healer = Healer(Place("node-0"), lost_after_s=1.0, backend="gloo", secret=store.secret, store=store, number=1)
     env = DistEnv(rank=0, world_size=2, local_world_size=1, num_nodes=2)
-    store.set("heal/in/1/1", "1")  # the other member arrived: the round forms
+    store.set(Keys.checked_in(1, 1), "1")  # the other member arrived: the round forms
     assert healer._check_in(env) is None
     healer.number = 2
-    decision = {"round": 3, "members": ["node-0"], "lost": {"node-1": "gone"}, "stop": "", "fault_time": 0.0}
-    store.set(ROUND_END_KEY.format(2), json.dumps(decision))  # node-1 lost before it checked in to round 2
+    decision = Decision(round=3, members=("node-0",), before=("node-0", "node-1"), lost={"node-1": "gone"})
+    store.set(Keys.round_end(2), decision.to_bytes())  # node-1 lost before it checked in to round 2
     assert healer._check_in(env) == decision
 
 
-def test_the_real_keeper_loses_a_silent_node_lets_it_join_again_and_never_loses_a_finished_one(tmp_path):
+def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and_never_loses_a_finished_one(
+    tmp_path, capfd
+):
     """The real keeper process: two nodes beat; then node-0 says its ranks ended and falls silent, node-1 just falls
-    silent (frozen). Only node-1 is lost, after ``lost_after_s``, in the store and on stdout. The head then says
-    node-1 answers again (a new node process, start 1, two ranks): once both its ranks are ready it joins (the
-    round it joins is in the store for it); the old process beating again counts for nothing: the new one, silent,
-    is lost again. node-0, silent all along, never is."""
-    import json
+    silent (frozen), while a stranger (a plain store client with another secret, or none) beats for node-1 and
+    writes its own decision. Only node-1 is lost, after ``lost_after_s``, in the store and on stdout; the stranger's
+    values are ignored and said once each. The head then says node-1 answers again (a new node process, start 1,
+    two ranks): once both its ranks are ready it joins (a forged ready mark does not count; the round it joins is in
+    the store for it); the old process beating again counts for nothing: the new one, silent, is lost again.
+    node-0, silent all along, never is."""
     import time
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    from launcher.heal.protocol import Keys, node_id
     from launcher.launch.ports import free_port
-    from launcher.membership import DONE_KEY, HEARTBEAT_KEY, JOINED_KEY, READY_KEY, ROUND_END_KEY, node_id
     from launcher.rendezvous import attempt_prefix
+    from launcher.secret import Secret
+    from launcher.signed import SignedStore
 
-    port = free_port("127.0.0.1")
-    keeper = healing.Keeper([], "127.0.0.1", port, 0, 1, 1.0, ["node-0", "node-1"])
+    port, secret = free_port("127.0.0.1"), Secret.new()
+    keeper = healing.KeeperClient([], "127.0.0.1", port, 0, 1, 1.0, ["node-0", "node-1"], secret)
     decisions: list = []
     keeper.read(decisions.append)
     try:
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-        store = dist.PrefixStore(attempt_prefix(0), client)
-        for _ in range(3):
+        store = SignedStore(client, secret, attempt_prefix(0))
+        # a stranger who learnt the job's namespace but not its secret, and one who knows neither
+        stranger = SignedStore(client, Secret.new(), attempt_prefix(0))
+        stranger._root = store._root
+        plain = dist.PrefixStore(attempt_prefix(0), client)
+
+        def forge(key: str, value: bytes) -> None:
+            stranger.set(key, value)
+            plain.set(key, value)
+
+        for count in range(1, 4):
             time.sleep(0.2)  # the heartbeat's pace (a node beats every 0.5 s)
             for name in ("node-0", "node-1"):
-                store.add(HEARTBEAT_KEY.format(node_id(name, 0)), 1)
+                store.set(Keys.heartbeat(node_id(name, 0)), str(count))
         silent = time.time()
-        store.set(DONE_KEY.format(node_id("node-0", 0)), "1")
-        store.wait([ROUND_END_KEY.format(0)], timedelta(seconds=10))
+        store.set(Keys.done(node_id("node-0", 0)), "1")
+        forged = Decision(round=1, members=("node-1",), before=("node-0", "node-1"), stop="forged by a stranger")
+        forge(Keys.round_end(0), forged.to_bytes())  # the issue's forgery: ignored by every reader
+        assert store.read(Keys.round_end(0)) is None
+        for count in range(4, 12):  # the stranger keeps node-1 "alive": no heartbeat that verifies
+            forge(Keys.heartbeat(node_id("node-1", 0)), str(count).encode())
+            if store.check([Keys.round_end(0)]) and store.read(Keys.round_end(0)) is not None:
+                break
+            time.sleep(0.2)
+        store.wait([Keys.round_end(0)], timedelta(seconds=10))
+        while (value := store.read(Keys.round_end(0))) is None:  # the keeper's own, once written over the forgery
+            time.sleep(0.05)
         took = time.time() - silent
-        decision = json.loads(store.get(ROUND_END_KEY.format(0)))
-        assert decision["members"] == ["node-0"] and list(decision["lost"]) == ["node-1"], decision
-        assert decision["lost"]["node-1"].startswith("no heartbeat for 1."), decision
+        decision = Decision.from_bytes(value)
+        assert decision.members == ("node-0",) and list(decision.lost) == ["node-1"], decision
+        assert decision.lost["node-1"].startswith("no heartbeat for 1."), decision
         assert 1.0 <= took < 3.0, took
 
         keeper.join("node-1", 1, 2, answered=123.0)
         new = node_id("node-1", 1)
-        store.add(HEARTBEAT_KEY.format(new), 1)
-        store.add(READY_KEY.format(new), 1)
+        store.set(Keys.heartbeat(new), "1")
+        store.set(Keys.ready(new, 0), "1")
+        forge(Keys.ready(new, 1), b"1")  # not the second rank: a forgery
         time.sleep(0.3)  # the keeper looks every 0.1 s: one rank of two ready is not enough
-        assert not store.check([JOINED_KEY.format(new)])
-        store.add(READY_KEY.format(new), 1)
-        store.wait([JOINED_KEY.format(new)], timedelta(seconds=5))
+        assert store.read(Keys.joined(new)) is None
+        store.set(Keys.ready(new, 1), "1")
+        store.wait([Keys.joined(new)], timedelta(seconds=5))
         joined = time.time()
-        assert store.get(JOINED_KEY.format(new)) == b"2"
-        decision = json.loads(store.get(ROUND_END_KEY.format(1)))
-        assert (decision["members"], decision["joined"], decision["lost"]) == (["node-0", "node-1"], ["node-1"], {})
-        assert decision["answer_time"] == 123.0
+        assert store.read(Keys.joined(new)) == b"2"
+        decision = Decision.from_bytes(store.read(Keys.round_end(1)) or b"")
+        assert (decision.members, decision.joined, decision.lost) == (("node-0", "node-1"), ("node-1",), {})
+        assert decision.answer_time == 123.0
+        count = 4
         while time.time() - joined < 1.5:  # the cut-off old process beats again: not the member any more
-            store.add(HEARTBEAT_KEY.format(node_id("node-1", 0)), 1)
+            count += 1
+            store.set(Keys.heartbeat(node_id("node-1", 0)), str(count))
             time.sleep(0.2)
-        store.wait([ROUND_END_KEY.format(2)], timedelta(seconds=5))
-        decision = json.loads(store.get(ROUND_END_KEY.format(2)))
-        assert decision["members"] == ["node-0"] and list(decision["lost"]) == ["node-1"], decision
+        store.wait([Keys.round_end(2)], timedelta(seconds=5))
+        decision = Decision.from_bytes(store.read(Keys.round_end(2)) or b"")
+        assert decision.members == ("node-0",) and list(decision.lost) == ["node-1"], decision
     finally:
         keeper.close()
     assert keeper.proc.returncode == 0
-    assert [d[1]["round"] for d in decisions if d[0] == "round"] == [1, 2, 3]  # each said on stdout too
+    assert [d[1].round for d in decisions if d[0] == "round"] == [1, 2, 3]  # each said on stdout too
+    err = capfd.readouterr().err
+    for key in (Keys.round_end(0), Keys.heartbeat(node_id("node-1", 0)), Keys.ready(node_id("node-1", 1), 1)):
+        said = f"ignored a value of {attempt_prefix(0)}/{key} in the keeper's store at 127.0.0.1:{port} that does not"
+        assert err.count(said) <= 1, err  # once
+    assert f"ignored a value of {attempt_prefix(0)}/{Keys.heartbeat(node_id('node-1', 0))}" in err, err

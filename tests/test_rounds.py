@@ -1,7 +1,8 @@
-"""Healing in place, its first piece (launcher/abandon.py, rendezvous.next_round) on real gloo ranks: the
-survivors of a lost rank leave the broken process group and form the next one among themselves, in the same
-processes, fast: whether the lost rank was killed (its connections reset) or froze (no error ever reaches them;
-the store says it is lost). The lost rank is rank 2 of 3."""
+"""Healing in place, its first piece (the abort signal, launcher/abort.py; ``Healer._form``, launcher/heal/rank.py)
+on real gloo ranks: the survivors of a lost rank leave the broken process group and form the next one among
+themselves, in the same processes, fast: whether the lost rank was killed (its connections reset) or froze (no error
+ever reaches them; the store says it is lost). The lost rank is rank 2 of 3. The store is signed with the job's
+secret, as in every job the head starts."""
 
 import json
 import multiprocessing as mp
@@ -15,24 +16,40 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launcher import abandon
+from launcher.abort import PeerLost
 from launcher.env import DistEnv
 from launcher.exiting import end_process_at_exit
-from launcher.rendezvous import next_round, process_group
+from launcher.heal.protocol import Place
+from launcher.heal.rank import Healer
+from launcher.rendezvous import process_group
+from launcher.secret import Secret
 
 pytestmark = pytest.mark.slow
 WORLD, LOST_RANK, TIMEOUT_S = 3, 2, 30  # the old group's timeout: what a survivor would wait without all this
 LOST_KEY = "test/lost"
+SECRET = Secret.from_hex("ef" * 32)
+
+
+def watch_lost(store, healer: Healer, stop: threading.Event) -> None:
+    """Stands in for the keeper's decision: trips the abort signal once the test says a rank is lost."""
+
+    def run() -> None:
+        while not stop.wait(0.05):
+            if (why := store.read(LOST_KEY)) is not None:
+                healer.abort.trip(why.decode())
+                return
+
+    threading.Thread(target=run, daemon=True).start()
 
 
 def _rank(rank: int, out_dir: str, case: str) -> None:
     out = Path(out_dir)
     env = DistEnv(rank=rank, local_rank=rank, world_size=WORLD, local_world_size=WORLD)
     store = dist.FileStore(str(out / "filestore"), WORLD)
-    with process_group(env, "gloo", timeout_s=TIMEOUT_S, store=store) as group:
+    with process_group(env, "gloo", timeout_s=TIMEOUT_S, store=store, secret=SECRET) as group:
         stop = threading.Event()
-        abandon.enable()
-        abandon.watch_store(group.store, LOST_KEY, stop, lambda value: value.decode())
+        healer = Healer(Place(f"node-{rank}"), 1.0, "gloo", SECRET, store=group.store, timeout_s=TIMEOUT_S)
+        watch_lost(group.store, healer, stop)
         x = torch.ones(1 << 14)
         for step in range(1000):
             if rank == LOST_RANK and step == 5:
@@ -44,19 +61,20 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
                 group.store.wait(["test/frozen"])
                 group.store.set(LOST_KEY, "rank 2 is frozen (the test says so)")
             try:
-                abandon.wait(dist.all_reduce(x, async_op=True))
-            except abandon.PeerLost as exc:
+                healer.abort.abortable(dist.all_reduce(x, async_op=True).get_future()).wait()
+            except PeerLost as exc:
                 why = f"PeerLost: {exc}"
                 break
             except RuntimeError as exc:  # killed: this rank's own collective failed
-                abandon.lost(f"rank {rank}'s collective failed: {exc}")
+                healer.abort.trip(f"rank {rank}'s collective failed: {exc}")
                 why = f"error: {str(exc)[:80]}"
                 break
         left_at = time.time()
         stop.set()
         survivor = DistEnv(rank=rank, local_rank=rank, world_size=WORLD - 1, local_world_size=WORLD - 1)
-        group = next_round(1, survivor, group.store, "gloo", group.timeout_s)
-        abandon.reset()
+        healer.number = 1
+        group = healer._form(survivor)
+        assert not healer.abort.is_set()  # nothing is lost in the new round
         y = torch.full((2,), rank + 1.0)
         dist.all_reduce(y)  # the new round works: 1 + 2
         result = {"step": step, "why": why, "sum": y.tolist(), "round_s": time.time() - left_at}

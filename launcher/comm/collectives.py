@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from .. import abandon
+from ..abort import Abort
 from . import trace
 from .sizes import MB, mb
 from .topology import Topology
@@ -208,12 +208,16 @@ def flat_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     return flat_allreduce(tensor, state.world)
 
 
-def abortable_flat_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """``flat_hook`` for a rank that heals in place: its Future fails as soon as a machine is lost
-    (``launcher.abandon``), so DDP's backward ends instead of waiting for the dead."""
-    return abandon.abortable(flat_hook(state, bucket))
+class AbortableHook:
+    """The DDP comm hook state of a rank whose collectives can be left (healing in place): the ``topology``, node
+    first or not, and the ``abort`` signal that fails a bucket's Future at once, so DDP's backward ends instead of
+    waiting for the dead. ``ddp.register_comm_hook(AbortableHook(...), abortable_hook)``"""
+
+    def __init__(self, topology: Topology, hierarchical: bool, abort: Abort) -> None:
+        self.topology, self.hierarchical, self.abort = topology, hierarchical, abort
 
 
-def abortable_hierarchical_hook(state: Topology, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """``hierarchical_hook`` for a rank that heals in place (as ``abortable_flat_hook``)."""
-    return abandon.abortable(hierarchical_hook(state, bucket))
+def abortable_hook(state: AbortableHook, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """``hierarchical_hook`` or ``flat_hook``, left when ``state.abort`` trips."""
+    hook = hierarchical_hook if state.hierarchical else flat_hook
+    return state.abort.abortable(hook(state.topology, bucket))

@@ -18,9 +18,8 @@ post-accumulate-grad hook counts each bucket's gradients; once complete, its all
 launched asynchronously, strictly in index order, the same on every rank whatever order gradients arrive in. One
 wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged gradients (the time waited
 is the exposed communication, ``last_wait_s``). With the forward overlap (``optimizer=`` given, the default then)
-backward returns without waiting and ``step()`` replaces ``optimizer.step()``.
-
-The README's "Our reducer vs torch DDP" table lists each behaviour with its parity test.
+backward returns without waiting and ``step()`` replaces ``optimizer.step()``. The README's "Our reducer vs torch
+DDP" table lists each behaviour with its parity test.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from .. import abandon
+from ..abort import Abort, abortable
 from . import trace
 from .buckets import Bucket, build_buckets, sparse_allreduce
 from .collectives import start_allreduce
@@ -59,13 +58,14 @@ class BucketedReducer:
         optimizer: torch.optim.Optimizer | None = None,
         overlap: str | None = None,
         chunk_mb: float = 1.0,
+        abort: Abort | None = None,
     ) -> None:
-        """``overlap``: None = "forward" where the settings allow it (else "backward", why in
-        ``overlap_reason``); "forward" asked for where they do not is a ValueError."""
+        """``overlap``: None = "forward" where allowed (else "backward", why in ``overlap_reason``); "forward" asked
+        for where not is a ValueError. ``abort``: bucket waits left when it trips (healing; ``launcher.abort``)."""
         if chunk_mb <= 0:
             raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
         self.overlap, self.overlap_reason = choose_overlap(overlap, optimizer, find_unused_parameters)
-        self.optimizer = optimizer
+        self.optimizer, self.abort = optimizer, abort
         self.model, self.topology, self.world_size = model, topology, topology.world_size
         self.hierarchical, self.find_unused_parameters = hierarchical, find_unused_parameters
         self.state = ModelState(model, self.world_size, broadcast_buffers)  # broadcasts rank 0's state
@@ -201,7 +201,7 @@ class BucketedReducer:
             if not bucket.futures:
                 continue
             for future in bucket.futures:
-                result = abandon.abortable(future).wait()  # healing in place: PeerLost once a machine is lost
+                result = abortable(future, self.abort).wait()  # healing in place: PeerLost once a machine is lost
             if bucket.sparse:
                 bucket.params[0].grad = result[0]
             bucket.futures = []  # no reference to the backend's work outlives the step

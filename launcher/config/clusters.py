@@ -28,7 +28,7 @@ class ClusterConfig:
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
     gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
     heal: bool = True  # sim, ssh under cluster.min_nodes: a lost machine's survivors go on in place, from memory
-    #                    (false: the head restarts them from the newest checkpoint; config.rules.heal_off_reason)
+    #                    (false: the head restarts them from the newest checkpoint; config.rules.heals_in_place)
     lost_after_s: float = 3.0  # healing: a machine whose heartbeat is silent this long is lost (frozen, link down)
 
     @property

@@ -3,6 +3,7 @@ the ranks again as they run)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from .schema import JobConfig, OptimConfig, TrainConfig
@@ -17,9 +18,25 @@ def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[st
     return None
 
 
-def heal_off_reason(job: JobConfig) -> Optional[str]:
-    """Why a job that may shrink (``cluster.min_nodes`` < ``cluster.nodes``) restarts from its newest checkpoint
-    when a machine is lost instead of healing in place (``launcher.train.heal``), or None: it heals."""
+@dataclass(frozen=True)
+class Heals:
+    """Whether a job heals in place when a machine is lost (``bool``), and ``reason``: why, or why it restarts from
+    its newest checkpoint instead."""
+
+    on: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.on
+
+
+def heals_in_place(job: JobConfig) -> Heals:
+    """Whether a job heals in place (``launcher.heal``) when a machine is lost, with the reason either way."""
+    why = _restart_reason(job)
+    return Heals(False, why) if why else Heals(True, "the survivors go on in the same processes (cluster.heal)")
+
+
+def _restart_reason(job: JobConfig) -> Optional[str]:
     c = job.cluster
     if not c.may_shrink:
         return "every machine is needed (cluster.min_nodes = cluster.nodes)"

@@ -19,9 +19,7 @@ from pathlib import Path
 
 from ..checkpoint_names import checkpoint_path, newest_step
 from ..config import JobConfig
-from ..failures import STOP_CODES
-
-AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own (the report follows)
+from ..failures import AFTER_FAILURE_GRACE_S, STOP_CODES
 
 
 class Control(str, Enum):

@@ -7,8 +7,9 @@ the ssh launcher on each host. The head reports once for all nodes.
 
 ``--static-rendezvous``: node ranks as given (the ssh hosts' order), torch's static rendezvous. ``--head-restarts``:
 the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based; the ssh head, and the sim head
-under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launch/workers.py``
-runs the ranks, ENDPOINT is the keeper's store). ``--stdin-control``: the head controls this node through stdin
+under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launcher.heal.node``
+runs the ranks, ENDPOINT is the keeper's store). The job's secret comes as the first line of stdin with
+``--stdin-control`` (ssh), else in the environment. ``--stdin-control``: the head controls this node through stdin
 (``head.Control``: a line ``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at
 once: another machine is lost, no checkpoint can be agreed; ``PING`` is a heartbeat; the end of input, when the
 head or its connection is gone, stops it as SIGTERM), and the workers' output goes through a pipe this process
@@ -30,6 +31,7 @@ from ..config import load_frozen
 from ..env import HEAD_ATTEMPT
 from ..exiting import children
 from ..files import no_world_writable_files
+from ..secret import Secret, read_line
 from .head import Control, NodeArgs
 
 HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
@@ -121,16 +123,22 @@ def main(argv: list[str]) -> int:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
     args = NodeArgs.parse(argv)
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
+    # the job's secret: the first line of stdin over ssh, else the environment (never a command line)
+    secret = read_line(0) if args.stdin_control else Secret.from_environ(os.environ)
+    if secret is not None:
+        os.environ.update(secret.environ())  # the agent's workers inherit it (and take it out of theirs)
     job = load_frozen(args.run_dir)
     if args.head_restarts:
         os.environ[HEAD_ATTEMPT] = str(args.attempt)  # the workers' DistEnv.attempt (faults' attempt=)
     if args.stdin_control:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
-    if args.members:  # healing in place: no agents' rendezvous (launch/workers.py)
-        from .workers import run_workers
+    if args.members:  # healing in place: no agents' rendezvous (launcher.heal.node)
+        from ..heal.node import run_workers
 
-        return run_workers(job, args)
+        if secret is None:
+            raise SystemExit("launcher: a node of a job that heals in place got no job secret from its head")
+        return run_workers(job, args, secret)
     config = agent_config(
         job,
         args.nodes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, to_job
-from ..config.rules import heal_off_reason
+from ..config.rules import heals_in_place
 from ..env import DistEnv
 from ..gpus import backend_for
 from .local import LocalMode
@@ -70,8 +70,8 @@ def describe_on_loss(job: JobConfig) -> str:
     """What losing a machine does to a job that may shrink ("" for one that may not)."""
     if not job.cluster.may_shrink:
         return ""
-    why = heal_off_reason(job)
-    return "the survivors heal in place (cluster.heal)" if why is None else f"restart from the checkpoint ({why})"
+    heals = heals_in_place(job)
+    return "the survivors heal in place (cluster.heal)" if heals else f"restart from the checkpoint ({heals.reason})"
 
 
 def describe_entry(job: JobConfig) -> str:

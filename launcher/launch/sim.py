@@ -19,13 +19,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..config import JobConfig, SimClusterConfig
-from ..config.rules import heal_off_reason
+from ..config.rules import heals_in_place
 from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
+from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
+from ..secret import Secret
 from .head import NodeArgs, print_stopped, wait_nodes
-from .healing import Keeper, wait_healing
 from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
 from .ports import free_port
@@ -42,7 +43,7 @@ class SimMode(BaseMode):
 
     def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
         c = job.cluster
-        where = "c10d on node 0's agent" if heal_off_reason(job) else "the keeper's store, off every node (healing)"
+        where = "the keeper's store, off every node (healing)" if heals_in_place(job) else "c10d on node 0's agent"
         if not (isinstance(c, SimClusterConfig) and c.netns):
             return f"{where}; loopback"
         links = f", links shaped to {c.link_gbit} Gbit/s" if c.link_gbit else ", unshaped links"
@@ -59,12 +60,13 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
     head_max_restarts = c.max_restarts if c.may_shrink else 0
     members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
-    heals = heal_off_reason(job) is None
+    heals = bool(heals_in_place(job))
+    secret = Secret.new()  # the job's: the keeper and the node processes get it in their environment
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         while True:
             launch_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
-            attempt = Attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink)
+            attempt = Attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink, secret)
             codes, first, stopped = attempt.heal(members) if heals else attempt.run()
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
@@ -104,12 +106,13 @@ class Attempt:
     launch_id: str
     number: int
     head_restarts: bool
+    secret: Secret
     procs: list[subprocess.Popen] = field(default_factory=list)
     stopped: set[int] = field(default_factory=set)  # positions the head stopped itself (after another's failure)
 
     def start(self, endpoint: str, members: str = "") -> None:
         for position, node in enumerate(self.nodes):
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": self.net.ifname(node)}
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": self.net.ifname(node), **self.secret.environ()}
             args = NodeArgs(
                 self.job.run_dir,
                 len(self.nodes),
@@ -143,7 +146,9 @@ class Attempt:
         addr = self.net.keeper_addr()
         port = SIM_PORT if self.c.netns else free_port(addr)
         lost_after = self.c.lost_after_s
-        keeper = Keeper(self.net.keeper_prefix(), addr, port, self.number, members.min_nodes, lost_after, names)
+        keeper = KeeperClient(
+            self.net.keeper_prefix(), addr, port, self.number, members.min_nodes, lost_after, names, self.secret
+        )
         try:
             self.start(keeper.endpoint, ",".join(names))
             out = wait_healing(self.procs, names, keeper, members, self.stop, lost_by_signal)

@@ -7,7 +7,7 @@ Reading map, in the order things happen (from ``SshMode.run`` to a rank):
   2. ``launch_ssh`` (here): the attempts; ``membership.Membership`` decides, after a failed one, whether and on
      which hosts the job goes on (``cluster.max_restarts``, ``cluster.min_nodes``).
   3. ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over ssh by ``host_check.py``.
-  4. ``run_attempt`` (here; ``run_healing_attempt`` for a job that heals in place: ``launch/healing.py``): per host
+  4. ``run_attempt`` (here; ``run_healing_attempt`` for a job that heals in place: ``launcher.heal.head``): per host
      an ``SshNode`` (``ssh_nodes.py``) (its ssh client: ``hosts.ssh_command`` +
      ``hosts.remote_shell`` running ``head.NodeArgs.argv``); stop signals forwarded and heartbeats written as
      ``head.Control`` words; ``head.wait_nodes`` waits, then ``failures.report`` names the root cause.
@@ -38,7 +38,7 @@ Order of events:
    restarts the job on all of them from the newest checkpoint (the agents themselves do not restart).
 5. A job that heals in place (``run_healing_attempt``): a lost host's survivors go on; the head checks the lost hosts
    every ``cluster.rejoin_every_s`` (``SshRejoin``), and one that passes the checks again gets a node process whose
-   ranks join the running job at a step boundary (``launch/healing.py``, ``launcher.train.in_place``).
+   ranks join the running job at a step boundary (``launcher.heal.head``, ``launcher.heal.rank``).
 """
 
 from __future__ import annotations
@@ -54,13 +54,14 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
-from ..config.rules import heal_off_reason
+from ..config.rules import heals_in_place
 from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
+from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
+from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped, wait_nodes
-from .healing import Keeper, wait_healing
 from .host_check import token_path
 from .hosts import SSH_LOST, check_hosts, ready_hosts, remote_shell, resolve_hosts, ssh_command
 from .mode import BaseMode, LaunchPlan
@@ -82,7 +83,7 @@ class SshMode(BaseMode):
         c = job.cluster
         hosts = ", ".join(getattr(c, "hosts", []))
         port = c.master_port or "a free port chosen there"
-        if heal_off_reason(job) is None:
+        if heals_in_place(job):
             return f"the keeper's store on this head (healing); node processes started over ssh on {hosts}"
         return f"store on {c.master_addr}:{port} (node 0's agent, the first host); agents started over ssh on {hosts}"
 
@@ -94,6 +95,7 @@ class SshMode(BaseMode):
 
 def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
     members = Membership(job.run_dir, list(c.hosts), plan.min_nodes, c.max_restarts)
+    secret = Secret.new()  # the job's: each host gets it as the first line of its connection's stdin
     lost: list[str] = []
     code = 1
     while True:
@@ -105,10 +107,10 @@ def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return code
         launch_id = uuid.uuid4().hex[:12]
-        if heal_off_reason(job) is None:
-            code, lost = run_healing_attempt(job, c, hosts, facts, launch_id, members)
+        if heals_in_place(job):
+            code, lost = run_healing_attempt(job, c, hosts, facts, launch_id, members, secret)
         else:
-            code, lost = run_attempt(job, c, hosts, master, facts, launch_id, members.attempt)
+            code, lost = run_attempt(job, c, hosts, master, facts, launch_id, members.attempt, secret)
         if code == 0 or code in STOP_CODES:
             return code
         why = "its ssh connection dropped while its ranks ran (the host or its link went down)"
@@ -116,8 +118,15 @@ def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
             return code
 
 
-def run_attempt(
-    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, facts: list[dict], launch_id: str, attempt: int
+def run_attempt(  # noqa: PLR0913
+    job: JobConfig,
+    c: SshClusterConfig,
+    hosts: list[str],
+    master: str,
+    facts: list[dict],
+    launch_id: str,
+    attempt: int,
+    secret: Secret,
 ) -> tuple[int, list[str]]:
     """One attempt on ``hosts`` (node 0 on the first, its store at ``master``): the exit code, and the hosts whose
     ssh connection dropped while their ranks ran."""
@@ -131,7 +140,7 @@ def run_attempt(
                 job.run_dir, len(hosts), node, endpoint, launch_id, addr,
                 stdin_control=True, static_rendezvous=True, head_restarts=True, attempt=attempt,
             )  # fmt: skip
-            nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock))
+            nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock, secret))
         if stops:  # a stop signal while the nodes were being started
             for ssh_node in nodes:
                 ssh_node.request(Control.stop_for(stops[0]))
@@ -202,11 +211,12 @@ class SshRejoin:
 
     job: JobConfig
     c: SshClusterConfig
-    keeper: Keeper
+    keeper: KeeperClient
     launch_id: str
     attempt: int
     nodes: list[SshNode]  # the attempt's (a joining one is added: stop signals and heartbeats reach it too)
     lock: threading.Lock
+    secret: Secret
     facts: dict[str, dict] = field(default_factory=dict)  # the hosts that passed the checks, until started
     said: dict[str, str] = field(default_factory=dict)  # each host's last problem said (said again when it changes)
 
@@ -240,18 +250,26 @@ class SshRejoin:
             members=",".join(members), start=start,
         )  # fmt: skip
         self.nodes.append(
-            SshNode(name, ssh_command(self.c, name, remote_shell(self.c, args.argv(self.c.python))), self.lock)
+            SshNode(
+                name, ssh_command(self.c, name, remote_shell(self.c, args.argv(self.c.python))), self.lock, self.secret
+            )
         )
         return self.nodes[-1].proc
 
 
-def run_healing_attempt(
-    job: JobConfig, c: SshClusterConfig, hosts: list[str], facts: list[dict], launch_id: str, members: Membership
+def run_healing_attempt(  # noqa: PLR0913
+    job: JobConfig,
+    c: SshClusterConfig,
+    hosts: list[str],
+    facts: list[dict],
+    launch_id: str,
+    members: Membership,
+    secret: Secret,
 ) -> tuple[int, list[str]]:
     """One attempt of a job that heals in place: the keeper on this head, a node process per host without agents'
     rendezvous; a lost host's survivors go on (``healing.wait_healing``). The exit code, and no host to skip."""
     addr = keeper_addr(hosts, facts)
-    keeper = Keeper([], addr, free_port(addr), members.attempt, members.min_nodes, c.lost_after_s, hosts)
+    keeper = KeeperClient([], addr, free_port(addr), members.attempt, members.min_nodes, c.lost_after_s, hosts, secret)
     lock = threading.Lock()
     nodes: list[SshNode] = []
     try:
@@ -261,14 +279,14 @@ def run_healing_attempt(
                     job.run_dir, len(hosts), node, keeper.endpoint, launch_id, facts[node]["addr"] or host,
                     stdin_control=True, head_restarts=True, attempt=members.attempt, members=",".join(hosts),
                 )  # fmt: skip
-                nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock))
+                nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock, secret))
             if stops:
                 for ssh_node in nodes:
                     ssh_node.request(Control.stop_for(stops[0]))
             with heartbeats(nodes):
                 stop = lambda proc: next(n for n in nodes if n.proc is proc).request(Control.TERM)  # noqa: E731
                 why = lambda code: "its ssh connection dropped" if code == SSH_LOST else ""  # noqa: E731
-                rejoin = SshRejoin(job, c, keeper, launch_id, members.attempt, nodes, lock)
+                rejoin = SshRejoin(job, c, keeper, launch_id, members.attempt, nodes, lock, secret)
                 out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why, rejoin)
     finally:
         keeper.close()

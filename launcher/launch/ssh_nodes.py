@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
+from ..secret import Secret
 from .head import Control
 
 HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
@@ -20,12 +21,13 @@ class SshNode:
     """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
     prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
 
-    def __init__(self, host: str, cmd: list[str], lock: threading.Lock) -> None:
+    def __init__(self, host: str, cmd: list[str], lock: threading.Lock, secret: Secret) -> None:
         self.host = host
         # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
+        self._write(secret.line())  # the job's secret: the first line, before any control word (never argv)
         self.pumps = [
             threading.Thread(target=self._pump, args=(src, dst, lock), daemon=True)
             for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
@@ -43,9 +45,12 @@ class SshNode:
     def request(self, word: Control) -> None:
         """``INT`` or ``TERM``: the node stops its ranks as that signal would; ``ABORT``: at once; ``PING``: a
         heartbeat."""
+        self._write(word.line())
+
+    def _write(self, data: bytes) -> None:
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(word.line())
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it has ended already

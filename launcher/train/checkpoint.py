@@ -162,12 +162,14 @@ def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Opti
     return Path(mode), load(mode, map_location=device)
 
 
-def agreed_resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
+def agreed_resume_source(
+    mode: str, ckpt_dir: Path, device: torch.device, peers: dist_helpers.Peers
+) -> tuple[Optional[Path], Optional[dict]]:
     """Rank 0's choice on every rank (collective): ranks that saw the checkpoint directory differently (a shared
     file system lagging) would otherwise resume from different steps or measure different bucket layouts."""
     path, state = resume_source(mode, ckpt_dir, device)
     mine = str(path) if path is not None else None
-    chosen = dist_helpers.broadcast_object(mine)
+    chosen = peers.broadcast_object(mine)
     if chosen != mine:
         log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
         path = Path(chosen) if chosen is not None else None

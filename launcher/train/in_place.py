@@ -1,4 +1,4 @@
-"""The trainer's side of healing in place (``launcher.train.heal`` says how a round ends and the next forms): after
+"""The trainer's side of healing in place (``launcher.heal.rank`` says how a round ends and the next forms): after
 an error in the loop, whether a machine was lost, and if so going on with the survivors; at a step boundary where
 the ranks agreed a machine joins, going on with it; and a joining rank's own start, which takes the job's state
 from a live peer instead of reading a checkpoint."""
@@ -6,20 +6,20 @@ from a live peer instead of reading a checkpoint."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
 
-from .. import dist_helpers, membership, watch
+from .. import membership, watch
+from ..heal.protocol import Decision
+from ..heal.rank import HealStop, agree_on_state
 from ..logs import take_the_console
 from .banner import node_hosts
-from .heal import HealStop, agree_on_state, cut_off, said, seconds_since
 
 log = logging.getLogger(__name__)
 
 
 class Healing:
-    """Mixed into the Trainer (whose attributes it reads: healer, group, env, pos, sync, stepper, model, metrics,
-    loop, job, run_dir, global_batch, has_state, state/apply_state from ``saving.Checkpointing``, _build_world,
-    _schedule)."""
+    """Mixed into the Trainer (whose attributes it reads: healer, peers, group, env, pos, sync, stepper, model,
+    metrics, loop, job, run_dir, global_batch, has_state, state/apply_state from ``saving.Checkpointing``,
+    _build_world, _schedule)."""
 
     def heal_after(self, exc: Exception) -> bool:
         """After ``exc`` in the training loop: True when the round ended (a machine was lost, or one joins) and this
@@ -31,22 +31,22 @@ class Healing:
             except HealStop:
                 raise
             except Exception as again:
-                if not cut_off(again) or self.healer is None:
+                if self.healer is None or not self.healer.cut_off(again):
                     raise
                 exc = again
 
     def _heal_once(self, exc: Exception) -> bool:
         healer = self.healer
-        if healer is None or not cut_off(exc):
+        if healer is None or not healer.cut_off(exc):
             return False
         decision = healer.end_of_round()
         if decision is None:
             return False
-        if decision["lost"]:
-            seen_s = seconds_since(decision)
-            log.warning("%s: healing in place (the loss was known %.1f s after it)", said(decision), seen_s)
+        if decision.lost:
+            seen_s = decision.seconds_since()
+            log.warning("%s: healing in place (the loss was known %.1f s after it)", decision.said(), seen_s)
         else:
-            log.warning("%s: going on with it from this step", said(decision))
+            log.warning("%s: going on with it from this step", decision.said())
         if getattr(self, "sync", None) is not None:  # (a joining rank has none before its first round)
             self.sync.leave()
         self._next_round(decision)
@@ -61,11 +61,12 @@ class Healing:
             if not self.heal_after(exc):
                 raise
 
-    def _next_round(self, decision: dict[str, Any]) -> None:
+    def _next_round(self, decision: Decision) -> None:
         """Leave for the round after ``decision`` and go on in it (collective with its members, new ones too)."""
         healer = self.healer
         joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
-        self.group, self.env = healer.rejoin(self.env, decision)
+        left = watch.known_groups()  # the groups this rank leaves: the next round's watch reads the others
+        self.group, self.env = healer.enter_round(self.env, decision)
         if self.env.is_main:  # perhaps a new rank 0: the console and the metrics are its now
             take_the_console()
             self.metrics.open()
@@ -73,10 +74,8 @@ class Healing:
         # one gather: each rank's step (-1: it joins, it holds none of the job's), its loop counts (they may differ
         # by the step some were ahead: the highest hold), its node and host (the round's hosts)
         counts = (loop.logged_step, loop.saved_step, loop.trained_steps)
-        facts = dist_helpers.all_gather_object(
-            (-1 if joining else behind, counts, self.env.node_rank, self.env.hostname)
-        )
-        step, state = agree_on_state([f[0] for f in facts], self.state)
+        facts = self.peers.all_gather_object((-1 if joining else behind, counts, self.env.node_rank, self.env.hostname))
+        step, state = agree_on_state([f[0] for f in facts], self.state, healer)
         if joining:  # the job's shape as it started, whatever this rank's place was before it joined
             self.global_batch = state["global_batch"]
             self._schedule(state["steps_per_epoch"])
@@ -87,7 +86,7 @@ class Healing:
         self._build_world({})  # the sync measures its strategy again: the ranks and links changed
         self.stepper.sync = self.sync
         self.hosts = node_hosts([f[2:] for f in facts])
-        watch.rebase(self.env, healer.number)
+        watch.rebase(self.env, healer.number, left)
         self._healed_from = step
         log.info(
             "round %d: %s; step %d%s (in memory: no checkpoint read)",
@@ -105,31 +104,15 @@ class Healing:
         step, self._healed_from = self._healed_from, None
         what = what or f"the first step after the change (step {step + 1})"
         for decision in self.healer.decisions:
-            took = seconds_since(decision)
-            if decision["lost"]:
+            took = decision.seconds_since()
+            if decision.lost:
                 log.warning(
-                    "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision["lost"])
+                    "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision.lost)
                 )
             else:
                 log.warning(
-                    "grown in place: %s completed %.1f s after %s answered", what, took, ", ".join(decision["joined"])
+                    "grown in place: %s completed %.1f s after %s answered", what, took, ", ".join(decision.joined)
                 )
             if self.env.is_main:
-                membership.write(self.run_dir, _change(decision, step, took))
+                membership.write(self.run_dir, decision.change(step, took))
         self.healer.decisions.clear()
-
-
-def _change(decision: dict[str, Any], step: int, took: Optional[float]) -> membership.Change:
-    lost, joined = decision["lost"], decision.get("joined", [])
-    return membership.Change(
-        step=step,
-        nodes_before=len(decision["before"]),
-        nodes_after=len(decision["members"]),
-        hosts_lost=list(lost),
-        hosts_joined=list(joined),
-        why="; ".join([*(f"{name}: {why}" for name, why in lost.items()), *(f"{n}: answers again" for n in joined)]),
-        time=float(decision["fault_time"] or decision["answer_time"]),
-        how="in place",
-        fault_to_step_s=took if lost else None,
-        answer_to_step_s=None if lost else took,
-    )

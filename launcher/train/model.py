@@ -22,22 +22,22 @@ def build_model(job: JobConfig, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
-def check_same_weights(model: nn.Module) -> None:
+def check_same_weights(model: nn.Module, peers: dist_helpers.Peers) -> None:
     """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
-    sums = dist_helpers.all_gather_object(checksum)
+    sums = peers.all_gather_object(checksum)
     bad = [r for r, s in enumerate(sums) if s != sums[0]]
     if bad:
         raise RuntimeError(f"initial weights differ from rank 0 on ranks {bad} (checksums {sums})")
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, float]:
+def evaluate(model: nn.Module, loader, device: torch.device, peers: dist_helpers.Peers) -> tuple[float, float]:
     """(test loss, accuracy) over every rank's disjoint shard of the held-out split (collective), with rank 0's
     buffers (batch-norm statistics)."""
     model.eval()
-    dist_helpers.broadcast_buffers(model)
+    peers.broadcast_buffers(model)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for x, y in loader:
         x, y = x.to(device), y.to(device)
@@ -49,5 +49,5 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, flo
                 torch.tensor(float(len(y)), dtype=torch.float64, device=device),
             ]
         )
-    dist_helpers.all_reduce(totals)
+    peers.all_reduce(totals)
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()

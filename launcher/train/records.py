@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from .. import dist_helpers, membership
+from .. import membership
 from ..comm import trace
 from ..comm.trace import write_trace
 from ..summary import RunSummary
@@ -42,7 +42,7 @@ class Records:
             return
         if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
             self._tracing.close()
-            events = dist_helpers.all_gather_object(self._tracer.trace_events())
+            events = self.peers.all_gather_object(self._tracer.trace_events())
             if self.env.is_main:
                 log.info(
                     "comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events)
@@ -53,7 +53,7 @@ class Records:
         """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
         window[2] = self._exposed_s
         self._exposed_s = 0.0
-        dist_helpers.all_reduce(window)
+        self.peers.all_reduce(window)
         batches = window[1].item() / self.env.world_size
         loss = window[0].item() / max(1.0, window[1].item())
         step_s = (time.perf_counter() - t0) / max(1.0, batches)
@@ -108,7 +108,7 @@ class Records:
         self.sync.flush()
         self.sync.module.eval()
         with self.stepper.autocast():
-            loss, accuracy = evaluate(self.model, self.test_loader, self.device)
+            loss, accuracy = evaluate(self.model, self.test_loader, self.device, self.peers)
         self.metrics.write(
             {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
         )

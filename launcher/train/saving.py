@@ -10,7 +10,6 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .. import dist_helpers
 from ..checkpoint_names import checkpoint_path, list_checkpoints
 from ..devices import rng_state, seed_all, set_rng_state
 from . import checkpoint as ckpt
@@ -50,7 +49,7 @@ class Checkpointing:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
         self._phase = f"the checkpoint at step {self.pos.step}"
         self.sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        rngs = dist_helpers.all_gather_object(rng_state())
+        rngs = self.peers.all_gather_object(rng_state())
         if self.env.is_main:
             path = checkpoint_path(self.ckpt_dir, self.pos.step)
             try:

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import abandon
+from ..abort import Abort, wait
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,15 @@ class StopRequest:
         sys.stderr.flush()
         os._exit(128 + signum)
 
-    def agreed(self, device: torch.device, pipelined: bool = False, growing: bool = False) -> bool:
+    def agreed(
+        self, device: torch.device, pipelined: bool = False, growing: bool = False, abort: Optional[Abort] = None
+    ) -> bool:
         """Collective: True on every rank if any rank was signalled (the deadline timer stops: we are leaving).
         ``pipelined``: this step's question is sent without waiting and the previous step's answer returned (the
         stop comes one step later, on every rank alike): a blocking collective here would wait behind the buckets
         still in flight under the forward overlap and hide nothing. ``growing``: this rank saw a machine ready to
-        join (healing in place); afterwards ``grow`` says whether any rank did (then all leave the round here)."""
+        join (healing in place); afterwards ``grow`` says whether any rank did (then all leave the round here).
+        ``abort``: a lost machine's signal (healing in place): PeerLost instead of a wait for the dead."""
         flag = torch.tensor([1.0 if self.signum else 0.0, 1.0 if growing else 0.0], device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
@@ -166,7 +169,7 @@ class StopRequest:
                 if previous is None:
                     return False
                 work, flag = previous
-            abandon.wait(work)  # healing in place: PeerLost once a machine is lost
+            wait(work, abort)
         stopping, self.grow = bool(flag[0].item()), bool(flag[1].item())
         if stopping:
             with self._lock:

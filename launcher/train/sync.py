@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import abandon
+from ..abort import Abort
 from ..comm import Topology, hierarchical_hook
-from ..comm.collectives import abortable_flat_hook, abortable_hierarchical_hook
+from ..comm.collectives import AbortableHook, abortable_hook
 from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
@@ -45,10 +45,12 @@ class GradientSync:
         resumed_hierarchical: Optional[bool] = None,
         resumed_cap_mb: Optional[float] = None,
         whole_gradient: Optional[str] = None,
+        abort: Optional[Abort] = None,
     ) -> None:
         """``whole_gradient``: why the optimizer step needs every synchronised gradient at once (clipping, the fp16
-        scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer."""
-        self.model = model
+        scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer.
+        ``abort``: healing in place: every bucket's wait is left when it trips (``launcher.abort``)."""
+        self.model, self.abort = model, abort
         self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB) * MB)) // 4)
@@ -75,6 +77,7 @@ class GradientSync:
                 broadcast_buffers=cfg.broadcast_buffers,
                 optimizer=None if whole_gradient else optimizer,
                 overlap=None if cfg.overlap == "forward" and not whole_gradient else "backward",  # forward where it can
+                abort=abort,
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
@@ -91,9 +94,8 @@ class GradientSync:
                     find_unused_parameters=cfg.find_unused_parameters,
                     broadcast_buffers=cfg.broadcast_buffers,
                 )
-            if abandon.enabled():  # healing in place: DDP's buckets leave a lost machine behind
-                hook = abortable_hierarchical_hook if self.choice.hierarchical else abortable_flat_hook
-                ddp.register_comm_hook(self.topology, hook)
+            if abort is not None:  # healing in place: DDP's buckets leave a lost machine behind
+                ddp.register_comm_hook(AbortableHook(self.topology, self.choice.hierarchical, abort), abortable_hook)
             elif self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
@@ -150,8 +152,9 @@ class GradientSync:
 
     def leave(self) -> None:
         """Healing in place: this round's sync is left as it is (its groups wait for a lost machine; closing them
-        would too): our reducer's hooks come off the model, the rest goes to ``abandon.GRAVEYARD``."""
+        would too): our reducer's hooks come off the model, the rest is kept by the abort signal until the end."""
         if self.reducer is not None:
             self.reducer.close()
         self.left = True
-        abandon.GRAVEYARD.append(self)
+        if self.abort is not None:
+            self.abort.keep(self)

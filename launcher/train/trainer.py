@@ -22,14 +22,15 @@ from ..config.rules import whole_gradient_reason
 from ..devices import describe_device, seed_all
 from ..env import DistEnv
 from ..faults import faults_for, fire_at
+from ..heal.rank import Grow, Healer
 from ..rendezvous import Group
+from ..secret import Secret
 from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
 from ..watch import note_step
 from . import checkpoint as ckpt
 from .banner import format_banner, node_hosts
 from .data import build_datasets, eval_loader, train_loader
-from .heal import Grow, Healer
 from .in_place import Healing
 from .metrics import MetricsWriter
 from .model import build_model, check_same_weights
@@ -66,11 +67,14 @@ class Trainer(Checkpointing, Healing, Records):
         backend: str,
         group: Optional[Group] = None,
         stop: Optional[StopRequest] = None,
+        secret: Optional[Secret] = None,
     ) -> None:
         self.job, self.env, self.device, self.backend = job, env, device, backend
         self.group = group
         self.run_dir = Path(job.run_dir)
-        self.healer = Healer.from_environ(job.cluster.lost_after_s, backend)  # healing in place (sim, ssh)
+        self.healer = Healer.from_environ(job.cluster.lost_after_s, backend, secret)  # healing in place (sim, ssh)
+        # every collective of the trainer: left when a machine is lost (healing), objects signed with the secret
+        self.peers = dist_helpers.Peers(self.healer.abort if self.healer else None, secret)
         self.stop = stop or (StopRequest() if self.healer else None)  # (the step boundary where a machine joins)
         joins = self.healer is not None and self.healer.joins  # no collective until the keeper lets it in
         self.has_state = not joins  # the job's state, its own or (joining) from a live peer
@@ -80,12 +84,12 @@ class Trainer(Checkpointing, Healing, Records):
 
         model = build_model(job, device)
         if not joins:
-            check_same_weights(model)
+            check_same_weights(model, self.peers)
         seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
         self.model = model
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._resume_path, self._resume_state = (
-            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device)
+            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device, self.peers)
         )
         # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
         # (on another world size both are measured again: the layout of ranks and links changed)
@@ -132,6 +136,7 @@ class Trainer(Checkpointing, Healing, Records):
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
             whole_gradient=whole_gradient_reason(t, job.optim),
+            abort=self.peers.abort,
         )
         loading = {"workers": job.data.num_workers, "pin": self.device.type == "cuda"}
         world, rank = env.world_size, env.rank
@@ -142,7 +147,7 @@ class Trainer(Checkpointing, Healing, Records):
         """One screen at start (rank 0); every rank's node, host and device are gathered for it (and the hosts
         for the summary)."""
         env = self.env
-        facts = dist_helpers.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
+        facts = self.peers.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
         self.hosts = node_hosts(facts)
         if env.is_main:
             t = self.job.train
@@ -270,7 +275,8 @@ class Trainer(Checkpointing, Healing, Records):
         if self.stop is None:
             return
         growing = self.healer is not None and self.healer.growing()
-        if self.stop.agreed(self.device, pipelined=self.sync.overlaps_forward, growing=growing):
+        pipelined = self.sync.overlaps_forward
+        if self.stop.agreed(self.device, pipelined=pipelined, growing=growing, abort=self.peers.abort):
             if not saved:
                 self.save()
             raise Preempted(self.pos.step, self.stop.signum or 0)

@@ -39,10 +39,18 @@ _current: Optional[Watch] = None
 
 
 class Watch(threading.Thread):
-    def __init__(self, run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float, round_: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        env: DistEnv,
+        warn_s: float,
+        timeout_s: float,
+        round_: int = 0,
+        left: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__(name="launcher-watch", daemon=True)
         self.args = (run_dir, warn_s, timeout_s)
-        self.publisher = Publisher(run_dir, env, round_)
+        self.publisher = Publisher(run_dir, env, round_, left)
         self.reporter = Reporter(run_dir, env, self.publisher.dir, warn_s, timeout_s) if env.rank in (0, 1) else None
         self.halt = threading.Event()
         self.failed = False
@@ -85,9 +93,15 @@ def start_watch(run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: flo
     return _current
 
 
-def rebase(env: DistEnv, round_: int) -> None:
-    """Healing in place: watch round ``round_`` as ``env`` (this rank's new place); the left groups' open
-    collectives are not a hang."""
+def known_groups() -> frozenset[str]:
+    """The process groups this rank has had so far (healing in place: taken before it leaves them, so the next
+    round's watch leaves out exactly these, and reads every group formed after)."""
+    return frozenset(recorder.group_ids())
+
+
+def rebase(env: DistEnv, round_: int, left: frozenset[str]) -> None:
+    """Healing in place: watch round ``round_`` as ``env`` (this rank's new place), every group but the ``left``
+    ones (``known_groups`` before the round formed: their open collectives are not a hang)."""
     global _current
     if _current is None:
         return
@@ -96,7 +110,7 @@ def rebase(env: DistEnv, round_: int) -> None:
     if env.world_size < 2:
         _current = None
         return
-    _current = Watch(run_dir, env, warn_s, timeout_s, round_)
+    _current = Watch(run_dir, env, warn_s, timeout_s, round_, left)
     _current.start()
 
 

@@ -55,12 +55,12 @@ def stacks(skip: int | None = None) -> str:
 
 
 class Publisher:
-    def __init__(self, run_dir: str | Path, env: DistEnv, round_: int = 0) -> None:
+    def __init__(self, run_dir: str | Path, env: DistEnv, round_: int = 0, left: frozenset[str] = frozenset()) -> None:
         self.env = env
         self.dir = watch_dir(run_dir, env, round_)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank-{env.rank}.json"
-        self.recorder = recorder.Recorder(ignored=recorder.group_ids())  # a healed round: not the left groups
+        self.recorder = recorder.Recorder(ignored=set(left))  # a healed round: not the groups it left
         self.last: dict[str, tuple[int, int]] = {}
         self.progress_ns = time.time_ns()
         self.waiting: dict[tuple[str, int], dict[str, Any]] = {}  # (group, seq) -> its entry, once looked up

@@ -2,19 +2,20 @@
 of agents, whose store would sit on node 0 and whose end-of-job barrier would wait for a lost machine. The node's
 ``procs_per_node`` ranks are started with torch's elastic process management (``start_processes``: the same
 workers, log and error files as under the agent), told their place and the keeper's store, and this process
-beats the node's heartbeat to the keeper (``keeper.BEAT_S``) until they end. A lost machine's survivors keep their
+beats the node's heartbeat to the keeper (``protocol.BEAT_S``, a signed count) until they end. The ranks get the
+job's secret in their environment, as this process got it. A lost machine's survivors keep their
 processes: the ranks heal among themselves (``launcher.train.heal``)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
@@ -22,19 +23,39 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from ..config import JobConfig
 from ..env import TORCHRUN_VARS, head_attempt
 from ..failures import attempt_dir, exit_failure, record_exits
-from ..membership import DONE_KEY, HEAL_ENV, HEARTBEAT_KEY, node_id
 from ..rendezvous import attempt_prefix
-from .head import NodeArgs
-from .keeper import BEAT_S
+from ..secret import Secret
+from ..signed import SignedStore
+from .protocol import BEAT_S, Keys, Place, node_id
 
 
-def beat(store: dist.Store, me: str, stop: threading.Event) -> None:
+class NodeArgs(Protocol):
+    """What this node process was started with (``launch.head.NodeArgs``): the nodes of this attempt (a joining
+    one: a place of its own past them), this one's, the keeper's store, the round's nodes by name (a,b,...), this
+    node process's start in the attempt (> 0: it joins)."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def launch_id(self) -> str: ...
+    @property
+    def members(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+
+
+def beat(store: SignedStore, me: str, stop: threading.Event) -> None:
     """The node process's heartbeat to the keeper (``me``: its ``node_id``), until ``stop`` (a keeper gone for
     good: the head sees it, ends the job)."""
-    key = HEARTBEAT_KEY.format(me)
+    key, count = Keys.heartbeat(me), 0
     while not stop.is_set():
+        count += 1
         with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
-            store.add(key, 1)
+            store.set(key, str(count))
         stop.wait(BEAT_S)
 
 
@@ -44,9 +65,9 @@ def node_name(args: NodeArgs) -> str:
     return names[-1] if args.start else names[args.node]
 
 
-def worker_envs(job: JobConfig, args: NodeArgs) -> dict[int, dict[str, str]]:
+def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dict[str, str]]:
     """Each local rank's environment: its place in round 0 (joining: a place of its own, until it learns its
-    round), the keeper's store as the rendezvous (as a client)."""
+    round), the keeper's store as the rendezvous (as a client), the job's secret."""
     procs = int(job.cluster.procs_per_node or 1)
     host, port = args.endpoint.rsplit(":", 1)
     v = TORCHRUN_VARS
@@ -59,7 +80,8 @@ def worker_envs(job: JobConfig, args: NodeArgs) -> dict[int, dict[str, str]]:
         v["launch_id"]: args.launch_id,
         v["agent_store"]: "True",
         v["attempt"]: "0",
-        HEAL_ENV: json.dumps({"name": node_name(args), "start": args.start}),
+        **Place(node_name(args), args.start).environ(),
+        **secret.environ(),
     }
     return {
         local: {**os.environ, **place, v["rank"]: str(args.node * procs + local), v["local_rank"]: str(local)}
@@ -67,18 +89,18 @@ def worker_envs(job: JobConfig, args: NodeArgs) -> dict[int, dict[str, str]]:
     }
 
 
-def run_workers(job: JobConfig, args: NodeArgs) -> int:
+def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     """Run this node's ranks to their end: 0, 128 + a stop signal, or 1 with the exits recorded for the report."""
     me = node_id(node_name(args), args.start)
     host, port = args.endpoint.rsplit(":", 1)
     timeout = timedelta(seconds=job.cluster.join_timeout_s)
-    store = dist.PrefixStore(
-        attempt_prefix(head_attempt(os.environ)),
-        dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False),
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+    store = SignedStore(
+        client, secret, attempt_prefix(head_attempt(os.environ)), where=f"the keeper's store at {host}:{port}"
     )
     stop = threading.Event()
     threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
-    envs = worker_envs(job, args)
+    envs = worker_envs(job, args, secret)
     logs = DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{args.node}"))
     entry = ("-u", "-m", "launcher.rank_entry", job.run_dir)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
@@ -89,7 +111,7 @@ def run_workers(job: JobConfig, args: NodeArgs) -> int:
         return 128 + int(exc.sigval)
     finally:
         with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
-            store.set(DONE_KEY.format(me), "1")
+            store.set(Keys.done(me), "1")
         stop.set()
     if result is None or not result.is_failed():
         return 0

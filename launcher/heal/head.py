@@ -1,13 +1,13 @@
-"""The head's side of healing in place (sim and ssh; ``config.rules.heal_off_reason`` says when a job heals): it
-starts the attempt's keeper (``launch/keeper.py``) off the training machines, tells it at once when a node process
-ends by a signal nobody sent (the machine is gone), and waits for the nodes (``wait_healing``): a lost node's
-survivors go on, so its loss is not the attempt's end; each decision is said on the console (the ranks record it
-in ``membership.jsonl``, with the step they continue from). No torch here."""
+"""The head's side of healing in place (sim and ssh; ``config.rules.heals_in_place`` says when a job heals): it
+starts the attempt's keeper (``keeper.py``) off the training machines and hands it the job's secret, tells it at
+once when a node process ends by a signal nobody sent (the machine is gone), starts a node process for a lost
+machine that answers again (``Rejoin``), and waits for the nodes (``wait_healing``): a lost node's survivors go on,
+so its loss is not the attempt's end; each decision is said on the console (the ranks record it in
+``membership.jsonl``, with the step they continue from). No torch here."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..exiting import children
-from ..failures import STOP_CODES
+from ..failures import AFTER_FAILURE_GRACE_S, STOP_CODES
 from ..membership import Membership
-from .head import AFTER_FAILURE_GRACE_S
+from ..secret import Secret
+from .protocol import ROUND_WORD, Decision, Join, Lost
 
 
-class Keeper:
-    """The keeper process of one attempt: ``prefix`` runs it where the nodes reach ``addr`` (the bridge namespace
-    of simulated nodes), listening on ``port``."""
+class KeeperClient:
+    """The head's handle on the keeper process of one attempt: ``prefix`` runs it where the nodes reach ``addr``
+    (the bridge namespace of simulated nodes), listening on ``port``; the job's ``secret`` goes in its environment."""
 
     def __init__(  # noqa: PLR0913
         self,
@@ -38,16 +39,26 @@ class Keeper:
         min_nodes: int,
         lost_after_s: float,
         names: list[str],
+        secret: Secret,
     ) -> None:
-        argv = [sys.executable, "-u", "-m", "launcher.launch.keeper", addr, str(port), str(attempt), str(min_nodes)]
+        argv = [sys.executable, "-u", "-m", "launcher.heal.keeper", addr, str(port), str(attempt), str(min_nodes)]
         self.proc = subprocess.Popen(
-            [*prefix, *argv, f"{lost_after_s:g}", *names], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [*prefix, *argv, f"{lost_after_s:g}", *names],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **secret.environ()},
         )
         self.endpoint = f"{addr}:{port}"
 
     def lose(self, name: str, why: str) -> None:
         """Tell the keeper ``name`` is gone (now)."""
-        self._say(f"LOST {name} {time.time():.3f} {why}")
+        self._say(Lost(name, time.time(), why).line())
+
+    def join(self, name: str, start: int, ranks: int, answered: float) -> None:
+        """Tell the keeper that ``name``'s machine answered again at ``answered`` and its node process (``start``,
+        ``ranks`` ranks) is starting: it joins once they are ready."""
+        self._say(Join(name, start, ranks, answered).line())
 
     def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # the keeper is gone: the head sees that too
@@ -55,20 +66,15 @@ class Keeper:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
 
-    def join(self, name: str, start: int, ranks: int, answered: float) -> None:
-        """Tell the keeper that ``name``'s machine answered again at ``answered`` and its node process (``start``,
-        ``ranks`` ranks) is starting: it joins once they are ready."""
-        self._say(f"JOIN {name} {start} {ranks} {answered:.3f}")
-
     def read(self, put: Callable[[tuple], None]) -> None:
-        """Each decision as ``("round", decision)``, then ``("keeper", exit code)`` when it ends."""
+        """Each decision as ``("round", Decision)``, then ``("keeper", exit code)`` when it ends."""
 
         def run() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 word, _, rest = line.partition(" ")
-                if word == "ROUND":
-                    put(("round", json.loads(rest)))
+                if word == ROUND_WORD:
+                    put(("round", Decision.from_bytes(rest.encode())))
             put(("keeper", self.proc.wait()))
 
         threading.Thread(target=run, name="keeper-read", daemon=True).start()
@@ -82,6 +88,25 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def apply(members: Membership, decision: Decision) -> bool:
+    """The keeper's ``decision``, said, and the next restart (if any) runs on its members. False when too few nodes
+    are left (the job stops; no restart either)."""
+    names = ", ".join(f"{n} ({why})" for n, why in decision.lost.items())
+    if decision.stop:
+        print(f"launcher: lost {names}: {decision.stop}; the job stops", file=sys.stderr)
+        members.spent_restarts = members.max_restarts  # too few machines: no restart either
+        return False
+    members.live = list(decision.members)
+    members.all += [name for name in decision.joined if name not in members.all]
+    what = f"lost {names}: the survivors heal in place" if names else f"{', '.join(decision.joined)} joined"
+    print(
+        f"launcher: {what}, continuing on {len(members.live)} of {len(members.all)} nodes (round {decision.round}, "
+        f"cluster.min_nodes={members.min_nodes})",
+        file=sys.stderr,
+    )
+    return True
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -129,7 +154,7 @@ class Waiting:
     decided a round, the keeper ended."""
 
     procs: list[subprocess.Popen]
-    keeper: Keeper
+    keeper: KeeperClient
     members: Membership
     stop: Callable[[subprocess.Popen], None]
     lost_by_signal: Callable[[int], str]
@@ -201,14 +226,14 @@ class Waiting:
         self.keeper.join(name, self.starts, self.rejoin.ranks, answered)
         print(f"launcher: {name} answers again: starting its ranks to join the job in place", file=sys.stderr)
 
-    def on_round(self, decision: dict) -> None:
-        self.joining = {i: n for i, n in self.joining.items() if n not in decision["joined"]}
+    def on_round(self, decision: Decision) -> None:
+        self.joining = {i: n for i, n in self.joining.items() if n not in decision.joined}
         names = self.out.names
-        positions = {i for i, name in enumerate(names) if name in decision["lost"] and i not in self.joining}
+        positions = {i for i, name in enumerate(names) if name in decision.lost and i not in self.joining}
         self.out.lost |= positions
         for index in positions & self.running:
             kill_tree(self.procs[index])
-        if not self.members.healed(decision) and self.deadline is None:
+        if not apply(self.members, decision) and self.deadline is None:
             self.out.first = min(positions) if self.out.first < 0 else self.out.first
             self.stop_at(time.monotonic(), "at once: too few nodes are left")
 
@@ -228,7 +253,7 @@ class Waiting:
 def wait_healing(
     procs: list[subprocess.Popen],
     names: list[str],
-    keeper: Keeper,
+    keeper: KeeperClient,
     members: Membership,
     stop: Callable[[subprocess.Popen], None],
     lost_by_signal: Callable[[int], str],
