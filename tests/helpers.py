@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,67 @@ def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, en
 
     job, launch_plan, _ = plan_job(compose(*overrides, run_dir=run_dir), DistEnv.resolve(environ or {}), gpus_visible)
     return job, launch_plan
+
+
+@contextlib.contextmanager
+def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
+    """A process without the job's secret that writes into a running healing job's keeper store for as long as the
+    block runs, as in issue 34: it finds the keeper's port on its command line and writes forged decisions (the job
+    stops), heartbeats and readiness marks at the plain key names; and, having read the secret's namespace (as a
+    stranger who guessed it), the same at the job's real keys, signed with another secret. Yields what it wrote."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from launcher.heal.protocol import Decision, Keys, node_id
+    from launcher.rendezvous import attempt_prefix
+    from launcher.secret import SECRET_ENV, Secret
+    from launcher.signed import SignedStore
+
+    done, wrote = threading.Event(), []
+
+    def keeper() -> tuple[str, int, Secret] | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if into.encode() in argv:
+                    at = argv.index(into.encode())
+                    environ = dict(
+                        line.split("=", 1) for line in (proc / "environ").read_text().split("\0") if "=" in line
+                    )
+                    return argv[at + 1].decode(), int(argv[at + 2]), Secret.from_hex(environ[SECRET_ENV])
+            except (OSError, ValueError, IndexError, KeyError):
+                continue
+        return None
+
+    def run() -> None:
+        while (found := keeper()) is None and not done.wait(0.1):
+            pass
+        if found is None:
+            return
+        addr, port, secret = found
+        client = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+        plain = dist.PrefixStore(attempt_prefix(0), client)
+        guessed = SignedStore(client, Secret.new(), attempt_prefix(0))
+        guessed._root = SignedStore(client, secret, attempt_prefix(0))._root  # the namespace, not the key
+        stop = Decision(round=1, members=("node-0",), before=("node-0",), stop="forged by a stranger").to_bytes()
+        for store in (plain, guessed):  # decisions once (a later one would hide the keeper's own from late readers)
+            for number in range(3):
+                store.set(Keys.round_end(number), stop)
+        wrote.append("decisions")
+        while not done.wait(0.5):
+            with contextlib.suppress(RuntimeError):
+                for store in (plain, guessed):
+                    for name in ("node-0", "node-1", "node-2"):
+                        store.set(Keys.heartbeat(node_id(name, 0)), b"1")
+                        store.set(Keys.ready(node_id(name, 1), 0), b"1")
+                wrote.append("beats")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield wrote
+    finally:
+        done.set()
+        thread.join(timeout=10)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import HEAL_JOB, plan, run_launcher
+from helpers import HEAL_JOB, plan, run_launcher, stranger_writing
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, final_state
@@ -222,13 +222,20 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     once, as when a machine goes away: the head sees it), then node 2 freezes at step 17 (SIGSTOP: only the keeper's
     missing heartbeat tells). Each time the survivors heal in place: the same processes, no checkpoint read, each
     step trained and logged once, the next step within 10 s of each loss, and the final model is one process's on
-    the same global batches up to float32 summation order (test_launch's tolerance)."""
+    the same global batches up to float32 summation order (test_launch's tolerance). All along, a stranger writes
+    forged decisions (the job stops), heartbeats (the frozen node lives) and readiness marks into the keeper's store
+    (issue 34): ignored, said once each, the job finishes as without them."""
     job = (*HEAL_JOB, "train.checkpoint_every_steps=10")
     faults = "step=15,rank=1,signal=KILL,target=node;step=17,rank=2,signal=STOP,target=node"
     sim = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=1")
-    result = run_launcher(*job, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
+    with stranger_writing() as wrote:
+        result = run_launcher(*job, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
+    assert wrote[:2] == ["decisions", "beats"], wrote
+    forged_beat = "ignored a value of launcher/attempt-0/heal/heartbeat/node-2#0 in the keeper's store at "
+    assert err.count(forged_beat) == 1, err[-3000:]
+    assert "forged by a stranger" not in err
     assert "lost machine: the survivors heal in place (cluster.heal)" in err
     assert (
         "launcher: lost node-1 (its agent was killed by SIGKILL): the survivors heal in place, continuing on 2 of 3 "
@@ -257,3 +264,22 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
     assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
     assert_same_trajectory(final_state(tmp_path), final_state(one_process_heal_job))
+
+
+def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
+    """Node 2 is killed at step 4 and the survivors heal in place; then rank 1 stalls at step 8, in the new round:
+    the new round's watch names it (hang line, its stack) within comm.hang_warn_s + a few beats, ends the job at
+    comm.timeout_s, and the report's first line names rank 1, not the rank waiting for it (issue 34)."""
+    faults = "step=4,rank=2,signal=KILL,target=node;step=8,rank=1,stall"
+    sim = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2")
+    fast = ("comm.hang_warn_s=2", "comm.timeout_s=6", "train.max_steps=30")
+    result = run_launcher(*HEAL_JOB[1:], *sim, *fast, run_dir=tmp_path, env={"LAUNCHER_FAULT": faults}, timeout=120)
+    err = result.stderr
+    assert result.returncode == 1, err[-3000:]
+    assert "launcher: lost node-2 (its agent was killed by SIGKILL): the survivors heal in place" in err
+    hang = next(line for line in err.splitlines() if "hang:" in line)
+    assert "hang: rank 1 (node 1, pid" in hang and "rank 0 waits in it" in hang, hang
+    assert re.search(r'faults\.py", line \d+, in fire\n', err) and re.search(r'trainer\.py", line \d+, in _step', err)
+    report = next(line for line in err.splitlines() if line.startswith("launcher: rank "))
+    assert report.startswith("launcher: rank 1 (node 1, pid ") and " hung: " in report, report
+    assert "Thread heal-watch" not in err  # the launcher's own threads are not where a rank is stuck

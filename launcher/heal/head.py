@@ -117,17 +117,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 class Rejoin(Protocol):
-    """How a mode brings a lost machine back (ssh: the host checks; ``wait_healing``)."""
+    """How a mode brings a lost machine back (ssh: the host checks; ``wait_healing``): each node process's
+    ``ranks``, how often the lost machines are checked (``every_s``, 0: never), which answer, and a node process
+    for one that does."""
 
     @property
-    def ranks(self) -> int:
-        """Each node process's ranks."""
-        ...
-
+    def ranks(self) -> int: ...
     @property
-    def every_s(self) -> float:
-        """How often the lost machines are checked (0: never)."""
-        ...
+    def every_s(self) -> float: ...
 
     def answering(self, names: list[str]) -> list[str]:
         """Which of the lost ``names`` answer now (it may take a while: the checks)."""
@@ -159,6 +156,7 @@ class Waiting:
     stop: Callable[[subprocess.Popen], None]
     lost_by_signal: Callable[[int], str]
     rejoin: Optional[Rejoin]
+    hang_ended: Callable[[], bool] = lambda: False  # the progress watch ended a hang (``failures.hang_ended``)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     out: Outcome = field(default_factory=lambda: Outcome(codes=[], names=[]))
     running: set[int] = field(default_factory=set)
@@ -211,7 +209,9 @@ class Waiting:
             return
         if out.first < 0:
             out.first = index
-        if code not in STOP_CODES:
+        if code not in STOP_CODES and self.hang_ended():  # its culprit will not end on its own
+            self.stop_at(time.monotonic(), "at once: the progress watch ended a hang")
+        elif code not in STOP_CODES:
             self.stop_at(time.monotonic() + AFTER_FAILURE_GRACE_S, f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure")
 
     def on_answers(self, name: str, answered: float) -> None:
@@ -258,14 +258,16 @@ def wait_healing(
     stop: Callable[[subprocess.Popen], None],
     lost_by_signal: Callable[[int], str],
     rejoin: Optional[Rejoin] = None,
+    hang_ended: Callable[[], bool] = lambda: False,
 ) -> Outcome:
     """Wait for an attempt's node processes while the job heals: a node ended by a signal nobody here sent
     (``lost_by_signal(code)``: why, or "" when the code is no loss) is reported to the keeper, whose decisions drop
     nodes (a lost one still running, frozen or cut off, is killed); a failure ends the attempt as ``wait_nodes``
     does (the others get ``AFTER_FAILURE_GRACE_S``, then ``stop``), and so does the keeper's end or its verdict that
     too few nodes are left. With ``rejoin``, a lost machine that answers again gets a node process that joins the
-    job at a step boundary; one that ends before it joined is no failure (the job goes on without it)."""
-    wait = Waiting(procs, keeper, members, stop, lost_by_signal, rejoin)
+    job at a step boundary; one that ends before it joined is no failure (the job goes on without it). After a hang
+    the progress watch ended (``hang_ended()``) the others are stopped at once."""
+    wait = Waiting(procs, keeper, members, stop, lost_by_signal, rejoin, hang_ended)
     for proc, name in zip(procs, names):
         wait.started(proc, name)
     keeper.read(wait.events.put)

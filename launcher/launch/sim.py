@@ -151,7 +151,8 @@ class Attempt:
         )
         try:
             self.start(keeper.endpoint, ",".join(names))
-            out = wait_healing(self.procs, names, keeper, members, self.stop, lost_by_signal)
+            hang = lambda: hang_ended(self.job.run_dir, self.launch_id, self.number)  # noqa: E731
+            out = wait_healing(self.procs, names, keeper, members, self.stop, lost_by_signal, hang_ended=hang)
         finally:
             keeper.close()
         return out.codes, out.first, self.stopped | out.lost

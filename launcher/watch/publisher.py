@@ -36,7 +36,11 @@ def watch_dir(run_dir: str | Path, env: DistEnv, round_: int = 0) -> Path:
     return where / f"round-{round_}" if round_ else where
 
 
-OWN_THREADS = ("launcher-watch", "stop-watch")  # the launcher's own threads in a rank: not where it is stuck
+OWN_THREADS = (
+    "launcher-watch",
+    "stop-watch",
+    "heal-watch",
+)  # the launcher's own threads in a rank: not where it is stuck
 NOT_WHERE = (*WRAPPER_FRAMES, "threading.py")  # frames that only carry a thread to its work
 
 
