@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from launcher.heal import head as healing
 from launcher.heal.protocol import Decision
 from launcher.heal.rounds import Rounds
@@ -291,3 +293,55 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
         said = f"ignored a value of {attempt_prefix(0)}/{key} in the keeper's store at 127.0.0.1:{port} that does not"
         assert err.count(said) <= 1, err  # once
     assert f"ignored a value of {attempt_prefix(0)}/{Keys.heartbeat(node_id('node-1', 0))}" in err, err
+
+
+SIM3 = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=1", "train.batch_size=48")
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        (
+            ("comm.reducer=bucketed", "comm.overlap=forward"),
+            "comm.overlap=forward updates bucket by bucket during the next forward: no rank holds a whole step's state "
+            "at any moment; HINT: comm.overlap=backward heals in place",
+        ),
+        (("script=tests/scripts/allreduce_script.py",), "a script= runs its own loop, which cannot rejoin"),
+        (("cluster.heal=false",), "cluster.heal=false"),
+        (("doctor=true",), "doctor=true"),
+        (("cluster.min_nodes=3",), "every machine is needed (cluster.min_nodes = cluster.nodes)"),
+    ],
+)
+def test_a_job_that_does_not_heal_says_why_in_its_plan(overrides, reason):
+    from helpers import plan
+    from launcher.config.rules import heals_in_place
+    from launcher.launch.plan import describe_on_loss
+
+    job, _ = plan(*SIM3, *overrides)
+    heals = heals_in_place(job)
+    assert not heals and heals.reason.startswith(reason), heals
+    if job.cluster.may_shrink:
+        assert describe_on_loss(job) == f"restart from the checkpoint ({heals.reason})"
+
+
+def test_what_heals_and_the_rules_that_keep_nccl_and_the_forward_overlap_away():
+    """Healing's positive rule, and the two that depend on more than one key: the forward overlap heals when clipping
+    or fp16 makes every step whole (the reducer then runs the backward overlap); GPUs (nccl) never heal."""
+    import copy
+
+    from helpers import plan
+    from launcher.config.rules import heals_in_place
+
+    job, _ = plan(*SIM3)
+    assert heals_in_place(job) and describe(job) == "the survivors heal in place (cluster.heal)"
+    clipped, _ = plan(*SIM3, "comm.reducer=bucketed", "comm.overlap=forward", "optim.clip_grad_norm=1.0")
+    assert heals_in_place(clipped)
+    gpus = copy.deepcopy(job)
+    gpus.cluster.gpus_per_node = 1  # (sim refuses GPUs before this rule: the rule itself)
+    assert heals_in_place(gpus).reason == "nccl: healing in place is built on gloo's behaviour so far"
+
+
+def describe(job) -> str:
+    from launcher.launch.plan import describe_on_loss
+
+    return describe_on_loss(job)

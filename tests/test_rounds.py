@@ -104,3 +104,29 @@ def test_survivors_form_the_next_round_in_the_same_processes(tmp_path, case):
         assert result["step"] == 5 and result["sum"] == [3.0, 3.0], result
         assert result["why"].startswith("PeerLost: rank 2 is frozen" if case == "frozen" else "error: "), result
         assert result["round_s"] < 2.0, result  # the old group left at once, not at its timeout
+
+
+def _agree(rank: int, world: int, out_dir: Path) -> None:
+    from launcher.heal.rank import agree_on_state
+
+    healer = Healer(Place(f"node-{rank}"), 1.0, "gloo", SECRET)
+
+    def state() -> dict:
+        assert rank == 1, f"rank {rank} is not the source: the lowest rank at the highest step is"
+        return {"step": 6, "weights": torch.arange(4.0) * 10}
+
+    top, got = agree_on_state([5, 6, 6], state, healer)  # rank 0 was one step behind when the loss came
+    assert top == 6
+    if rank == 0:
+        assert got is not None and got["step"] == 6 and got["weights"].tolist() == [0.0, 10.0, 20.0, 30.0], got
+    else:
+        assert got is None  # already there: nothing to load
+    assert agree_on_state([6, 6, 6], state if rank == 1 else None, healer) == (6, None)  # nobody behind: no traffic
+
+
+def test_the_ranks_behind_take_the_state_of_the_lowest_rank_ahead(tmp_path):
+    """Step 3 of a heal on real gloo ranks: the survivors' steps differ by one (a loss cut a gradient allreduce
+    short), the lowest rank at the highest step sends its state, signed, to the ranks behind only."""
+    from helpers import spawn_ranks
+
+    spawn_ranks(_agree, 3, tmp_path)

@@ -218,18 +218,23 @@ def test_script_runs_unchanged_on_virtual_nodes(tmp_path):
 
 
 def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
-    """``cluster.min_nodes=1`` on 3 simulated nodes: node 1 is killed at step 15 (its agent and rank SIGKILLed at
-    once, as when a machine goes away: the head sees it), then node 2 freezes at step 17 (SIGSTOP: only the keeper's
-    missing heartbeat tells). Each time the survivors heal in place: the same processes, no checkpoint read, each
-    step trained and logged once, the next step within 10 s of each loss, and the final model is one process's on
-    the same global batches up to float32 summation order (test_launch's tolerance). All along, a stranger writes
-    forged decisions (the job stops), heartbeats (the frozen node lives) and readiness marks into the keeper's store
-    (issue 34): ignored, said once each, the job finishes as without them."""
-    job = (*HEAL_JOB, "train.checkpoint_every_steps=10")
-    faults = "step=15,rank=1,signal=KILL,target=node;step=17,rank=2,signal=STOP,target=node"
+    """``cluster.min_nodes=1`` on 3 simulated nodes of 2 ranks each, our bucketed reducer with the backward overlap,
+    2 micro-batches per step: node 1 is killed inside step 15's backward, while its peers wait in the gradient
+    allreduce (its agent and ranks SIGKILLed at once, as when a machine goes away: the head sees it), then node 2
+    freezes at step 17 (SIGSTOP: only the keeper's missing heartbeat tells). Each time the survivors heal in place:
+    the same processes, no checkpoint read, each step trained and logged once, the next step within 10 s of each
+    loss, and the final model is one process's on the same global batches up to float32 summation order
+    (test_launch's tolerance). All along, a stranger writes forged decisions (the job stops), heartbeats (the
+    frozen node lives) and readiness marks into the keeper's store (issue 34): ignored, said once each, the job
+    finishes as without them."""
+    job = (*HEAL_JOB[:2], "train.threads_per_rank=1", "train.checkpoint_every_steps=10", "train.accumulate_steps=2")
+    ours = ("comm.reducer=bucketed", "comm.overlap=backward", "cluster.procs_per_node=2")
+    faults = "step=15,rank=2,signal=KILL,target=node,backward;step=17,rank=4,signal=STOP,target=node"
     sim = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=1")
     with stranger_writing() as wrote:
-        result = run_launcher(*job, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
+        result = run_launcher(
+            *job, *ours, *sim, "train.log_every_steps=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": faults}
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
     assert wrote[:2] == ["decisions", "beats"], wrote
@@ -249,7 +254,7 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     assert "(in memory: no checkpoint read)" in err
     assert "resumed from /" not in err and "restarting" not in err  # no checkpoint loaded
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 1, 20), summary
+    assert (summary["nodes"], summary["world_size"], summary["steps"]) == (1, 2, 20), summary
     assert summary["resumed_from"] is None and summary["hosts"] == [summary["hosts"][0]]
     killed, frozen = summary["membership"]
     assert killed["why"] == "node-1: its agent was killed by SIGKILL", killed

@@ -73,9 +73,9 @@ class Keeper:
                 since = min(since, last[1])
         return lost, since
 
-    def ready(self, now: float) -> list[Decision]:
-        """A decision for each joining node process whose ranks are all ready (they learn their round)."""
-        decisions = []
+    def let_in(self, now: float) -> None:
+        """Decide for each joining node process whose ranks are all ready: the round ends with it, then its ranks
+        learn their round (in that order: a rank let in reads the decision at once)."""
         for name, join in list(self.joining.items()):
             me = node_id(name, join.start)
             if any(self.view.read(Keys.ready(me, local)) is None for local in range(join.ranks)):
@@ -85,9 +85,8 @@ class Keeper:
             if decision is None:
                 continue
             self.starts[name], self.heard[name] = join.start, (self.beats(me) or 0, now)
-            decisions.append(decision)
+            self.decide(decision)
             self.view.set(Keys.joined(me), str(decision.round))
-        return decisions
 
     def decide(self, decision: Decision) -> None:
         self.view.set(Keys.round_end(decision.round - 1), decision.to_bytes())
@@ -132,8 +131,7 @@ def main(argv: list[str]) -> int:
         lost = {**silent, **told}
         if lost and (decision := keeper.rounds.lose(lost, min(fault_time, since))) is not None:
             keeper.decide(decision)
-        for decision in keeper.ready(now):
-            keeper.decide(decision)
+        keeper.let_in(now)
     return 0
 
 

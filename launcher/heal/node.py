@@ -4,7 +4,7 @@ of agents, whose store would sit on node 0 and whose end-of-job barrier would wa
 workers, log and error files as under the agent), told their place and the keeper's store, and this process
 beats the node's heartbeat to the keeper (``protocol.BEAT_S``, a signed count) until they end. The ranks get the
 job's secret in their environment, as this process got it. A lost machine's survivors keep their
-processes: the ranks heal among themselves (``launcher.train.heal``)."""
+processes: the ranks heal among themselves (``rank.py``)."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Opti
 
 
 def agreed_resume_source(
-    mode: str, ckpt_dir: Path, device: torch.device, peers: dist_helpers.Peers
+    mode: str, ckpt_dir: Path, device: torch.device, peers: dist_helpers.Peers = dist_helpers.Peers()
 ) -> tuple[Optional[Path], Optional[dict]]:
     """Rank 0's choice on every rank (collective): ranks that saw the checkpoint directory differently (a shared
     file system lagging) would otherwise resume from different steps or measure different bucket layouts."""

@@ -22,7 +22,7 @@ def build_model(job: JobConfig, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
-def check_same_weights(model: nn.Module, peers: dist_helpers.Peers) -> None:
+def check_same_weights(model: nn.Module, peers: dist_helpers.Peers = dist_helpers.Peers()) -> None:
     """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
@@ -33,7 +33,9 @@ def check_same_weights(model: nn.Module, peers: dist_helpers.Peers) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, peers: dist_helpers.Peers) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, loader, device: torch.device, peers: dist_helpers.Peers = dist_helpers.Peers()
+) -> tuple[float, float]:
     """(test loss, accuracy) over every rank's disjoint shard of the held-out split (collective), with rank 0's
     buffers (batch-norm statistics)."""
     model.eval()
