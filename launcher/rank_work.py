@@ -80,7 +80,8 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
     set_threads(job, env)
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
-    log.info("%s, device %s, backend %s", env.describe(), device, backend)
+    signed = "signed with the job's secret" if secret else "unsigned (no LAUNCHER_SECRET: README, Security)"
+    log.info("%s, device %s, backend %s, store %s", env.describe(), device, backend, signed)
     if env.is_main and job.cluster.may_shrink:  # sim, ssh after a loss; Slurm's --nodes=MIN-MAX
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",

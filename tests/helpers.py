@@ -125,7 +125,10 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
     """A process without the job's secret that writes into a running healing job's keeper store for as long as the
     block runs, as in issue 34: it finds the keeper's port on its command line and writes forged decisions (the job
     stops), heartbeats and readiness marks at the plain key names; and, having read the secret's namespace (as a
-    stranger who guessed it), the same at the job's real keys, signed with another secret. Yields what it wrote."""
+    stranger who guessed it), decisions and readiness marks at the job's real keys, signed with another secret (not
+    the live heartbeats: overwritten, a real value is gone, which no store without access control prevents; the
+    keeper's test forges those). Yields what it wrote, and "argv of PID" for any process whose command line holds
+    the job's secret."""
     import threading
     from datetime import timedelta
 
@@ -167,13 +170,18 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
             for number in range(3):
                 store.set(Keys.round_end(number), stop)
         wrote.append("decisions")
+        secret_hex = secret.environ()[SECRET_ENV].encode()
         while not done.wait(0.5):
             with contextlib.suppress(RuntimeError):
-                for store in (plain, guessed):
-                    for name in ("node-0", "node-1", "node-2"):
-                        store.set(Keys.heartbeat(node_id(name, 0)), b"1")
+                for name in ("node-0", "node-1", "node-2"):
+                    plain.set(Keys.heartbeat(node_id(name, 0)), b"1")
+                    for store in (plain, guessed):  # (a real key a stranger overwrites loses its real value)
                         store.set(Keys.ready(node_id(name, 1), 0), b"1")
                 wrote.append("beats")
+            for proc in Path("/proc").iterdir():  # the secret is on no command line (issue 34)
+                with contextlib.suppress(OSError):
+                    if proc.name.isdigit() and secret_hex in (proc / "cmdline").read_bytes():
+                        wrote.append(f"argv of {proc.name}")
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -122,6 +122,7 @@ def test_two_machines_train_the_default_job(ssh_args, tmp_path):
     assert summary["test_accuracy"] >= 0.95, summary
     assert f"[{HOSTS[0]}] [launcher] rank 0/4 (node 0/2" in out.stderr  # rank 0 on the first host, as listed
     assert f"ranks 2-3 on {HOSTS[1]}" in out.stderr
+    assert "store signed with the job's secret" in (tmp_path / "logs" / "rank-3.log").read_text()  # over stdin
 
 
 # three of the six (local and sim run all six): a script, and the trainer before and inside a collective

@@ -30,6 +30,7 @@ from ..env import DistEnv
 from ..failures import Failure
 from ..failures import report as report_failures
 from ..logs import rank_log_path
+from ..secret import Secret
 from .mode import BaseMode, LaunchPlan
 from .slurm_task import SlurmTask, node_range
 
@@ -142,7 +143,12 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
     from submitit.core.utils import FailedJobError
 
     try:
-        submitted = executor(job).submit(SlurmTask(job.run_dir))
+        ex, c = executor(job), job.cluster
+        assert isinstance(c, SlurmClusterConfig)  # (executor refuses any other)
+        private = Path(job.run_dir) / c.folder  # the pickled task carries the job's secret: its owner's only
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private.chmod(0o700)
+        submitted = ex.submit(SlurmTask(job.run_dir, Secret.new()))
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
     layout = f"{plan.world_size} task(s) on {plan.nodes} node(s)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from ..config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..files import write_json_atomic
+from ..secret import Secret
 from .mode import LaunchPlan, StartedMode
 from .ports import port_in_use
 
@@ -42,12 +44,15 @@ def node_range(c: ClusterConfig) -> str:
 
 
 class SlurmTask:
-    """What each Slurm task runs (pickled by submitit): one rank of the frozen job."""
+    """What each Slurm task runs (pickled by submitit into the job's submitit folder, which only its owner can
+    read): one rank of the frozen job, with the job's secret (``launcher.secret``; the same after a requeue)."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, secret: Secret) -> None:
         self.run_dir = run_dir
+        self.secret = secret.environ()
 
     def __call__(self) -> Any:
+        os.environ.update(self.secret)  # the rank takes it out of its environment (rank_work)
         return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
 
 
