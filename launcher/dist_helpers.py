@@ -63,16 +63,22 @@ def all_gather_object(obj: object, abort: Optional[Abort] = None, secret: Option
     if abort is None and secret is None:
         dist.all_gather_object(out, obj)
         return out
-    data = torch.frombuffer(bytearray(signed.dumps(obj, secret)), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in out]
-    wait(dist.all_gather(sizes, torch.tensor([data.numel()]), async_op=True), abort)
+    at = _device()
+    data = torch.frombuffer(bytearray(signed.dumps(obj, secret)), dtype=torch.uint8).to(at)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=at) for _ in out]
+    wait(dist.all_gather(sizes, torch.tensor([data.numel()], device=at), async_op=True), abort)
     longest = int(max(s.item() for s in sizes))
-    parts = [torch.empty(longest, dtype=torch.uint8) for _ in out]
+    parts = [torch.empty(longest, dtype=torch.uint8, device=at) for _ in out]
     wait(dist.all_gather(parts, torch.nn.functional.pad(data, (0, longest - data.numel())), async_op=True), abort)
     return [
-        signed.loads(part[: int(size.item())].numpy().tobytes(), secret, f"rank {rank}")
+        signed.loads(part[: int(size.item())].cpu().numpy().tobytes(), secret, f"rank {rank}")
         for rank, (part, size) in enumerate(zip(parts, sizes))
     ]
+
+
+def _device() -> torch.device:
+    """Where the default group's collectives take their tensors: the current GPU under nccl, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def broadcast_object(
@@ -85,15 +91,17 @@ def broadcast_object(
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
-    mine = get_rank() == src
+    mine, at = get_rank() == src, _device()
     data = signed.dumps(obj, secret) if mine else b""
-    size = torch.tensor([len(data)], dtype=torch.int64)
+    size = torch.tensor([len(data)], dtype=torch.int64, device=at)
     wait(dist.broadcast(size, src=src, async_op=True), abort)
     payload = (
-        torch.frombuffer(bytearray(data), dtype=torch.uint8) if mine else torch.empty(int(size), dtype=torch.uint8)
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(at)
+        if mine
+        else torch.empty(int(size.item()), dtype=torch.uint8, device=at)
     )
     wait(dist.broadcast(payload, src=src, async_op=True), abort)
-    return obj if mine else signed.loads(payload.numpy().tobytes(), secret, f"rank {src}")
+    return obj if mine else signed.loads(payload.cpu().numpy().tobytes(), secret, f"rank {src}")
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def node_pairs(nodes: int) -> list[tuple[int, int]]:
 
 
 def time_links(
-    env: DistEnv, device: torch.device, timeout_s: float | None = None
+    env: DistEnv, device: torch.device, timeout_s: float | None = None, peers: dist_helpers.Peers = dist_helpers.Peers()
 ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
     """Collective: (node -> intra-node allreduce s, (node a, node b) -> leaders' allreduce s), on every rank."""
     from .comm import Topology  # the sync engine's groups: ranks of my node, leaders
@@ -133,7 +133,7 @@ def time_links(
                 if env.rank == nodes[a][0]:
                     mine[(a, b)] = seconds
             dist_helpers.barrier()  # one pair at a time
-        gathered = dist_helpers.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
+        gathered = peers.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
                 dist.destroy_process_group(group)
@@ -182,11 +182,12 @@ def run_doctor(
     use_gpu: bool,
     log_report: bool = True,
     timeout_s: float | None = None,
+    peers: dist_helpers.Peers = dist_helpers.Peers(),
 ) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
-    logs the report unless the launcher prints it)."""
-    facts = dist_helpers.all_gather_object(rank_facts(env, use_gpu))
-    intra, links = time_links(env, device, timeout_s)
+    logs the report unless the launcher prints it). ``peers``: the job's secret signs the gathered facts."""
+    facts = peers.all_gather_object(rank_facts(env, use_gpu))
+    intra, links = time_links(env, device, timeout_s, peers)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]
     problems += verdict(intra, links, hosts)

@@ -14,6 +14,7 @@ import torch
 
 from .config import JobConfig
 from .devices import rank_device
+from .dist_helpers import Peers
 from .env import TORCHRUN_VARS, DistEnv
 from .failures import FailureLog
 from .faults import faults_for
@@ -101,7 +102,13 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
             from .doctor import run_doctor
 
             report = run_doctor(
-                env, device, job.run_dir, device.type == "cuda", log_report=job.preflight, timeout_s=job.comm.timeout_s
+                env,
+                device,
+                job.run_dir,
+                device.type == "cuda",
+                log_report=job.preflight,
+                timeout_s=job.comm.timeout_s,
+                peers=Peers(secret=secret),
             )
             if job.doctor:
                 return report

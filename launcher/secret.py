@@ -1,15 +1,16 @@
 """The job's secret: only the job's own processes speak in its stores and its object collectives.
 
-The head makes a fresh one for every job it starts (``Secret.new``) and hands it on without a command line or a
-file: to local processes (the keeper, simulated nodes, the local agent and so the ranks) in their environment
+The head makes a fresh one for every job it starts (``Secret.new``) and hands it on without a command line: to
+local processes (the keeper, simulated nodes, the local agent and so the ranks) in their environment
 (``SECRET_ENV``, readable by their owner only: /proc/PID/environ is 0400), to ssh hosts as the first line of the
-connection's stdin (``line`` / ``read_line``). A process that reads it takes it out of its environment, so what it
-starts later (data-loader workers, a user's subprocess) does not inherit it by accident.
+connection's stdin (``line`` / ``read_line``), to Slurm tasks inside the task submitit pickles into a folder only
+its owner can read. A rank takes it out of its environment as it starts, so what it starts later (data-loader
+workers, a user's subprocess) does not inherit it; a node process puts it back in its own for the agent's workers.
 
 Two uses (``launcher.signed``): every key the launcher writes to a store lives under a namespace derived from the
-secret (a process without it cannot name, so cannot overwrite, any of the job's keys), and every value carries an
-HMAC-SHA256 over its key and bytes (a value that does not verify is ignored, or refused before it is unpickled).
-No torch here: the head uses it too."""
+secret (a stranger cannot guess the job's keys; torch's TCPStore lets any client list them, so this is not what
+stops forgery), and every value carries an HMAC-SHA256 over its key and bytes (a value that does not verify is
+ignored, or refused before it is unpickled). No torch here: the head uses it too."""
 
 from __future__ import annotations
 

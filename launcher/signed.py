@@ -1,6 +1,8 @@
-"""The job's secret at work (``launcher.secret``): a store whose keys only the job can name and whose values only
-the job can write (``SignedStore``), and pickles that are refused before unpickling unless a job's process made
-them (``dumps`` / ``loads``)."""
+"""The job's secret at work (``launcher.secret``): a store whose keys live under a namespace derived from the
+secret and whose values only the job's processes can sign (``SignedStore``), and pickles that are refused before
+unpickling unless a job's process made them (``dumps`` / ``loads``). A store has no access control: a client that
+lists its keys (TCPStore's ``list_keys``) can still delete or overwrite a value, hiding it (a denial of service
+the network must prevent), but never make the launcher act on a value of its own."""
 
 from __future__ import annotations
 

@@ -210,7 +210,8 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
     writes its own decision. Only node-1 is lost, after ``lost_after_s``, in the store and on stdout; the stranger's
     values are ignored and said once each. The head then says node-1 answers again (a new node process, start 1,
     two ranks): once both its ranks are ready it joins (a forged ready mark does not count; the round it joins is in
-    the store for it); the old process beating again counts for nothing: the new one, silent, is lost again.
+    the store for it); the old process beating again counts for nothing: the new one, silent, is lost again. The
+    stranger also replays node-1's own old signed heartbeats: a count that does not grow is no beat.
     node-0, silent all along, never is."""
     import time
     from datetime import timedelta
@@ -239,17 +240,23 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
             stranger.set(key, value)
             plain.set(key, value)
 
+        beat_key = store._key(Keys.heartbeat(node_id("node-1", 0)))
+        old_beats = []  # node-1's real signed heartbeats, as a stranger listing the keys can read them
         for count in range(1, 4):
             time.sleep(0.2)  # the heartbeat's pace (a node beats every 0.5 s)
             for name in ("node-0", "node-1"):
                 store.set(Keys.heartbeat(node_id(name, 0)), str(count))
+            old_beats.append(client.get(beat_key))
         silent = time.time()
         store.set(Keys.done(node_id("node-0", 0)), "1")
         forged = Decision(round=1, members=("node-1",), before=("node-0", "node-1"), stop="forged by a stranger")
         forge(Keys.round_end(0), forged.to_bytes())  # the issue's forgery: ignored by every reader
         assert store.read(Keys.round_end(0)) is None
-        for count in range(4, 12):  # the stranger keeps node-1 "alive": no heartbeat that verifies
-            forge(Keys.heartbeat(node_id("node-1", 0)), str(count).encode())
+        for count in range(4, 24):  # the stranger keeps node-1 "alive": no heartbeat that verifies, old ones replayed
+            if count % 2:
+                forge(Keys.heartbeat(node_id("node-1", 0)), str(count).encode())
+            else:
+                client.set(beat_key, old_beats[count % 3])
             if store.check([Keys.round_end(0)]) and store.read(Keys.round_end(0)) is not None:
                 break
             time.sleep(0.2)

@@ -16,10 +16,9 @@ zeroed views, then dividing the bucket, costs twice the memory passes: bench/red
 ``zero_grad(set_to_none=False)`` keeps that mode). Under ``no_sync()`` autograd accumulates into the views. A
 post-accumulate-grad hook counts each bucket's gradients; once complete, its allreduce (flat, or node-first) is
 launched asynchronously, strictly in index order, the same on every rank whatever order gradients arrive in. One
-wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged gradients (the time waited
-is the exposed communication, ``last_wait_s``). With the forward overlap (``optimizer=`` given, the default then)
-backward returns without waiting and ``step()`` replaces ``optimizer.step()``. The README's "Our reducer vs torch
-DDP" table lists each behaviour with its parity test.
+wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged gradients (the time waited is
+the exposed communication, ``last_wait_s``). Forward overlap (``optimizer=`` given, the default then): backward
+returns at once, ``step()`` replaces ``optimizer.step()``. README, "Our reducer vs torch DDP": the parity tests.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from ..abort import Abort, abortable
+from ..abort import abortable
+from ..dist_helpers import Peers
 from . import trace
 from .buckets import Bucket, build_buckets, sparse_allreduce
 from .collectives import start_allreduce
@@ -58,17 +58,17 @@ class BucketedReducer:
         optimizer: torch.optim.Optimizer | None = None,
         overlap: str | None = None,
         chunk_mb: float = 1.0,
-        abort: Abort | None = None,
+        peers: Peers | None = None,
     ) -> None:
         """``overlap``: None = "forward" where allowed (else "backward", why in ``overlap_reason``); "forward" asked
-        for where not is a ValueError. ``abort``: bucket waits left when it trips (healing; ``launcher.abort``)."""
+        for where not is a ValueError. ``peers``: waits left when its abort trips, objects signed (healing, secret)."""
         if chunk_mb <= 0:
             raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
         self.overlap, self.overlap_reason = choose_overlap(overlap, optimizer, find_unused_parameters)
-        self.optimizer, self.abort = optimizer, abort
-        self.model, self.topology, self.world_size = model, topology, topology.world_size
-        self.hierarchical, self.find_unused_parameters = hierarchical, find_unused_parameters
-        self.state = ModelState(model, self.world_size, broadcast_buffers)  # broadcasts rank 0's state
+        self.optimizer, self.abort, self.model = optimizer, (peers or Peers()).abort, model
+        self.topology, self.world_size, self.hierarchical = topology, topology.world_size, hierarchical
+        self.find_unused_parameters = find_unused_parameters
+        self.state = ModelState(model, self.world_size, broadcast_buffers, peers)  # broadcasts rank 0's state
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in named}
         self.buckets, self.where = build_buckets(model, [p for _, p in reversed(named)], first_bucket_mb, bucket_cap_mb)

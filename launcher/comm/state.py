@@ -11,17 +11,21 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..dist_helpers import Peers
 
-def check_same_model(model: nn.Module) -> None:
-    """Every rank must hold the same parameters and buffers, in one order: name the first difference."""
+
+def check_same_model(model: nn.Module, peers: Optional[Peers] = None) -> None:
+    """Every rank must hold the same parameters and buffers, in one order: name the first difference (``peers``:
+    the job's secret signs the gathered objects, its abort signal leaves the gather)."""
     mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
     mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    everyone = (peers or Peers()).all_gather_object(mine)
     for rank, theirs in enumerate(everyone):
         for i in range(max(len(theirs), len(everyone[0]))):
             ours = everyone[0][i] if i < len(everyone[0]) else None
@@ -37,7 +41,9 @@ def check_same_model(model: nn.Module) -> None:
 class ModelState:
     """One model's parameters and buffers, the same on every rank."""
 
-    def __init__(self, model: nn.Module, world_size: int, broadcast_buffers: bool) -> None:
+    def __init__(
+        self, model: nn.Module, world_size: int, broadcast_buffers: bool, peers: Optional[Peers] = None
+    ) -> None:
         self.model = model
         self.world_size = world_size
         self.broadcast_buffers = broadcast_buffers
@@ -45,7 +51,7 @@ class ModelState:
         self.buffers = list(model.buffers())
         self.buffers_due = True  # DDP's require_forward_param_sync
         if world_size > 1:
-            check_same_model(model)
+            check_same_model(model, peers)
             with torch.no_grad():
                 for tensor in [*model.parameters(), *(self.buffers if broadcast_buffers else [])]:
                     dist.broadcast(tensor, src=0)

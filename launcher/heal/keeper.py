@@ -61,12 +61,13 @@ class Keeper:
 
     def silent(self, now: float) -> tuple[dict[str, str], float]:
         """The members whose heartbeat has been silent too long (name -> why), and the earliest it stopped. A node
-        never heard yet is not lost (its process is starting); a stranger's value in its place is no beat."""
+        never heard yet is not lost (its process is starting); a stranger's value in its place, or an old signed one
+        replayed (the count must grow), is no beat."""
         lost, since = {}, now
         for name in self.rounds.live:
             me = node_id(name, self.starts.get(name, 0))
             count, last = self.beats(me), self.heard.get(name)
-            if count is not None and (last is None or count != last[0]):
+            if count is not None and (last is None or count > last[0]):  # (an old value replayed is no beat)
                 self.heard[name] = (count, now)
             elif last is not None and now - last[1] > self.silence and self.view.read(Keys.done(me)) is None:
                 lost[name] = f"no heartbeat for {now - last[1]:.1f} s (cluster.lost_after_s={self.silence:g})"

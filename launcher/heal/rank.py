@@ -134,10 +134,10 @@ class Healer:
     def end_of_round(self) -> Optional[Decision]:
         """The keeper's decision ending this round: there already, or within ``lost_after_s`` and a second (a killed
         peer's reset connection reaches the ranks before its heartbeat is missed); None: no machine was lost."""
-        deadline = time.monotonic() + self.lost_after_s + 1.0
+        limit_s = self.lost_after_s + 1.0
         try:
-            return self._poll(lambda: self._decision(self.number), lambda: "", deadline=deadline)
-        except TimeoutError:  # no decision: this was no loss of a machine
+            return self._poll(lambda: self._decision(self.number), lambda: "no decision", limit_s=limit_s)
+        except (HealStop, RuntimeError, OSError):  # no decision (or no keeper to ask): this was no loss of a machine
             return None
 
     def _decision(self, number: int) -> Optional[Decision]:
@@ -157,15 +157,13 @@ class Healer:
         store = self.store
         joined = self._poll(lambda: store.read(Keys.joined(node)), lambda: f"{self.place.name} was not let in")
         self.number = int(joined) - 1
-        decision = self._decision(self.number)
-        assert decision is not None, "the keeper writes a round's end before it lets a machine in"
-        return decision
+        return self._poll(lambda: self._decision(self.number), lambda: f"round {self.number}'s end was not written")
 
-    def _poll(self, answer: Callable[[], Any], what: Callable[[], str], deadline: Optional[float] = None) -> Any:
+    def _poll(self, answer: Callable[[], Any], what: Callable[[], str], limit_s: Optional[float] = None) -> Any:
         """Ask the keeper's store every ``POLL_S`` until ``answer()`` is not None. A joining rank leaves if the job
-        trained to its end meanwhile; HealStop after ``CHECK_IN_S`` (a joining rank: the group's timeout; the
-        others reach a step boundary first); TimeoutError at ``deadline`` when one is given."""
-        limit_s = self.timeout_s if self.joins else CHECK_IN_S
+        trained to its end meanwhile; HealStop after ``limit_s``, by default ``CHECK_IN_S`` (a joining rank: the
+        group's timeout; the others reach a step boundary first)."""
+        limit_s = limit_s or (self.timeout_s if self.joins else CHECK_IN_S)
         stop_at = time.monotonic() + limit_s
         tick = threading.Event()  # never set: the pace of the questions
         assert self.store is not None
@@ -173,8 +171,6 @@ class Healer:
             if self.joins and self.store.read(Keys.TRAINED) is not None:
                 log.warning("the job trained to its end before %s could join: leaving", self.place.name)
                 raise SystemExit(0)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(what())
             if time.monotonic() > stop_at:
                 raise HealStop(f"{what()} within {limit_s:.0f} s; the job stops")
             tick.wait(POLL_S)

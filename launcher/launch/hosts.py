@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..membership import Membership
+from ..secret import SECRET_ENV
 from .host_check import token_path
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
@@ -140,7 +141,9 @@ def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
 def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
     prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
     names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
-    return {k: v for k, v in sorted(os.environ.items()) if k in names or k.startswith(prefixes)}
+    return {  # never the job's secret: it goes over the connection's stdin, not on a command line
+        k: v for k, v in sorted(os.environ.items()) if (k in names or k.startswith(prefixes)) and k != SECRET_ENV
+    }
 
 
 def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
@@ -150,7 +153,7 @@ def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
     cwd = shlex.quote(os.getcwd())
     lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
     if c.setup:
-        lines.append("{ " + " && ".join(c.setup) + f"; }} || exit {SETUP_FAILED}")
+        lines.append("{ " + " && ".join(c.setup) + f"; }} </dev/null || exit {SETUP_FAILED}")  # stdin: the secret
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items())
     lines.append(f"exec env {env} {shlex.join(argv)}")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from ..env import DistEnv
 from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
 from ..rank_work import run_rank_work
-from ..secret import Secret
+from ..secret import SECRET_ENV, Secret
 from .agent import agent_config, run_agent
 from .mode import BaseMode, LaunchPlan
 from .ports import check_port
@@ -111,6 +111,9 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         endpoint = f"{c.master_addr}:{c.master_port}"
         config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)
         return run_agent(job, config, node=node)
-    os.environ.update(Secret.new().environ())  # a fresh one for this job: its ranks take it out of the environment
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
-    return run_agent(job, config)
+    os.environ.update(Secret.new().environ())  # a fresh one for this job: the agent's workers inherit it
+    try:
+        return run_agent(job, config)
+    finally:
+        os.environ.pop(SECRET_ENV, None)  # not the next job's of a sweep, nor anything this process starts later

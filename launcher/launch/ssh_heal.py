@@ -48,7 +48,7 @@ def keeper_addr(hosts: list[str], facts: list[dict]) -> str:
 
 @dataclass
 class SshRejoin:
-    """``healing.Rejoin`` over ssh: a lost host answers again when it passes the host checks, reaching this head
+    """``heal.head.Rejoin`` over ssh: a lost host answers again when it passes the host checks, reaching this head
     at the keeper's address; its node process then starts as the others did, to join."""
 
     job: JobConfig
@@ -109,7 +109,7 @@ def run_healing_attempt(  # noqa: PLR0913
     secret: Secret,
 ) -> tuple[int, list[str]]:
     """One attempt of a job that heals in place: the keeper on this head, a node process per host without agents'
-    rendezvous; a lost host's survivors go on (``healing.wait_healing``). The exit code, and no host to skip."""
+    rendezvous; a lost host's survivors go on (``heal.head.wait_healing``). The exit code, and no host to skip."""
     addr = keeper_addr(hosts, facts)
     keeper = KeeperClient([], addr, free_port(addr), members.attempt, members.min_nodes, c.lost_after_s, hosts, secret)
     lock = threading.Lock()

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..abort import Abort
 from ..comm import Topology, hierarchical_hook
 from ..comm.collectives import AbortableHook, abortable_hook
 from ..comm.policy import bucket_cap_mb, measure_link
@@ -21,6 +20,7 @@ from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
 from ..comm.strategy import StrategyChoice, choose
 from ..config import CommConfig
+from ..dist_helpers import Peers
 from ..env import DistEnv
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,14 @@ class GradientSync:
         resumed_hierarchical: Optional[bool] = None,
         resumed_cap_mb: Optional[float] = None,
         whole_gradient: Optional[str] = None,
-        abort: Optional[Abort] = None,
+        peers: Optional[Peers] = None,
     ) -> None:
         """``whole_gradient``: why the optimizer step needs every synchronised gradient at once (clipping, the fp16
         scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer.
-        ``abort``: healing in place: every bucket's wait is left when it trips (``launcher.abort``)."""
-        self.model, self.abort = model, abort
+        ``peers``: the abort signal (healing in place: every bucket's wait is left when it trips) and the job's
+        secret (signed object collectives)."""
+        self.model = model
+        self.abort = abort = (peers or Peers()).abort
         self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB) * MB)) // 4)
@@ -77,7 +79,7 @@ class GradientSync:
                 broadcast_buffers=cfg.broadcast_buffers,
                 optimizer=None if whole_gradient else optimizer,
                 overlap=None if cfg.overlap == "forward" and not whole_gradient else "backward",  # forward where it can
-                abort=abort,
+                peers=peers,
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"

@@ -136,7 +136,7 @@ class Trainer(Checkpointing, Healing, Records):
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
             whole_gradient=whole_gradient_reason(t, job.optim),
-            abort=self.peers.abort,
+            peers=self.peers,
         )
         loading = {"workers": job.data.num_workers, "pin": self.device.type == "cuda"}
         world, rank = env.world_size, env.rank
