@@ -222,14 +222,16 @@ def test_ssh_forwards_the_launchers_variables_and_quotes_them(monkeypatch):
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "off",
         "WANDB_DIR": "/w",
+        "LAUNCHER_SECRET": "ab" * 32,  # a by-hand user's: never on a command line (issue 34)
     }.items():
         monkeypatch.setenv(name, value)
     c = SshClusterConfig(nodes=1, hosts=["a"], env=["MY_TOKEN", "WANDB_*"], setup=["source /v/bin/activate"])
     env = forwarded_env(c)
     assert {"LAUNCHER_FAULT", "NCCL_DEBUG", "MY_TOKEN", "OMP_NUM_THREADS", "WANDB_MODE", "WANDB_DIR"} <= set(env)
-    assert "HOME" not in env
+    assert "HOME" not in env and "LAUNCHER_SECRET" not in env
     shell = remote_shell(c, ["/py", "-m", "x"])
-    assert "MY_TOKEN='a b'\"'\"'c'" in shell and "{ source /v/bin/activate; } || exit 96" in shell
+    assert "MY_TOKEN='a b'\"'\"'c'" in shell and "ab" * 32 not in shell
+    assert "{ source /v/bin/activate; } </dev/null || exit 96" in shell  # the setup cannot read the secret line
     assert shell.splitlines()[-1].endswith(" /py -m x")
 
 
