@@ -81,24 +81,36 @@ def chunk_order(topo, rank) -> dict:
 
 
 def flushed(topo, rank) -> dict:
-    """Parameters after step() (stale: updates wait for the next forward) and after flush(), vs one process."""
+    """Parameters after step() (stale: updates wait for the next forward) and after flush(), vs one process.
+
+    In the last pass of rank ``c`` (each rank in turn) every other rank starts its backward only once ``c`` has
+    read its parameters after step(): ``c``'s last buckets cannot have been reduced then, so an update is
+    pending on every box, however loaded (a store key, not a sleep, orders it)."""
     model, reference = deep(), deep()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     reducer = reducer_for(model, topo, opt)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
-    steps = WARMUP_STEPS + 2
-    for step in range(steps):
+    store = dist.distributed_c10d._get_default_store()
+    differs = lambda: max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))  # noqa: E731
+    got: dict = {}
+    for step in range(WARMUP_STEPS + WORLD):
+        checker = step - WARMUP_STEPS  # the rank that checks in this pass (none in the warm-up)
+        if checker >= 0 and rank != checker:
+            store.wait([f"flushed-{checker}"])
         opt.zero_grad()
         one_step(model, reducer, step, rank)
         ref_opt.zero_grad()
         xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
         F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
         ref_opt.step()
-    pending = sum(b.claimed for b in reducer.buckets)
-    differs = lambda: max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))  # noqa: E731
-    before = differs()
-    reducer.flush()
-    return {"pending": pending, "before": before, "after": differs()}
+        if rank == checker:
+            got = {"pending": sum(b.claimed for b in reducer.buckets), "before": differs()}
+            store.set(f"flushed-{checker}", "read")
+        if checker >= 0:
+            reducer.flush()
+        if rank == checker:
+            got["after"] = differs()
+    return got
 
 
 def closed(topo, rank) -> dict:

@@ -31,7 +31,8 @@ from .stragglers import Stragglers
 from .verdict import Hang, find_hang
 
 log = logging.getLogger("launcher.watch")
-STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen)
+STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen) ...
+SILENT_MIN_S = 3.0  # ... or older than comm.hang_warn_s, when that is shorter (three missed beats at least)
 ANSWER_WAIT_S = 6.0  # how long a hang report waits for the ranks' stacks
 
 
@@ -63,6 +64,8 @@ class Reporter:
         self.run_dir, self.env, self.dir = Path(run_dir), env, folder
         self.timeout_s = timeout_s
         self.warn_s = min(warn_s, 0.75 * timeout_s)  # a report (with stacks) always comes before the end
+        # a stopped rank is named silent by the time its hang is reported, however short comm.timeout_s is
+        self.stale_s = max(SILENT_MIN_S, min(STALE_S, self.warn_s))
         self.ranks: dict[int, dict[str, Any]] = {}
         self.request: dict[str, Any] | None = None
         self.reported: tuple[Any, ...] | None = None
@@ -88,7 +91,7 @@ class Reporter:
             self._read(rank)
         if self.env.rank == 0:
             self.stragglers.update(self.ranks, self.dir, now_ns)
-        hang = find_hang(self.ranks, self.env.world_size, now_ns, STALE_S)
+        hang = find_hang(self.ranks, self.env.world_size, now_ns, self.stale_s)
         if hang is None or hang.stalled_s < self.warn_s:  # moving: a stall shorter than warn_s is a new one
             if self.reported is not None:
                 self.say("hang over: every rank is moving again")  # a later hang is reported anew
