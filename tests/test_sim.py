@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from helpers import HEAL_JOB, plan, run_launcher, stranger_writing
 from launcher.config import ConfigError
@@ -272,6 +273,31 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
     assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
     assert_same_trajectory(final_state(tmp_path), final_state(one_process_heal_job))
+
+
+def test_fp16_with_accumulation_heals_and_keeps_its_gradient_scaler(tmp_path):
+    """fp16 (a gradient scaler) and 2 micro-batches per step on 2 simulated nodes: node 1 is killed inside step 6's
+    backward; the survivor heals in place and its scaler goes on, not afresh: from each step's checkpoint to the
+    next the growth tracker counts one more step at the same scale, or (an overflow) restarts at 0 with half the
+    scale; a scaler rebuilt by the heal would restart at 1 with 2**16."""
+    job = ("train.max_steps=10", "train.precision=fp16", "train.accumulate_steps=2", "train.log_every_steps=1")
+    saves = ("train.checkpoint_every_steps=1", "train.keep_checkpoints=10")
+    sim = ("+cluster=sim", "cluster.nodes=2", "cluster.min_nodes=1")
+    faults = "step=6,rank=1,signal=KILL,target=node,backward"
+    result = run_launcher(*HEAL_JOB[1:], *job, *saves, *sim, run_dir=tmp_path, env={"LAUNCHER_FAULT": faults})
+    err = result.stderr
+    assert result.returncode == 0, err[-3000:]
+    assert "launcher: lost node-1 (its agent was killed by SIGKILL): the survivors heal in place" in err, err[-3000:]
+    assert "resumed from /" not in err and "restarting" not in err
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
+    assert [s for s in steps if s] == list(range(1, 11)) + [10], steps
+    scalers = [
+        (s["step"], s["stepper"]["scaler"]["scale"], s["stepper"]["scaler"]["_growth_tracker"])
+        for s in (torch.load(p, weights_only=True) for p in sorted((tmp_path / "checkpoints").glob("step-*.pt")))
+    ]
+    assert [step for step, *_ in scalers] == list(range(1, 11)) and scalers[0][1:] == (2.0**16, 1), scalers
+    for (_, scale, tracker), (step, next_scale, next_tracker) in zip(scalers, scalers[1:]):
+        assert (next_scale, next_tracker) in ((scale, tracker + 1), (scale / 2, 0)), (step, scalers)
 
 
 def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
