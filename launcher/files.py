@@ -1,7 +1,8 @@
 """Writing run-dir files so that a reader (another rank, node, or the launcher) never sees half of one.
 
-One helper for every such file: write to a temporary name beside the target, fsync, rename over it (atomic on
-POSIX file systems, NFS included), with permissions set explicitly rather than left to the caller's umask.
+One helper for every such file: write to a fresh temporary file beside the target (``tempfile.mkstemp``: an
+unpredictable name, created exclusively, so a link planted there is never followed), fsync, rename over it (atomic
+on POSIX file systems, NFS included), with permissions set explicitly rather than left to the caller's umask.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,8 +24,8 @@ def atomic_file(path: str | Path, mode: int = FILE_MODE, sync: bool = True) -> I
     every second, whose loss in a crash costs nothing) when the block ends without an error; on an error the
     temporary file is removed and ``path`` is untouched."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:

@@ -2,10 +2,11 @@
 
 The head makes a fresh one for every job it starts (``Secret.new``) and hands it on without a command line: to
 local processes (the keeper, simulated nodes, the local agent and so the ranks) in their environment
-(``SECRET_ENV``, readable by their owner only: /proc/PID/environ is 0400), to ssh hosts as the first line of the
-connection's stdin (``line`` / ``read_line``), to Slurm tasks inside the task submitit pickles into a folder only
-its owner can read. A rank takes it out of its environment as it starts, so what it starts later (data-loader
-workers, a user's subprocess) does not inherit it; a node process puts it back in its own for the agent's workers.
+(``SECRET_ENV``, readable by their owner only: /proc/PID/environ is 0400), to ssh hosts in the first line of the
+connection's stdin (``handoff_line`` / ``read_handoff``, with the environment the head forwards), to Slurm tasks
+inside the task submitit pickles into a folder only its owner can read. A rank takes it out of its environment as
+it starts, so what it starts later (data-loader workers, a user's subprocess) does not inherit it; a node process
+keeps it in its own for the agent's workers.
 
 Two uses (``launcher.signed``): every key the launcher writes to a store lives under a namespace derived from the
 secret (a stranger cannot guess the job's keys; torch's TCPStore lets any client list them, so this is not what
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -59,10 +61,6 @@ class Secret:
         """What a child process's environment needs to carry it."""
         return {SECRET_ENV: self._key.hex()}
 
-    def line(self) -> bytes:
-        """The secret as the first line of a stdin (ssh)."""
-        return self._key.hex().encode() + b"\n"
-
     def __repr__(self) -> str:
         return "Secret(<hidden>)"
 
@@ -85,16 +83,25 @@ class Secret:
         return hmac.new(self._key, key.encode() + b"\0" + value, hashlib.sha256).digest()
 
 
-def read_line(fd: int = 0) -> Secret:
-    """The secret from the first line of ``fd`` (an ssh node process's stdin), read a byte at a time so nothing
-    after it (the head's control words) is taken from the stream."""
+def handoff_line(environ: dict[str, str]) -> bytes:
+    """Environment variables as the first line of a stdin (ssh: the job's secret and the forwarded environment,
+    ``cluster.env`` included, never on a command line)."""
+    return json.dumps(environ, sort_keys=True).encode() + b"\n"
+
+
+def read_handoff(fd: int = 0) -> dict[str, str]:
+    """The variables of ``handoff_line`` from the first line of ``fd`` (an ssh node process's stdin), read a byte at
+    a time so nothing after it (the head's control words) is taken from the stream."""
     got = bytearray()
     while not got.endswith(b"\n"):
         chunk = os.read(fd, 1)
         if not chunk:
-            raise ValueError("the head closed stdin before it sent the job's secret")
+            raise ValueError("the head closed stdin before it sent the job's environment and secret")
         got += chunk
-    return Secret.from_hex(got.decode())
+    environ = json.loads(got)
+    if not isinstance(environ, dict) or not all(isinstance(v, str) for v in environ.values()):
+        raise ValueError("the first line of stdin is not the environment a launcher head sends")
+    return environ
 
 
 class Refusals:

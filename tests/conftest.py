@@ -97,11 +97,30 @@ def nothing_of_the_job_remains(request):
 @pytest.fixture(autouse=True, scope="module")
 def nothing_of_the_module_remains(tmp_path_factory):
     """After a test module, once its module fixtures are torn down (ranks a fixture spawned once for several tests,
-    the ssh machines' sshd and what ran on them): no process started under the session's temporary directory, and
-    no process of this one's is left."""
+    the ssh machines' sshd and what ran on them): no process started under the session's temporary directory, no
+    process of this one's is left, and nothing new in the temp dir."""
+    temp = Path(tempfile.gettempdir())
+    before = {p.name for p in temp.iterdir()}
     yield
     base = str(tmp_path_factory.getbasetemp()) + os.sep  # not a later run's pytest-NN when this one is pytest-N
     nothing_left(lambda: sorted({*processes_mentioning(base), *descendants(os.getpid())}), "the module")
+    new_in_temp(temp, before)
+
+
+OWN_TEMP = ("pytest-of-", "torchinductor_")  # pytest's base temp dir (it keeps the last runs); torch's cache dir is
+# removed once at the end of the session (torch_cache_dir_removed)
+
+
+def new_in_temp(temp: Path, before: set[str]) -> None:
+    """No entry the module's jobs made in the temp dir survives it (e.g. torch elastic's ``torchelastic_*`` log
+    dirs when no log dir is given): removed, and the module fails naming them."""
+    left = sorted(p for p in temp.iterdir() if p.name not in before and not p.name.startswith(OWN_TEMP))
+    for path in left:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    assert not left, f"left in {temp} by the module's jobs: " + ", ".join(p.name for p in left)
 
 
 @pytest.fixture(scope="session")

@@ -121,6 +121,41 @@ def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, en
 
 
 @contextlib.contextmanager
+def scanning_processes(needle: str) -> Iterator[dict[str, set[str]]]:
+    """While the block runs, every process's command line and environment on this host (the ssh test machines' and
+    simulated nodes' processes too: one kernel) are read every 50 ms. Yields what was found: ``argv``, the
+    command lines holding ``needle`` (must stay empty for a secret); ``ranks``, the RANK of each process whose
+    environment holds it (the value reached the ranks)."""
+    import threading
+
+    found: dict[str, set[str]] = {"argv": set(), "ranks": set()}
+    done, wanted = threading.Event(), needle.encode()
+
+    def scan() -> None:
+        while not done.wait(0.05):
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    argv = (proc / "cmdline").read_bytes()
+                    if wanted in argv:
+                        found["argv"].add(argv.replace(b"\0", b" ").decode(errors="replace")[:200])
+                    environ = (proc / "environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if any(wanted in v for v in environ):
+                    found["ranks"].update(v[5:].decode() for v in environ if v.startswith(b"RANK="))
+
+    thread = threading.Thread(target=scan, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        done.set()
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
 def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
     """A process without the job's secret that writes into a running healing job's keeper store for as long as the
     block runs, as in issue 34: it finds the keeper's port on its command line and writes forged decisions (the job

@@ -1,5 +1,7 @@
 """Checkpoints: atomic writes, pruning, map_location, and weights saved through wrappers (``module.``)."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -65,6 +67,20 @@ def test_atomic_save_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert torch.equal(ckpt.load(path)["x"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]  # no temp file left
+
+
+def test_atomic_write_follows_no_link_planted_beside_the_target(tmp_path):
+    """The temporary file is made by mkstemp: a link at any name a writer could predict (its pid) is not followed."""
+    from launcher.files import write_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    target = tmp_path / "summary.json"
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        (tmp_path / f".{target.name}.{pid}.tmp").symlink_to(victim)
+    write_atomic(target, "{}")
+    assert victim.read_text() == "untouched" and target.read_text() == "{}"
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
 
 
 def test_list_and_prune(tmp_path):

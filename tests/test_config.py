@@ -1,5 +1,7 @@
 """Bad input is refused before any process starts: exit code 2, the value and the fix named, no traceback."""
 
+import os
+
 import pytest
 
 from helpers import REPO, plan, run_launcher
@@ -202,6 +204,7 @@ def test_ssh_hostfile_slots_comments_and_first_host_as_master(tmp_path):
         ("a slots=2\nb\n", [], "the hostfile's slots differ (a: 2, b: none)"),
         ("a slots=2\n", ["cluster.procs_per_node=3"], "cluster.procs_per_node=3 but the hostfile gives a slots=2"),
         ("a\n", ["cluster.hosts=[b]"], "cluster.hosts and cluster.hostfile are both set"),
+        ("-oProxyCommand=x\n", [], "cluster.hosts: '-oProxyCommand=x' is not a host name (ssh would read a leading"),
     ],
 )
 def test_ssh_hostfile_errors_name_the_line_and_fix(tmp_path, text, overrides, message):
@@ -210,19 +213,23 @@ def test_ssh_hostfile_errors_name_the_line_and_fix(tmp_path, text, overrides, me
     assert message in str(info.value)
 
 
-def test_ssh_forwards_the_launchers_variables_and_quotes_them(monkeypatch):
+def test_ssh_forwards_the_launchers_variables_over_stdin_never_on_the_command_line(monkeypatch):
+    """cluster.env's values (tokens, keys) and the job's secret travel in the first line of the connection's stdin;
+    only paths and device lists are on the remote command line (issue 35)."""
     from launcher.config import SshClusterConfig
-    from launcher.launch.hosts import forwarded_env, remote_shell
+    from launcher.launch.hosts import forwarded_env, handoff, remote_shell
+    from launcher.secret import SECRET_ENV, Secret, read_handoff
 
     for name, value in {
         "LAUNCHER_FAULT": "step=5,rank=3",
         "NCCL_DEBUG": "INFO",
-        "MY_TOKEN": "a b'c",
+        "MY_TOKEN": "a b'c\nd",
         "HOME": "/x",
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "off",
         "WANDB_DIR": "/w",
-        "LAUNCHER_SECRET": "ab" * 32,  # a by-hand user's: never on a command line (issue 34)
+        "PYTHONPATH": "/src lib",
+        "LAUNCHER_SECRET": "ab" * 32,  # a by-hand user's: never forwarded (issue 34)
     }.items():
         monkeypatch.setenv(name, value)
     c = SshClusterConfig(nodes=1, hosts=["a"], env=["MY_TOKEN", "WANDB_*"], setup=["source /v/bin/activate"])
@@ -230,9 +237,18 @@ def test_ssh_forwards_the_launchers_variables_and_quotes_them(monkeypatch):
     assert {"LAUNCHER_FAULT", "NCCL_DEBUG", "MY_TOKEN", "OMP_NUM_THREADS", "WANDB_MODE", "WANDB_DIR"} <= set(env)
     assert "HOME" not in env and "LAUNCHER_SECRET" not in env
     shell = remote_shell(c, ["/py", "-m", "x"])
-    assert "MY_TOKEN='a b'\"'\"'c'" in shell and "ab" * 32 not in shell
+    assert shell.splitlines()[-1] == "exec env PYTHONPATH='/src lib' /py -m x", shell
+    assert "a b" not in shell and "ab" * 32 not in shell and "WANDB" not in shell and "step=5" not in shell
     assert "{ source /v/bin/activate; } </dev/null || exit 96" in shell  # the setup cannot read the secret line
-    assert shell.splitlines()[-1].endswith(" /py -m x")
+    secret = Secret.new()
+    line = handoff(c, secret)
+    reader, writer = os.pipe()
+    os.write(writer, line + b"INT\n")  # a control word after it stays in the stream
+    got = read_handoff(reader)
+    assert os.read(reader, 100) == b"INT\n"
+    os.close(reader), os.close(writer)
+    assert got["MY_TOKEN"] == "a b'c\nd" and got["WANDB_DIR"] == "/w" and got["LAUNCHER_FAULT"] == "step=5,rank=3"
+    assert "PYTHONPATH" not in got and Secret.from_environ(got, keep=True) is not None and got[SECRET_ENV] != "ab" * 32
 
 
 def test_by_hand_default_run_dir_is_the_same_on_every_machine():

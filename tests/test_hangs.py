@@ -184,7 +184,8 @@ def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
     "hang over"; the job finishes (nothing fails before comm.timeout_s). Started by torchrun: the watch runs in
     every entry (rank_work starts it), and rank 0's console is torchrun's."""
     env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "6", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}  # 4 s after
-    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher")
+    logs = f"--log-dir={tmp_path}/torchrun"  # torchrun's default: a torchelastic_* dir left in the temp dir
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", logs, "-m", "launcher")
     result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120, module=torchrun)
     err = result.stderr
     assert result.returncode == 0, err

@@ -6,6 +6,7 @@ After every test no process of the job may be left on any machine (``ip netns pi
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HEAL_JOB, REPO, run_launcher
+from helpers import HEAL_JOB, REPO, run_launcher, scanning_processes
 from launcher.train.checkpoint import verify
 from test_launch import assert_same_trajectory, final_state
 from test_root_cause import expect_root_cause, job_args, run_watched
@@ -115,8 +116,20 @@ def ssh_args(machines):
 
 
 def test_two_machines_train_the_default_job(ssh_args, tmp_path):
-    out = run_launcher(*ssh_args, "cluster.procs_per_node=2", run_dir=tmp_path)
+    """... and a token named in cluster.env reaches every rank on both machines without ever being on a command
+    line (issue 35: a shared login node's ``ps`` shows it otherwise), nor is the job's secret."""
+    token = "probe-" + secrets.token_hex(8)
+    with scanning_processes(token) as seen:
+        out = run_launcher(
+            *ssh_args,
+            "cluster.procs_per_node=2",
+            "cluster.env=[PROBE_TOKEN]",
+            run_dir=tmp_path,
+            env={"PROBE_TOKEN": token},
+        )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not seen["argv"], seen["argv"]
+    assert seen["ranks"] == {"0", "1", "2", "3"}, seen  # the value arrived, in the ranks' environment
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["nodes"], summary["hosts"]) == (4, 2, HOSTS)
     assert summary["test_accuracy"] >= 0.95, summary

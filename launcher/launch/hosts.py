@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..membership import Membership
-from ..secret import SECRET_ENV
+from ..secret import SECRET_ENV, Secret, handoff_line
 from .host_check import token_path
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
@@ -36,6 +36,9 @@ SSH_OPTIONS = (
 SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
 FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
 FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
+# on the remote command line (python's start and a host check need them; paths and device lists, never secrets);
+# every other forwarded variable, cluster.env's included, goes over the connection's stdin with the job's secret
+ON_COMMAND_LINE = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
 NO_CWD, SETUP_FAILED, NOT_FOUND = 97, 96, 127  # exit codes of the remote shell prelude
 
 
@@ -78,6 +81,13 @@ def resolve_hosts(cluster: DictConfig) -> None:
         where = f"cluster.hostfile={cluster.hostfile!r} lists no host" if cluster.hostfile else "no hosts given"
         raise ConfigError(f"+cluster=ssh: {where}; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH")
     hosts = [host for host, _ in listed]
+    for host in hosts:
+        if not host or host.startswith("-") or any(ch.isspace() or not ch.isprintable() for ch in host):
+            raise ConfigError(
+                f"cluster.hosts: {host!r} is not a host name (ssh would read a leading '-' as an option; no "
+                "whitespace or control characters); HINT: a name or address ssh reaches, e.g. node1, user@node1, "
+                "10.0.0.2"
+            )
     if dups := sorted({h for h in hosts if hosts.count(h) > 1}):
         raise ConfigError(
             f"cluster.hosts lists {', '.join(dups)} more than once; HINT: one entry per machine, "
@@ -141,9 +151,16 @@ def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
 def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
     prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
     names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
-    return {  # never the job's secret: it goes over the connection's stdin, not on a command line
+    return {  # never a secret of this process's own: the head's job secret is handed off with these
         k: v for k, v in sorted(os.environ.items()) if (k in names or k.startswith(prefixes)) and k != SECRET_ENV
     }
+
+
+def handoff(c: SshClusterConfig, secret: Secret) -> bytes:
+    """The first line a host's node process reads from its stdin: the forwarded environment not on its command
+    line (``cluster.env``'s values: tokens, keys) and the job's secret."""
+    env = {k: v for k, v in forwarded_env(c).items() if k not in ON_COMMAND_LINE}
+    return handoff_line({**env, **secret.environ()})
 
 
 def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
@@ -154,8 +171,8 @@ def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
     lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
     if c.setup:
         lines.append("{ " + " && ".join(c.setup) + f"; }} </dev/null || exit {SETUP_FAILED}")  # stdin: the secret
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items())
-    lines.append(f"exec env {env} {shlex.join(argv)}")
+    env = [f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items() if k in ON_COMMAND_LINE]
+    lines.append(" ".join(["exec", "env", *env, shlex.join(argv)]))
     return "\n".join(lines)
 
 

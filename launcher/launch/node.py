@@ -8,12 +8,13 @@ the ssh launcher on each host. The head reports once for all nodes.
 ``--static-rendezvous``: node ranks as given (the ssh hosts' order), torch's static rendezvous. ``--head-restarts``:
 the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based; the ssh head, and the sim head
 under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launcher.heal.node``
-runs the ranks, ENDPOINT is the keeper's store). The job's secret comes as the first line of stdin with
-``--stdin-control`` (ssh), else in the environment. ``--stdin-control``: the head controls this node through stdin
-(``head.Control``: a line ``INT`` or ``TERM`` stops the job as that signal would, ``ABORT`` kills the workers at
-once: another machine is lost, no checkpoint can be agreed; ``PING`` is a heartbeat; the end of input, when the
-head or its connection is gone, stops it as SIGTERM), and the workers' output goes through a pipe this process
-copies to the ssh channel: when the channel breaks, lines are dropped (they are in the rank logs) instead of ranks
+runs the ranks, ENDPOINT is the keeper's store). The job's secret comes in the first line of stdin with
+``--stdin-control`` (ssh; with the forwarded environment, ``cluster.env``'s values), else in the environment.
+``--stdin-control``: the head controls this node through stdin (``head.Control``: a line ``INT`` or ``TERM`` stops
+the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no checkpoint can be
+agreed; ``PING`` is a heartbeat; the end of input, when the head or its connection is gone, stops it as SIGTERM),
+and the workers' output goes through a pipe this process copies to the ssh channel: when the channel breaks, lines
+are dropped (they are in the rank logs) instead of ranks
 failing on a broken pipe while they checkpoint.
 """
 
@@ -31,7 +32,7 @@ from ..config import load_frozen
 from ..env import HEAD_ATTEMPT
 from ..exiting import children
 from ..files import no_world_writable_files
-from ..secret import Secret, read_line
+from ..secret import Secret, read_handoff
 from .head import Control, NodeArgs
 
 HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
@@ -112,6 +113,9 @@ def relay_output() -> None:
 
 
 def main(argv: list[str]) -> int:
+    args = NodeArgs.parse(argv)
+    if args.stdin_control:  # over ssh: the job's secret and the forwarded environment (cluster.env) come first on
+        os.environ.update(read_handoff(0))  # stdin, never on a command line; set before torch reads its variables
     # This agent's own C++ warnings are noise (when a job ends, each agent whose store went away prints ~20 lines
     # of C++ frames; the head names what failed). torch reads the level once, as it loads (just below); the
     # workers, the user's code, do not inherit it.
@@ -121,12 +125,8 @@ def main(argv: list[str]) -> int:
 
     if users_level is None:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
-    args = NodeArgs.parse(argv)
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
-    # the job's secret: the first line of stdin over ssh, else the environment (never a command line)
-    secret = read_line(0) if args.stdin_control else Secret.from_environ(os.environ)
-    if secret is not None:
-        os.environ.update(secret.environ())  # the agent's workers inherit it (and take it out of theirs)
+    secret = Secret.from_environ(os.environ, keep=True)  # the agent's workers inherit it (and take it out of theirs)
     job = load_frozen(args.run_dir)
     if args.head_restarts:
         os.environ[HEAD_ATTEMPT] = str(args.attempt)  # the workers' DistEnv.attempt (faults' attempt=)

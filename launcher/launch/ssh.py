@@ -59,7 +59,7 @@ from ..failures import report as report_failures
 from ..membership import Membership
 from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped, wait_nodes
-from .hosts import SSH_LOST, ready_hosts, remote_shell, resolve_hosts, ssh_command
+from .hosts import SSH_LOST, ready_hosts, resolve_hosts
 from .mode import BaseMode, LaunchPlan
 from .ssh_heal import run_healing_attempt
 from .ssh_nodes import SshNode, forwarding_stops, heartbeats
@@ -136,7 +136,7 @@ def run_attempt(  # noqa: PLR0913
                 job.run_dir, len(hosts), node, endpoint, launch_id, addr,
                 stdin_control=True, static_rendezvous=True, head_restarts=True, attempt=attempt,
             )  # fmt: skip
-            nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock, secret))
+            nodes.append(SshNode(c, host, args.argv(c.python), lock, secret))
         if stops:  # a stop signal while the nodes were being started
             for ssh_node in nodes:
                 ssh_node.request(Control.stop_for(stops[0]))

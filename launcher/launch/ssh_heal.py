@@ -19,7 +19,7 @@ from ..membership import Membership
 from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped
 from .host_check import token_path
-from .hosts import SSH_LOST, check_hosts, remote_shell, ssh_command
+from .hosts import SSH_LOST, check_hosts
 from .ports import free_port
 from .ssh_nodes import SshNode, forwarding_stops, heartbeats
 
@@ -91,11 +91,7 @@ class SshRejoin:
             self.facts.pop(name)["addr"] or name, stdin_control=True, head_restarts=True, attempt=self.attempt,
             members=",".join(members), start=start,
         )  # fmt: skip
-        self.nodes.append(
-            SshNode(
-                name, ssh_command(self.c, name, remote_shell(self.c, args.argv(self.c.python))), self.lock, self.secret
-            )
-        )
+        self.nodes.append(SshNode(self.c, name, args.argv(self.c.python), self.lock, self.secret))
         return self.nodes[-1].proc
 
 
@@ -121,7 +117,7 @@ def run_healing_attempt(  # noqa: PLR0913
                     job.run_dir, len(hosts), node, keeper.endpoint, launch_id, facts[node]["addr"] or host,
                     stdin_control=True, head_restarts=True, attempt=members.attempt, members=",".join(hosts),
                 )  # fmt: skip
-                nodes.append(SshNode(host, ssh_command(c, host, remote_shell(c, args.argv(c.python))), lock, secret))
+                nodes.append(SshNode(c, host, args.argv(c.python), lock, secret))
             if stops:
                 for ssh_node in nodes:
                     ssh_node.request(Control.stop_for(stops[0]))

@@ -11,8 +11,10 @@ import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
+from ..config import SshClusterConfig
 from ..secret import Secret
 from .head import Control
+from .hosts import handoff, remote_shell, ssh_command
 
 HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
 
@@ -21,13 +23,14 @@ class SshNode:
     """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
     prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
 
-    def __init__(self, host: str, cmd: list[str], lock: threading.Lock, secret: Secret) -> None:
+    def __init__(self, c: SshClusterConfig, host: str, argv: list[str], lock: threading.Lock, secret: Secret) -> None:
         self.host = host
+        cmd = ssh_command(c, host, remote_shell(c, argv))
         # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
-        self._write(secret.line())  # the job's secret: the first line, before any control word (never argv)
+        self._write(handoff(c, secret))  # the job's secret and environment: the first line, never a command line
         self.pumps = [
             threading.Thread(target=self._pump, args=(src, dst, lock), daemon=True)
             for src, dst in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
