@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .config import JobConfig
+from .config import JobConfig, collective_timeout_s
 from .devices import rank_device
 from .dist_helpers import Peers
 from .env import TORCHRUN_VARS, DistEnv
@@ -51,7 +51,9 @@ def run_rank_work(
     failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
     c = job.comm
-    start_watch(job.run_dir, env, c.hang_warn_s, c.timeout_s, c.flight_recorder_entries)
+    # a script's job without comm.timeout_s: the watch names a hang and leaves the end to the script's own group
+    ends = c.timeout_s is not None or job.script is None
+    start_watch(job.run_dir, env, c.hang_warn_s, collective_timeout_s(c) if ends else None, c.flight_recorder_entries)
     how = "raised"
     try:
         result = _run(job, env, stop, failures)
@@ -107,7 +109,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
                 job.run_dir,
                 device.type == "cuda",
                 log_report=job.preflight,
-                timeout_s=job.comm.timeout_s,
+                timeout_s=collective_timeout_s(job.comm),
                 peers=Peers(secret=secret),
             )
             if job.doctor:

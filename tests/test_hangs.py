@@ -104,6 +104,44 @@ def test_straggler_named_with_its_share_and_a_clean_run_names_none():
 
 
 # ------------------------------------------------------------------------------------------------ real jobs
+def reporter_over(timeout_s, tmp_path, monkeypatch, seconds=600):
+    """A Reporter (rank 0's) fed by hand: rank 0 waits in collective #6 from t=0 on, rank 1 never enters it but
+    keeps beating (busy in its own code); ``tick`` each second for ``seconds``. Returns the reports said (time,
+    text) and when the job was ended (None: never)."""
+    from launcher.env import DistEnv
+    from launcher.watch.reporter import Reporter
+
+    said, ended = [], []
+    reporter = Reporter(tmp_path, DistEnv(rank=0, world_size=2), tmp_path, 2.0, timeout_s)
+    monkeypatch.setattr(reporter, "_read", lambda rank: None)
+    monkeypatch.setattr(reporter, "_end", lambda hang: ended.append(now))
+    monkeypatch.setattr(reporter.stragglers, "update", lambda *a: None)
+    for second in range(seconds):
+        now = NOW + second * 10**9
+        reporter.ranks = {r: progress(r, {"0": ([0, 1], 6 - r, 5, "ar")}, progress_s=0.0) for r in (0, 1)}
+        for r in (0, 1):
+            reporter.ranks[r]["beat_ns"] = now
+        monkeypatch.setattr(reporter, "say", lambda text, at=second: said.append((at, text)))
+        reporter.tick(now)
+        if ended:
+            break
+    return said, (ended[0] - NOW) / 1e9 if ended else None
+
+
+def test_a_scripts_hang_is_named_again_and_again_but_never_ended_without_comm_timeout_s(tmp_path, monkeypatch):
+    """A script's job without comm.timeout_s (issue 35): torchrun would let its process group wait 30 min (gloo),
+    so the watch names the hang at comm.hang_warn_s (2 s; the stacks are waited for 6 s) and again each time it
+    has lasted twice as long, and never ends the job; with a timeout (the trainer's, or set) it ends it then."""
+    said, ended = reporter_over(None, tmp_path, monkeypatch)
+    assert ended is None
+    at = [second for second, text in said if text.startswith("hang: rank 1 ")]
+    assert at == [8, 22, 50, 106, 218, 442], said  # asked at 2, 16, 44, 100, 212, 436 s: answers waited 6 s
+    assert "the script's own process group timeout ends it (comm.timeout_s=N ends it at N s)" in said[0][1]
+    said, ended = reporter_over(30.0, tmp_path, monkeypatch)
+    assert ended == 30.0 and [second for second, text in said if text.startswith("hang: ")] == [8], said
+    assert "the job is ended at comm.timeout_s=30 s unless it moves on" in said[0][1]
+
+
 FAST = ("comm.hang_warn_s=3", "comm.timeout_s=8")
 
 
@@ -180,10 +218,12 @@ def test_pauses_on_every_rank_and_a_clean_run_say_nothing(tmp_path):
 
 
 def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
-    """A rank busy in its own code (a checkpoint, an evaluation) while the other waits is reported once, then
-    "hang over"; the job finishes (nothing fails before comm.timeout_s). Started by torchrun: the watch runs in
-    every entry (rank_work starts it), and rank 0's console is torchrun's."""
-    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "6", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}  # 4 s after
+    """A rank busy in its own code (a checkpoint, an evaluation) for 9 s while the other waits: a script's job
+    without comm.timeout_s is never ended by the watch (issue 35: its own group would wait 30 min); the hang is
+    named at comm.hang_warn_s=2 (about 2.5 s) and again at twice that stall (about 5-6 s), then "hang over"; the job
+    finishes. Started by torchrun: the watch runs in every entry (rank_work starts it), and rank 0's console is
+    torchrun's."""
+    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "9", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}  # 3 s after
     logs = f"--log-dir={tmp_path}/torchrun"  # torchrun's default: a torchelastic_* dir left in the temp dir
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", logs, "-m", "launcher")
     result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120, module=torchrun)
@@ -194,7 +234,8 @@ def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
     stack = err.split("stack of rank 1 (live, every thread):")[1]
     assert re.search(r'hang_script\.py", line \d+, in main\n\s+time\.sleep\(', stack), err
     assert "cli.py" not in stack and "hydra" not in stack and "torchrun.py" not in stack, stack  # wrappers dropped
-    assert err.count("hang: ") == 1 and "hang over: every rank is moving again" in err.split(line)[1], err
+    assert "the script's own process group timeout ends it (comm.timeout_s=N ends it at N s)" in err, err
+    assert err.count("hang: ") == 2 and "hang over: every rank is moving again" in err.split(line)[1], err
     assert "launcher: rank" not in err  # no failure report
 
 

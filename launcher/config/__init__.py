@@ -12,6 +12,7 @@ from .schema import (
     SlurmClusterConfig,
     SshClusterConfig,
     TrainConfig,
+    collective_timeout_s,
     register_configs,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "SlurmClusterConfig",
     "SshClusterConfig",
     "TrainConfig",
+    "collective_timeout_s",
     "freeze",
     "load_frozen",
     "register_configs",

@@ -20,6 +20,7 @@ from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshCl
 from .errors import ConfigError, _check
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+TRAINER_TIMEOUT_S = 300.0  # the trainer's collective timeout when comm.timeout_s is null
 
 
 @dataclass
@@ -101,7 +102,9 @@ class CommConfig:
     find_unused_parameters: bool = False  # reduce parameters that got no gradient instead of failing (as DDP's)
     broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
     backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
-    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the job after this long, named
+    timeout_s: Optional[float] = None  # collective timeout: a stuck rank fails the job after this long, named; null:
+    #                                  the trainer's 300 s, a script's own process group timeout (torch's: gloo 30
+    #                                  min, nccl 10 min; the watch names a hang but does not end a script's job)
     hang_warn_s: float = 60.0  # no rank completed a collective for this long while one waits: the watch names the
     #                            rank(s) holding the job up, with their live stacks (launcher/watch); 0 = no watch
     flight_recorder_entries: int = 2000  # torch's flight recorder (TORCH_FR_BUFFER_SIZE): collectives kept per rank
@@ -126,7 +129,10 @@ class CommConfig:
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
         _check(self.overlap in ("forward", "backward"), f"comm.overlap={self.overlap!r}; HINT: forward or backward")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
-        _check(self.timeout_s > 0, f"comm.timeout_s={self.timeout_s} must be > 0")
+        _check(
+            self.timeout_s is None or self.timeout_s > 0,
+            f"comm.timeout_s={self.timeout_s} must be > 0 (or null: {TRAINER_TIMEOUT_S:.0f} s for the trainer)",
+        )
         _check(self.hang_warn_s >= 0, f"comm.hang_warn_s={self.hang_warn_s} must be >= 0 (0 switches the watch off)")
         _check(
             self.flight_recorder_entries >= 16,
@@ -255,3 +261,8 @@ def register_configs() -> None:
     cs.store(group="cluster", name="sim_schema", node=SimClusterConfig)
     cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
     cs.store(group="cluster", name="ssh_schema", node=SshClusterConfig)
+
+
+def collective_timeout_s(comm: CommConfig) -> float:
+    """The trainer's collective timeout: ``comm.timeout_s``, or ``TRAINER_TIMEOUT_S`` when not set."""
+    return float(comm.timeout_s) if comm.timeout_s is not None else TRAINER_TIMEOUT_S

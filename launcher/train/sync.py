@@ -19,7 +19,7 @@ from ..comm.policy import bucket_cap_mb, measure_link
 from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
 from ..comm.strategy import StrategyChoice, choose
-from ..config import CommConfig
+from ..config import CommConfig, collective_timeout_s
 from ..dist_helpers import Peers
 from ..env import DistEnv
 
@@ -53,7 +53,7 @@ class GradientSync:
         secret (signed object collectives)."""
         self.model = model
         self.abort = abort = (peers or Peers()).abort
-        self.topology = Topology.build(env, timeout_s=cfg.timeout_s)
+        self.topology = Topology.build(env, timeout_s=collective_timeout_s(cfg))
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         probe_numel = max(1, min(model_bytes, int((cfg.bucket_cap_mb or DDP_BUCKET_CAP_MB) * MB)) // 4)
         if cfg.hierarchical == "auto" and resumed_hierarchical is not None:

@@ -17,7 +17,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import dist_helpers
 from ..comm.trace import Tracer
-from ..config import JobConfig
+from ..config import JobConfig, collective_timeout_s
 from ..config.rules import whole_gradient_reason
 from ..devices import describe_device, seed_all
 from ..env import DistEnv
@@ -169,7 +169,7 @@ class Trainer(Checkpointing, Healing, Records):
             where = self._phase
             raise RuntimeError(
                 f"rank {self.env.rank} on {self.env.hostname}: a collective at {where} timed out after "
-                f"{self.job.comm.timeout_s:.0f} s (comm.timeout_s); {explain_stall(self.group, where)}"
+                f"{collective_timeout_s(self.job.comm):.0f} s (comm.timeout_s); {explain_stall(self.group, where)}"
             ) from exc
         finally:
             if self.stop is not None:

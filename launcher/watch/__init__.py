@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config import collective_timeout_s
 from ..env import DistEnv
 from . import recorder
 from .publisher import Publisher
@@ -32,7 +33,7 @@ def backstop_s(comm: Any) -> float:
     """The trainer's process-group timeout: with the watch on, it ends a hang at ``comm.timeout_s`` (culprit
     named first); a timed-out collective counts as completed in the flight recorder, so torch's own timeout
     comes ``BACKSTOP_S`` later, as a backstop for a watch that could not act."""
-    return float(comm.timeout_s + (BACKSTOP_S if comm.hang_warn_s > 0 else 0))
+    return collective_timeout_s(comm) + (BACKSTOP_S if comm.hang_warn_s > 0 else 0)
 
 
 _current: Optional[Watch] = None
@@ -44,7 +45,7 @@ class Watch(threading.Thread):
         run_dir: str | Path,
         env: DistEnv,
         warn_s: float,
-        timeout_s: float,
+        timeout_s: Optional[float],
         round_: int = 0,
         left: frozenset[str] = frozenset(),
     ) -> None:
@@ -81,7 +82,9 @@ class Watch(threading.Thread):
             pass
 
 
-def start_watch(run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: float, entries: int) -> Optional[Watch]:
+def start_watch(
+    run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: Optional[float], entries: int
+) -> Optional[Watch]:
     """Size the flight recorder (before the rank's first process group) and start the watch thread; None for a
     single rank or ``comm.hang_warn_s=0``."""
     global _current

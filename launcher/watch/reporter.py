@@ -5,9 +5,12 @@ stopped). Each beat it reads every rank's progress file and:
   waits for the answers (``ANSWER_WAIT_S`` at most: a stopped rank never answers), then prints the report,
   culprit first, on rank 0's console (the console of the command the user started, in every mode; Slurm streams
   rank 0's log) and writes ``RUN_DIR/hangs/<id>/report.json`` beside the dumps;
-- at ``comm.timeout_s`` ends the job: failure records for the culprits (kind ``hang``, with their stacks) and for
-  the ranks waiting for them (``peer``), then this process exits 1; the launcher ends the other ranks and its
-  report leads with the culprit (``launcher.failures``); ``cluster.max_restarts`` applies as for any failure;
+- reports it again, with fresh stacks, each time it has lasted twice as long, in a script's job without
+  ``comm.timeout_s`` (the script's own process group timeout ends it, as under torchrun);
+- at ``comm.timeout_s`` ends the job (the trainer's, or a script's when the user set it): failure records for
+  the culprits (kind ``hang``, with their stacks) and for the ranks waiting for them (``peer``), then this process
+  exits 1; the launcher ends the other ranks and its report leads with the culprit (``launcher.failures``);
+  ``cluster.max_restarts`` applies as for any failure;
 - names stragglers (``verdict.find_stragglers``) when they start and when they recover: console, ``metrics.jsonl``
   and, through ``stragglers()``, the run's ``summary.json``.
 """
@@ -21,7 +24,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .. import logs
 from ..env import DistEnv
@@ -60,10 +63,14 @@ def _ranks(numbers: tuple[int, ...] | list[int]) -> str:
 
 
 class Reporter:
-    def __init__(self, run_dir: str | Path, env: DistEnv, folder: Path, warn_s: float, timeout_s: float) -> None:
+    def __init__(
+        self, run_dir: str | Path, env: DistEnv, folder: Path, warn_s: float, timeout_s: Optional[float]
+    ) -> None:
         self.run_dir, self.env, self.dir = Path(run_dir), env, folder
-        self.timeout_s = timeout_s
-        self.warn_s = min(warn_s, 0.75 * timeout_s)  # a report (with stacks) always comes before the end
+        self.timeout_s = timeout_s  # None: a script's job, its own process group ends a hang (the watch names it)
+        # a report (with stacks) always comes before the end
+        self.warn_s = min(warn_s, 0.75 * timeout_s) if timeout_s is not None else warn_s
+        self.again_s = 0.0  # without an end: the same hang is reported again once it has lasted this long
         # a stopped rank is named silent by the time its hang is reported, however short comm.timeout_s is
         self.stale_s = max(SILENT_MIN_S, min(STALE_S, self.warn_s))
         self.ranks: dict[int, dict[str, Any]] = {}
@@ -102,9 +109,11 @@ class Reporter:
             self._ask(now_ns)
         if self.request is not None and self._answered(hang, now_ns):
             self._report(hang, now_ns)
-            self.reported, self.request = key, None
-        if self.reported == key and hang.stalled_s >= self.timeout_s:
+            self.reported, self.request, self.again_s = key, None, 2 * max(hang.stalled_s, self.warn_s, 1.0)
+        if self.reported == key and self.timeout_s is not None and hang.stalled_s >= self.timeout_s:
             self._end(hang)
+        elif self.reported == key and self.timeout_s is None and hang.stalled_s >= self.again_s and not self.request:
+            self._ask(now_ns)  # reported again, with fresh stacks, at twice the stall of the last report
 
     def _read(self, rank: int) -> None:
         try:
@@ -151,10 +160,13 @@ class Reporter:
         for rank in sorted(self.stacks, key=lambda r: (r not in hang.culprits, r)):
             lines.append(f"  stack of rank {rank} (live, every thread):")
             lines.extend("    " + line for line in self.stacks[rank].rstrip().splitlines())
-        lines.append(
-            f"  report and every rank's flight recorder: {folder}; the job is ended at comm.timeout_s="
-            f"{self.timeout_s:.0f} s unless it moves on"
+        end = (
+            f"the job is ended at comm.timeout_s={self.timeout_s:.0f} s unless it moves on"
+            if self.timeout_s is not None
+            else f"reported again at {2 * max(hang.stalled_s, self.warn_s, 1.0):.0f} s; the script's own process "
+            "group timeout ends it (comm.timeout_s=N ends it at N s)"
         )
+        lines.append(f"  report and every rank's flight recorder: {folder}; {end}")
         self.say("\n".join(lines))
         write_json_atomic(
             folder / "report.json",
