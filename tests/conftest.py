@@ -131,22 +131,23 @@ def nothing_of_the_module_remains(tmp_path_factory):
     yield
     base = str(tmp_path_factory.getbasetemp()) + os.sep  # not a later run's pytest-NN when this one is pytest-N
     nothing_left(lambda: sorted({*processes_mentioning(base), *descendants(os.getpid())}), "the module")
-    new_in_temp(temp, before)
+    new_in_temp(temp, before, tmp_path_factory.getbasetemp())
 
 
 OWN_TEMP = ("pytest-of-", "torchinductor_")  # pytest's base temp dir (it keeps the last runs); torch's cache dir is
 # removed once at the end of the session (torch_cache_dir_removed)
+OURS = ("torchelastic_", "launcher-")  # what a job or a test of ours makes there: removed when left
 
 
-def new_in_temp(temp: Path, before: set[str]) -> None:
+def new_in_temp(temp: Path, before: set[str], basetemp: Path) -> None:
     """No entry the module's jobs made in the temp dir survives it (e.g. torch elastic's ``torchelastic_*`` log
-    dirs when no log dir is given): removed, and the module fails naming them."""
-    left = sorted(p for p in temp.iterdir() if p.name not in before and not p.name.startswith(OWN_TEMP))
+    dirs when no log dir is given): the module fails naming each one; ours are removed (another program's entry
+    that appeared meanwhile is named, never touched)."""
+    own = {basetemp.name} if basetemp.parent == temp else set()
+    left = sorted(p for p in temp.iterdir() if p.name not in before | own and not p.name.startswith(OWN_TEMP))
     for path in left:
-        if path.is_dir() and not path.is_symlink():
+        if path.name.startswith(OURS) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
     assert not left, f"left in {temp} by the module's jobs: " + ", ".join(p.name for p in left)
 
 

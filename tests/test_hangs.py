@@ -268,3 +268,18 @@ def test_mismatched_shapes_name_the_rank_gloo_aborted_with_its_reason(tmp_path):
     assert result.returncode == 1, err
     assert first_line_with(err, "launcher: rank ").startswith("launcher: rank 1 (pid ")
     assert "Is there a distributed collective mismatch in your code?" in err.split("launcher: failed too")[0]
+
+
+def test_without_torchs_flight_recorder_the_watch_is_off_with_one_warning(tmp_path, monkeypatch, caplog):
+    """On a torch whose flight recorder is not backend-neutral (before 2.8) the import must not fail every rank:
+    rank 0 says once that the watch is off and why, and the job goes on without it (issue 35)."""
+    from launcher import watch
+    from launcher.env import DistEnv
+    from launcher.watch import recorder
+
+    monkeypatch.setattr(recorder, "MISSING", "torch 2.4.0 has no backend-neutral flight recorder (...)")
+    with caplog.at_level("WARNING", logger="launcher.watch"):
+        assert watch.start_watch(tmp_path, DistEnv(rank=0, world_size=2), 60.0, None, 2000) is None
+        assert watch.start_watch(tmp_path, DistEnv(rank=1, world_size=2), 60.0, None, 2000) is None
+    assert [r.getMessage() for r in caplog.records] == ["torch 2.4.0 has no backend-neutral flight recorder (...)"]
+    assert watch.known_groups() == frozenset()

@@ -58,18 +58,23 @@ def _sync_once(rank, world, out_dir, reducer):
     sync = GradientSync(model, virtual_env(rank, world, world), torch.device("cpu"), cfg, optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    counts = []
+    rows: list[int] = []  # each forward's batch rows: a stub ignoring train.accumulate_steps runs one of 16
+    model.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    counts, forwards = [], []
     for micro in (1,) * (WARMUP_STEPS + 1) + (1, 4, 4):  # after the warm-ups (DDP's bucket rebuild, ours' agreement)
         stepper = Stepper(
             TrainConfig(accumulate_steps=micro), OptimConfig(), torch.device("cpu"), sync, optimizer, scheduler
         )
         before = _allreduces()
+        rows.clear()
         stepper.step(x, y)
         sync.flush()
         counts.append(_allreduces() - before)
+        forwards.append(list(rows))
     sync.close()
     plain = counts[WARMUP_STEPS + 1]
     assert plain >= 2 and counts[-2:] == [plain] * 2, counts
+    assert forwards[-3:] == [[16], [4, 4, 4, 4], [4, 4, 4, 4]], forwards  # 4 micro-batches: 4 forwards of 4 rows
 
 
 @pytest.mark.parametrize("reducer", ["ddp", "bucketed"])
@@ -95,34 +100,55 @@ def test_our_reducer_trains_what_ddp_trains_under_mixed_precision(tmp_path, prec
     assert loss[-1] < 0.5 * loss[0], loss
 
 
-def _first_step(rank, world, out_dir, precision):
+def _first_step(rank, world, out_dir, precision, clip):
     """One step of 4 ranks on 2 virtual nodes (node-first, forward overlap where allowed) under autocast equals
-    one process's step on the whole batch under the same autocast, to low precision's tolerance."""
+    one process's step on the whole batch under the same autocast, to low precision's tolerance; ``clip``: with
+    the gradient clipped (to the norm of the synchronised, unscaled gradient). The forward really runs in the
+    low precision (its first layer's output dtype, seen), and the step differs from fp32's by a bounded amount."""
     torch.manual_seed(0)
     make = lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
-    model, reference = make(), make()
+    model, reference, full = make(), make(), make()
     reference.load_state_dict(model.state_dict())
+    full.load_state_dict(model.state_dict())
+    start = [p.detach().clone() for p in model.parameters()]
+    optim = OptimConfig(clip_grad_norm=clip)
     train = TrainConfig(precision=precision)
+    seen: list[torch.dtype] = []
+    model[0].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     steppers = []
-    for net, env in ((model, virtual_env(rank, world, 2)), (reference, None)):
+    for net, env, how in ((model, virtual_env(rank, world, 2), train), (reference, None, train)):
         optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         if env is None:
             sync = _Alone(net)
         else:
             cfg = CommConfig(reducer="bucketed", hierarchical="true", bucket_cap_mb=0.01, hang_warn_s=0)
-            whole = whole_gradient_reason(train, OptimConfig())
+            whole = whole_gradient_reason(how, optim)
             sync = GradientSync(net, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
-        steppers.append((Stepper(train, OptimConfig(), torch.device("cpu"), sync, optimizer, scheduler), sync))
+        steppers.append((Stepper(how, optim, torch.device("cpu"), sync, optimizer, scheduler), sync))
+    fp32_optimizer = torch.optim.SGD(full.parameters(), lr=1.0)
+    fp32 = Stepper(TrainConfig(), optim, torch.device("cpu"), _Alone(full), fp32_optimizer, _constant(fp32_optimizer))
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen)
     shard = slice(rank * 64 // world, (rank + 1) * 64 // world)
     steppers[0][0].step(x[shard], y[shard])
     steppers[0][1].flush()
     steppers[1][0].step(x, y)
+    fp32.step(x, y)
+    assert seen == [{"bf16": torch.bfloat16, "fp16": torch.float16}[precision]], seen
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3, msg=lambda m, n=name: f"{precision} {n}: {m}")
+    # measured: bf16 1.7e-3, fp16 6.6e-4 (clipped to 0.01: 1.3e-5) off fp32; a setting that does nothing: 0
+    off = max((p - q).abs().max().item() for p, q in zip(model.parameters(), full.parameters()))
+    assert (1e-7 if clip else 1e-5) < off < (1e-4 if clip else 1e-2), f"{precision}: {off} off fp32"
+    if clip:  # SGD with lr 1: the update is the clipped gradient, its norm the clip (the gradient's is far above)
+        moved = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), start)]).norm().item()
+        assert abs(moved - clip) < 1e-3 * clip, f"the update's norm is {moved}, not optim.clip_grad_norm={clip}"
     steppers[0][1].close()
+
+
+def _constant(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 class _Alone:
@@ -141,9 +167,9 @@ class _Alone:
         optimizer.step()
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_first_step_under_autocast_equals_one_process(tmp_path, precision):
-    spawn_ranks(_first_step, 4, tmp_path, precision)
+@pytest.mark.parametrize("precision, clip", [("bf16", None), ("fp16", None), ("fp16", 0.01)])
+def test_first_step_under_autocast_equals_one_process(tmp_path, precision, clip):
+    spawn_ranks(_first_step, 4, tmp_path, precision, clip)
 
 
 def _skip_on_every_rank(rank, world, out_dir, reducer):
@@ -189,9 +215,12 @@ def one_process_clipped(tmp_path_factory):
     return train_layout(tmp_path_factory.mktemp("clipped"), "1x1", *CLIPPED)[0]["params"]
 
 
-def test_clipping_uses_the_norm_of_the_synchronised_gradient(tmp_path, one_process, one_process_clipped):
-    """Our reducer (torch DDP clips after the same wait: the same lines of step.py)."""
-    results = train_layout(tmp_path, "1x2", "comm.reducer=bucketed", *CLIPPED)
+@pytest.mark.parametrize("reducer, layout, hierarchical", [("bucketed", "1x2", "false"), ("ddp", "1x2", "false")])
+def test_clipping_uses_the_norm_of_the_synchronised_gradient(
+    tmp_path, one_process, one_process_clipped, reducer, layout, hierarchical
+):
+    """Our reducer and torch DDP against one process (node-first and fp16: test_first_step_under_autocast...)."""
+    results = train_layout(tmp_path, layout, f"comm.reducer={reducer}", f"comm.hierarchical={hierarchical}", *CLIPPED)
     assert_ranks_identical(results)
     assert_close(results[0]["params"], one_process_clipped)
     with pytest.raises(AssertionError):  # clipping changed the training: the comparison above can fail

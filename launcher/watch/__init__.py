@@ -91,6 +91,10 @@ def start_watch(
     recorder.enable(entries)
     if env.world_size < 2 or warn_s <= 0:
         return None
+    if recorder.MISSING:
+        if env.rank == 0:
+            log.warning("%s", recorder.MISSING)
+        return None
     _current = Watch(run_dir, env, warn_s, timeout_s)
     _current.start()
     return _current
@@ -99,7 +103,7 @@ def start_watch(
 def known_groups() -> frozenset[str]:
     """The process groups this rank has had so far (healing in place: taken before it leaves them, so the next
     round's watch leaves out exactly these, and reads every group formed after)."""
-    return frozenset(recorder.group_ids())
+    return frozenset(recorder.group_ids()) if not recorder.MISSING else frozenset()
 
 
 def rebase(env: DistEnv, round_: int, left: frozenset[str]) -> None:

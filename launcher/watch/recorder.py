@@ -20,8 +20,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json  # type: ignore[attr-defined]
+import torch
 from torch.distributed import distributed_c10d as c10d
+
+try:  # backend-neutral (gloo too) since torch 2.8 (pytorch#152563); older: the watch switches itself off
+    from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json  # type: ignore[attr-defined]
+
+    MISSING = ""
+except ImportError:
+    MISSING = (
+        f"torch {torch.__version__} has no backend-neutral flight recorder (_dump_fr_trace_json: torch >= 2.8): "
+        "the progress watch is off in this job (no hang, desync or straggler is named; comm.timeout_s still ends a "
+        "stuck collective); HINT: a newer torch"
+    )
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 
