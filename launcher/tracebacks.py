@@ -9,7 +9,7 @@ from pathlib import Path
 from .logs import rank_log_path
 
 # Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry, and for a rank in
-# the launcher's own process (torchrun, srun) the CLI's and Hydra's.
+# the launcher's own process (torchrun, srun) the CLI's, Hydra's and submitit's (the Slurm task's unpickling).
 WRAPPER_FRAMES = (
     "runpy",
     "elastic/multiprocessing/errors",
@@ -20,6 +20,7 @@ WRAPPER_FRAMES = (
     "hydra/core/utils.py",
     "launcher/launch/torchrun.py",
     "launcher/launch/slurm_task.py",
+    "submitit/core/",
     "launcher/rank_entry.py",
     "launcher/rank_work.py",
     "launcher/failures.py",

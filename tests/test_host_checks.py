@@ -133,3 +133,23 @@ def test_fewer_than_min_nodes_left_stops_the_job(tmp_path, capsys):
     assert "launcher: lost b (its link went down): 1 node(s) left, fewer than cluster.min_nodes=2; the job stops" in err
     assert members.live == ["b", "c"]
     assert len((tmp_path / "membership.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_start_up_phase_over_2_s_says_what_the_head_waits_for(monkeypatch, capfd):
+    """One line per slow phase (issue 35: a head silent for 34 s between its plan and the first rank line); a fast
+    phase says nothing."""
+    import threading
+    import time
+
+    from launcher.launch import ssh_nodes
+
+    with ssh_nodes.saying_if_slow("checking 2 host(s) over ssh"):
+        pass  # fast: well under SLOW_PHASE_S
+    monkeypatch.setattr(ssh_nodes, "SLOW_PHASE_S", 0.01)
+    heard = threading.Event()
+    with ssh_nodes.saying_if_slow("connecting to vm1, vm2 over ssh", heard):
+        pass  # the wait for ``heard`` outlasts the block: said once it is over SLOW_PHASE_S
+    deadline = time.monotonic() + 10
+    while "connecting" not in (err := capfd.readouterr().err) and time.monotonic() < deadline:
+        heard.wait(0.05)
+    assert err == "[launcher] connecting to vm1, vm2 over ssh ...\n", err

@@ -62,7 +62,7 @@ from .head import Control, NodeArgs, print_stopped, wait_nodes
 from .hosts import SSH_LOST, ready_hosts, resolve_hosts
 from .mode import BaseMode, LaunchPlan
 from .ssh_heal import run_healing_attempt
-from .ssh_nodes import SshNode, forwarding_stops, heartbeats
+from .ssh_nodes import SshNode, forwarding_stops, heartbeats, saying_if_slow
 
 
 class SshMode(BaseMode):
@@ -96,7 +96,9 @@ def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
     code = 1
     while True:
         try:
-            hosts, master, facts = ready_hosts(job, c, members, skip=lost)
+            checking = f"checking {len(members.all)} host(s) over ssh (cluster.check_timeout_s={c.check_timeout_s:.0f})"
+            with saying_if_slow(checking):
+                hosts, master, facts = ready_hosts(job, c, members, skip=lost)
         except ConfigError as exc:
             if members.attempt == 0:
                 raise
@@ -129,14 +131,16 @@ def run_attempt(  # noqa: PLR0913
     endpoint = f"{master}:{facts[0]['port']}"
     lock = threading.Lock()
     nodes: list[SshNode] = []
-    with forwarding_stops(nodes) as stops:
+    heard = threading.Event()
+    connecting = f"connecting to {', '.join(hosts)} over ssh and starting their node processes"
+    with forwarding_stops(nodes) as stops, saying_if_slow(connecting, heard):
         for node, host in enumerate(hosts):
             addr = master if node == 0 else (facts[node]["addr"] or host)
             args = NodeArgs(
                 job.run_dir, len(hosts), node, endpoint, launch_id, addr,
                 stdin_control=True, static_rendezvous=True, head_restarts=True, attempt=attempt,
             )  # fmt: skip
-            nodes.append(SshNode(c, host, args.argv(c.python), lock, secret))
+            nodes.append(SshNode(c, host, args.argv(c.python), lock, secret, heard))
         if stops:  # a stop signal while the nodes were being started
             for ssh_node in nodes:
                 ssh_node.request(Control.stop_for(stops[0]))

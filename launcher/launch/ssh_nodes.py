@@ -17,14 +17,43 @@ from .head import Control
 from .hosts import handoff, remote_shell, ssh_command
 
 HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
+SLOW_PHASE_S = 2.0  # a start-up phase that lasts longer says what it is doing (one line)
+
+
+@contextlib.contextmanager
+def saying_if_slow(what: str, done: threading.Event | None = None) -> Iterator[None]:
+    """One line on the console, ``[launcher] what ...``, when the block (or, with ``done``, the wait for that
+    event, which may outlast the block) takes over ``SLOW_PHASE_S``: a user who sees nothing for half a minute
+    (host checks, connections, a slow name look-up) knows what the head waits for."""
+    finished = done or threading.Event()
+
+    def say() -> None:
+        if not finished.wait(SLOW_PHASE_S):
+            print(f"[launcher] {what} ...", file=sys.stderr, flush=True)
+
+    threading.Thread(target=say, daemon=True).start()
+    try:
+        yield
+    finally:
+        if done is None:
+            finished.set()
 
 
 class SshNode:
     """One host's node process (``launch/node.py``), through its ssh client: output streamed here with the host as
     prefix, ``Control`` words written to its stdin (``node.py --stdin-control``)."""
 
-    def __init__(self, c: SshClusterConfig, host: str, argv: list[str], lock: threading.Lock, secret: Secret) -> None:
+    def __init__(  # noqa: PLR0913
+        self,
+        c: SshClusterConfig,
+        host: str,
+        argv: list[str],
+        lock: threading.Lock,
+        secret: Secret,
+        heard: threading.Event | None = None,
+    ) -> None:
         self.host = host
+        self.heard = heard or threading.Event()  # set at its first line of output (its node process runs)
         cmd = ssh_command(c, host, remote_shell(c, argv))
         # its own session: a Ctrl-C in this terminal reaches the head only, which forwards it as a request
         self.proc = subprocess.Popen(
@@ -41,6 +70,7 @@ class SshNode:
     def _pump(self, src: IO[bytes] | None, dst: IO[str], lock: threading.Lock) -> None:
         assert src is not None
         for line in iter(src.readline, b""):
+            self.heard.set()
             with lock:
                 dst.write(f"[{self.host}] {line.decode(errors='replace')}")
                 dst.flush()
