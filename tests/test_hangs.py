@@ -167,7 +167,7 @@ def test_script_rank_stuck_in_user_code(tmp_path):
     line = assert_named_first(err, culprit=1, waiting=0)
     assert "has not entered collective #6 of the default group" in line and "(gloo:all_reduce [[1000]] Float)" in line
     assert re.search(r'hang_script\.py", line \d+, in stuck_in_user_code\n\s+time\.sleep\(1\)', err), err
-    assert took < 8 + 25, took
+    assert took < 45, took  # typical 12-15 s: start-up, the end at comm.timeout_s=8 s, the report (3x and more)
     (folder,) = (tmp_path / "hangs").iterdir()
     report = json.loads((folder / "report.json").read_text())
     assert report["culprits"][0]["rank"] == 1 and "stuck_in_user_code" in report["culprits"][0]["stack"]

@@ -267,7 +267,7 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
         decision = Decision.from_bytes(value)
         assert decision.members == ("node-0",) and list(decision.lost) == ["node-1"], decision
         assert decision.lost["node-1"].startswith("no heartbeat for 1."), decision
-        assert 1.0 <= took < 3.0, took
+        assert 1.0 <= took < 5.0, took  # lost_after_s=1: typical 1.2-1.5 s (3x and more above)
 
         keeper.join("node-1", 1, 2, answered=123.0)
         new = node_id("node-1", 1)

@@ -103,7 +103,9 @@ def test_survivors_form_the_next_round_in_the_same_processes(tmp_path, case):
     for result in results:
         assert result["step"] == 5 and result["sum"] == [3.0, 3.0], result
         assert result["why"].startswith("PeerLost: rank 2 is frozen" if case == "frozen" else "error: "), result
-        assert result["round_s"] < 2.0, result  # the old group left at once, not at its timeout
+        assert result["round_s"] < TIMEOUT_S / 3, (
+            result
+        )  # the old group left at once (typical 0.3 s), not at its timeout
 
 
 def _agree(rank: int, world: int, out_dir: Path) -> None:

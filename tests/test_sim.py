@@ -251,7 +251,7 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
         "nodes (round 1, cluster.min_nodes=1)" in err
     )
     assert re.search(
-        r"launcher: lost node-2 \(no heartbeat for 3\.\d s \(cluster.lost_after_s=3\)\): the survivors heal in "
+        r"launcher: lost node-2 \(no heartbeat for [3-9]\.\d s \(cluster.lost_after_s=3\)\): the survivors heal in "
         r"place, continuing on 1 of 3 nodes \(round 2, cluster.min_nodes=1\)",
         err,
     ), err[-3000:]
@@ -262,14 +262,14 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     assert summary["resumed_from"] is None and summary["hosts"] == [summary["hosts"][0]]
     killed, frozen = summary["membership"]
     assert killed["why"] == "node-1: its agent was killed by SIGKILL", killed
-    assert frozen["why"].startswith("node-2: no heartbeat for 3."), frozen
+    assert re.match(r"node-2: no heartbeat for [3-9]\.\d s", frozen["why"]), frozen  # typical 3.1-3.3 s
     for change, step, nodes in ((killed, 14, (3, 2)), (frozen, 16, (2, 1))):
         assert (change["step"], change["how"], change["nodes_before"], change["nodes_after"]) == (
             step,
             "in place",
             *nodes,
         )
-        assert 0 < change["fault_to_step_s"] <= 10, change
+        assert 0 < change["fault_to_step_s"] <= 10, change  # typical: killed 0.3 s, frozen 3.3 s (3x and more)
     steps = [r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
     assert [s for s in steps if s] == list(range(1, 21)) + [20], steps  # each step once (the last: the evaluation)
     assert_same_trajectory(final_state(tmp_path), final_state(one_process_heal_job))

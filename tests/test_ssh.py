@@ -429,7 +429,7 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines
         3,
         [ALL[0]],
     ), joined
-    assert 0 < joined["answer_to_step_s"] <= 10 and joined["step"] < 20, joined
+    assert 0 < joined["answer_to_step_s"] <= 25 and joined["step"] < 20, joined  # typical 7.7 s (3x and more)
     steps = [
         r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]
