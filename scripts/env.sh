@@ -1,6 +1,6 @@
 # Source me: creates .venv on first use (or when pyproject.toml changed) and activates it.
 #   CPU box (no working nvidia-smi): installs torch==2.13.0 (CPU build) BEFORE the project, so pip never
-#   resolves `torch>=2.4` to a multi-GB CUDA wheel.  GPU box: the project's `torch>=2.4` takes the CUDA build
+#   resolves `torch>=2.8` to a multi-GB CUDA wheel.  GPU box: the project's `torch>=2.8` takes the CUDA build
 #   (or keeps the torch you already have in the venv).  Override the pin with LAUNCHER_TORCH="torch==X.Y.Z".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
