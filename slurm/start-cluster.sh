@@ -116,7 +116,8 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 JobRequeue=1
-KillWait=5
+# Slurm's default KillWait: the launcher's failure report must not wait for it (tests/test_slurm.py)
+KillWait=30
 MinJobAge=600
 $NODE_LINES
 PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP

@@ -36,6 +36,7 @@ SHORT = (
     "comm.reducer=bucketed",
 )
 TWO_BY_TWO = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2")
+TRAIN_FAST = ("train.max_steps=8", "train.checkpoint_every_steps=0", "train.log_every_steps=4")
 
 
 def _cannot_start() -> str | None:
@@ -297,6 +298,22 @@ def test_failing_rank_is_named_first_with_its_error(slurm, tmp_path, kind, where
         stderr,
         re.M,
     ), stderr[-2000:]
+
+
+def test_a_task_killed_without_a_record_is_named_first_on_its_real_node_and_host(slurm, tmp_path):
+    """Rank 3 (node 1, node2) SIGKILLed at step 3 writes no record; the peers' records do not start the report
+    early: once the job has ended (the others end on srun's SIGTERM, not at Slurm's KillWait of 30 s), the report
+    leads with rank 3, on node 1 and node2 (Slurm's block distribution), not "node 0, ?" (issue 35)."""
+    start = time.monotonic()
+    env = {**slurm, "LAUNCHER_FAULT": "step=3,rank=3,signal=KILL"}
+    result = run_launcher(*TWO_BY_TWO, *TRAIN_FAST, run_dir=tmp_path, env=env, timeout=240)
+    took = time.monotonic() - start
+    err = result.stderr
+    assert result.returncode == 1, err[-3000:]
+    first = next(line for line in err.splitlines() if line.startswith("launcher: rank "))
+    assert re.match(r"launcher: rank 3 \(task 3 of Slurm job \d+, state \w+, node 1\) on node2 ", first), first
+    assert " on node 0, ?" not in err, err[-3000:]
+    assert took < 60, f"{took:.0f} s: the tasks waited for Slurm's KillWait (30 s)"  # typical 15-20 s
 
 
 def test_bad_partition_reports_slurms_reason(slurm, tmp_path):

@@ -8,7 +8,8 @@ inside each task is ``slurm_task.py``.
   one checkpoint is written, rank 0 requeues the job (``scontrol requeue``), and the requeued job resumes from
   that checkpoint in the same run dir (at most ``cluster.max_requeues`` times). This replaces submitit's own
   handler, which would requeue from inside a signal handler without the other ranks agreeing on a step.
-- ``cluster.wait=true``: stream rank 0's log until the job ends, then report; the exit code is the job's.
+- ``cluster.wait=true``: stream rank 0's log until the job ends, then report (``slurm_report.py``); the exit code
+  is the job's. A rank's failure record is reported at once, while Slurm tears the job down.
 - ``cluster.min_nodes`` < ``cluster.nodes``: submitted with ``--nodes=MIN-MAX``, so the job starts as soon as MIN
   nodes are free and gets as many as Slurm can give then (up to MAX); each start (a requeue too) runs
   ``procs_per_node`` tasks on each node it got, and the job resumes its checkpoint on that world size.
@@ -20,26 +21,21 @@ import logging
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, JobConfig, SlurmClusterConfig
 from ..env import DistEnv
-from ..failures import Failure
-from ..failures import report as report_failures
 from ..logs import rank_log_path
 from ..secret import Secret
 from .mode import BaseMode, LaunchPlan
+from .slurm_report import failure_recorded, report, report_first_failure
 from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of sacct (one call) while waiting
-# A task's result file may lag the job's end on a shared file system: waited for this long, once for all tasks
-# (submitit waits 15 s per task: a job whose tasks srun killed reported ~50 s late instead of within 10 s). The
-# tasks srun killed never write one; the report leads with the ranks' own records, which do not wait for this.
-RESULTS_WAIT_S = 0.5
 
 
 class SlurmMode(BaseMode):
@@ -112,26 +108,6 @@ def executor(job: JobConfig):
     return ex
 
 
-def tasks_run(submitted: Any, job: JobConfig) -> int:
-    """How many tasks (ranks) the job's last start ran: ``procs_per_node`` on each node Slurm gave it (under
-    ``cluster.min_nodes`` the count comes from the accounting, ``sacct``; if it has none, ``cluster.nodes``)."""
-    c = job.cluster
-    per_node = c.procs_per_node or 1
-    if not c.may_shrink:
-        return c.nodes * per_node
-    try:
-        out = subprocess.run(
-            ["sacct", "-j", str(submitted.job_id), "-X", "-n", "-P", "-o", "NNodes"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        out = []
-    nodes = int(out[-1]) if out and out[-1].isdigit() and int(out[-1]) > 0 else c.nodes
-    return nodes * per_node
-
-
 def sbatch_preview(job: JobConfig) -> str:
     """The sbatch script submitit would submit (dry run)."""
     slurm = executor(job)._executor
@@ -170,14 +146,17 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     submitted = submit_slurm(plan, job)
     if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
-    stream_until_done(submitted, rank_log_path(job.run_dir, 0))
+    job_id = str(submitted.job_id)
+    if stream_until_done(submitted, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id)):
+        return report_first_failure(job, job_id)  # while Slurm tears the job down (its KillWait: 30 s by default)
     return report(submitted, job)
 
 
-def stream_until_done(submitted, log: Path) -> None:
-    """Print rank 0's log as it grows until the job ends. The state comes from sacct at each turn (``POLL_S``):
-    submitit's own rhythm backs off to one call per half the job's age, and a job that failed at 10 s was seen
-    ~6 s late, past the report's 10 s."""
+def stream_until_done(submitted, log: Path, failed: Callable[[], bool]) -> bool:
+    """Print rank 0's log as it grows until the job ends (False), or until a rank recorded its failure (True: the
+    report comes from the records at once, not after Slurm's teardown). The state comes from sacct at each turn
+    (``POLL_S``): submitit's own rhythm backs off to one call per half the job's age, and a job that failed at
+    10 s was seen ~6 s late, past the report's 10 s."""
     offset, tick, ran = 0, threading.Event(), False
     while True:
         done = submitted.done(force_check=True)
@@ -192,7 +171,9 @@ def stream_until_done(submitted, log: Path) -> None:
             if chunk:
                 print(chunk, end="", file=sys.stderr, flush=True)
         if done:
-            return
+            return False
+        if failed():
+            return True
         tick.wait(POLL_S)
 
 
@@ -207,45 +188,3 @@ def lift_requeue_hold(job_id: str) -> None:
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):  # Slurm's tools unreachable for now: the job starts on its own
         pass
-
-
-def report(submitted, job: JobConfig) -> int:
-    """0 when every task of the job's last start returned; else the job's failure report (``launcher.failures``):
-    the ranks' own records, and submitit's word for the tasks that ended without one (killed, or never started)."""
-    from submitit.core.utils import FailedJobError, UncompletedJobError
-
-    known = []
-    tasks = [submitted.task(rank) for rank in range(tasks_run(submitted, job))]
-    deadline = time.monotonic() + RESULTS_WAIT_S
-    while not all(t.paths.result_pickle.exists() for t in tasks) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    failed = submitted.state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
-    for rank, task in enumerate(tasks):
-        if failed and not task.paths.result_pickle.exists():  # killed (srun ends the others after a failure)
-            summary = f"Job {submitted.job_id} (task: {rank}) has not produced any output (state: {submitted.state})"
-            known.append(
-                Failure(
-                    rank=rank,
-                    kind="stopped",
-                    summary=summary,
-                    task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}",
-                )
-            )
-            continue
-        try:
-            task.result()
-        except (FailedJobError, UncompletedJobError) as exc:
-            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            kind = "died" if isinstance(exc, FailedJobError) else "stopped"
-            known.append(
-                Failure(
-                    rank=rank,
-                    kind=kind,
-                    summary=first.strip(),
-                    task=f"task {rank} of Slurm job {submitted.job_id}, state {submitted.state}",
-                )
-            )
-    if not known:
-        return 0
-    report_failures(job.run_dir, str(submitted.job_id), known)
-    return 1

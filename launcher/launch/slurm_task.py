@@ -52,6 +52,10 @@ class SlurmTask:
         self.secret = secret.environ()
 
     def __call__(self) -> Any:
+        # submitit's handler ignores SIGTERM (it bypasses it for its own preemption handling): srun's SIGTERM, when a
+        # task failed (--kill-on-bad-exit) or the job is cancelled, would then end this rank only at SIGKILL, after
+        # Slurm's KillWait (30 s by default). The launcher's own stop request on Slurm is SIGUSR2 (slurm.py)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ.update(self.secret)  # the rank takes it out of its environment (rank_work)
         return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
 
