@@ -122,16 +122,46 @@ def nothing_of_the_job_remains(request):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def nothing_of_the_module_remains(tmp_path_factory):
+def nothing_of_the_module_remains(request, tmp_path_factory):
     """After a test module, once its module fixtures are torn down (ranks a fixture spawned once for several tests,
     the ssh machines' sshd and what ran on them): no process started under the session's temporary directory, no
-    process of this one's is left, and nothing new in the temp dir."""
+    process of this one's is left, and nothing new in the temp dir (with one pytest process; under pytest-xdist
+    the other worker's modules write there meanwhile: the controller checks the whole session instead)."""
     temp = Path(tempfile.gettempdir())
     before = {p.name for p in temp.iterdir()}
     yield
     base = str(tmp_path_factory.getbasetemp()) + os.sep  # not a later run's pytest-NN when this one is pytest-N
     nothing_left(lambda: sorted({*processes_mentioning(base), *descendants(os.getpid())}), "the module")
-    new_in_temp(temp, before, tmp_path_factory.getbasetemp())
+    if not hasattr(request.config, "workerinput"):
+        new_in_temp(temp, before, tmp_path_factory.getbasetemp())
+
+
+# The test beds (network namespaces, the ssh machines, the local Slurm) are one per host: under pytest-xdist
+# (`-n 2 --dist loadgroup`, scripts/test.sh) the modules that use them run one after another on one worker; every
+# other module runs whole on one worker (its module fixtures once).
+BED_MODULES = ("test_sim", "test_slurm", "test_ssh", "test_watch", "test_hang_clusters")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__ if item.module else "?"
+        item.add_marker(pytest.mark.xdist_group("beds" if module in BED_MODULES else module))
+
+
+def pytest_sessionstart(session):
+    session.config.temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Under pytest-xdist, the controller: nothing new in the temp dir after the whole session (pytest's base temp
+    dirs aside); the session fails naming what was left."""
+    xdist = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
+    if xdist:
+        try:
+            new_in_temp(Path(tempfile.gettempdir()), session.config.temp_before, Path("/"))
+        except AssertionError as exc:
+            print(f"\n{exc}", file=sys.stderr)
+            session.exitstatus = 1
 
 
 OWN_TEMP = ("pytest-of-", "torchinductor_")  # pytest's base temp dir (it keeps the last runs); torch's cache dir is

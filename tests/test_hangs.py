@@ -218,12 +218,12 @@ def test_pauses_on_every_rank_and_a_clean_run_say_nothing(tmp_path):
 
 
 def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
-    """A rank busy in its own code (a checkpoint, an evaluation) for 9 s while the other waits: a script's job
+    """A rank busy in its own code (a checkpoint, an evaluation) for 14 s while the other waits: a script's job
     without comm.timeout_s is never ended by the watch (issue 35: its own group would wait 30 min); the hang is
-    named at comm.hang_warn_s=2 (about 2.5 s) and again at twice that stall (about 5-6 s), then "hang over"; the job
-    finishes. Started by torchrun: the watch runs in every entry (rank_work starts it), and rank 0's console is
+    named at comm.hang_warn_s=2 (at a stall of 2-5 s, by load) and again at twice that stall, then "hang over"; the
+    job finishes. Started by torchrun: the watch runs in every entry (rank_work starts it), and rank 0's console is
     torchrun's."""
-    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "9", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}  # 3 s after
+    env = {"HANG_CASE": "busy", "HANG_PAUSE_S": "14", "HANG_STEPS": "250", "HANG_STEP_S": "0.01"}
     logs = f"--log-dir={tmp_path}/torchrun"  # torchrun's default: a torchelastic_* dir left in the temp dir
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", logs, "-m", "launcher")
     result = run_launcher(SCRIPT, "comm.hang_warn_s=2", run_dir=tmp_path, env=env, timeout=120, module=torchrun)
@@ -235,7 +235,7 @@ def test_a_busy_rank_is_a_warning_and_the_job_goes_on_under_torchrun(tmp_path):
     assert re.search(r'hang_script\.py", line \d+, in main\n\s+time\.sleep\(', stack), err
     assert "cli.py" not in stack and "hydra" not in stack and "torchrun.py" not in stack, stack  # wrappers dropped
     assert "the script's own process group timeout ends it (comm.timeout_s=N ends it at N s)" in err, err
-    assert err.count("hang: ") == 2 and "hang over: every rank is moving again" in err.split(line)[1], err
+    assert err.count("hang: ") >= 2 and "hang over: every rank is moving again" in err.split(line)[1], err
     assert "launcher: rank" not in err  # no failure report
 
 
