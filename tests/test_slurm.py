@@ -22,7 +22,7 @@ from test_hang_clusters import SCRIPT, STUCK, STUCK_FRAME, WATCH, assert_hang_na
 
 from helpers import REPO, run_launcher
 from test_launch import assert_same_trajectory
-from test_root_cause import REPEAT, expect_root_cause, job_args, run_watched
+from test_root_cause import REPEAT, TRAIN, expect_root_cause, job_args, run_watched
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
 # Pinned: two separate runs under comm.hierarchical=auto could measure differently and sum in another order;
@@ -36,7 +36,6 @@ SHORT = (
     "comm.reducer=bucketed",
 )
 TWO_BY_TWO = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=2")
-TRAIN_FAST = ("train.max_steps=8", "train.checkpoint_every_steps=0", "train.log_every_steps=4")
 
 
 def _cannot_start() -> str | None:
@@ -306,7 +305,7 @@ def test_a_task_killed_without_a_record_is_named_first_on_its_real_node_and_host
     leads with rank 3, on node 1 and node2 (Slurm's block distribution), not "node 0, ?" (issue 35)."""
     start = time.monotonic()
     env = {**slurm, "LAUNCHER_FAULT": "step=3,rank=3,signal=KILL"}
-    result = run_launcher(*TWO_BY_TWO, *TRAIN_FAST, run_dir=tmp_path, env=env, timeout=240)
+    result = run_launcher(*TWO_BY_TWO, *TRAIN, run_dir=tmp_path, env=env, timeout=240)
     took = time.monotonic() - start
     err = result.stderr
     assert result.returncode == 1, err[-3000:]

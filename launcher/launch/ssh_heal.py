@@ -21,7 +21,7 @@ from .head import Control, NodeArgs, print_stopped
 from .host_check import token_path
 from .hosts import SSH_LOST, check_hosts
 from .ports import free_port
-from .ssh_nodes import SshNode, forwarding_stops, heartbeats
+from .ssh_nodes import SshNode, forwarding_stops, heartbeats, saying_if_slow
 
 
 def keeper_addr(hosts: list[str], facts: list[dict]) -> str:
@@ -110,14 +110,16 @@ def run_healing_attempt(  # noqa: PLR0913
     keeper = KeeperClient([], addr, free_port(addr), members.attempt, members.min_nodes, c.lost_after_s, hosts, secret)
     lock = threading.Lock()
     nodes: list[SshNode] = []
+    heard = threading.Event()
+    connecting = f"connecting to {', '.join(hosts)} over ssh and starting their node processes"
     try:
-        with forwarding_stops(nodes) as stops:
+        with forwarding_stops(nodes) as stops, saying_if_slow(connecting, heard):
             for node, host in enumerate(hosts):
                 args = NodeArgs(
                     job.run_dir, len(hosts), node, keeper.endpoint, launch_id, facts[node]["addr"] or host,
                     stdin_control=True, head_restarts=True, attempt=members.attempt, members=",".join(hosts),
                 )  # fmt: skip
-                nodes.append(SshNode(c, host, args.argv(c.python), lock, secret))
+                nodes.append(SshNode(c, host, args.argv(c.python), lock, secret, heard))
             if stops:
                 for ssh_node in nodes:
                     ssh_node.request(Control.stop_for(stops[0]))
