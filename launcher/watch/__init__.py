@@ -52,7 +52,8 @@ class Watch(threading.Thread):
         super().__init__(name="launcher-watch", daemon=True)
         self.args = (run_dir, warn_s, timeout_s)
         self.publisher = Publisher(run_dir, env, round_, left)
-        self.reporter = Reporter(run_dir, env, self.publisher.dir, warn_s, timeout_s) if env.rank in (0, 1) else None
+        reports = env.rank in (0, 1)
+        self.reporter = Reporter(run_dir, env, self.publisher.dir, warn_s, timeout_s, round_) if reports else None
         self.halt = threading.Event()
         self.failed = False
 

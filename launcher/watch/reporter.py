@@ -63,10 +63,19 @@ def _ranks(numbers: tuple[int, ...] | list[int]) -> str:
 
 
 class Reporter:
-    def __init__(
-        self, run_dir: str | Path, env: DistEnv, folder: Path, warn_s: float, timeout_s: Optional[float]
+    def __init__(  # noqa: PLR0913
+        self,
+        run_dir: str | Path,
+        env: DistEnv,
+        folder: Path,
+        warn_s: float,
+        timeout_s: Optional[float],
+        round_: int = 0,
     ) -> None:
         self.run_dir, self.env, self.dir = Path(run_dir), env, folder
+        # each report's folder: the attempt's, and the round's after a heal (a round's first report must not find
+        # the stacks of an earlier round's in a folder of the same name)
+        self.prefix = f"{env.launch_id or 'local'}-attempt-{env.attempt}" + (f"-round-{round_}" if round_ else "")
         self.timeout_s = timeout_s  # None: a script's job, its own process group ends a hang (the watch names it)
         # a report (with stacks) always comes before the end
         self.warn_s = min(warn_s, 0.75 * timeout_s) if timeout_s is not None else warn_s
@@ -129,7 +138,7 @@ class Reporter:
     # ------------------------------------------------------------------------------------------------ hangs
     def _ask(self, now_ns: int) -> None:
         self.asked += 1
-        folder = self.run_dir / "hangs" / f"{self.env.launch_id or 'local'}-attempt-{self.env.attempt}-{self.asked}"
+        folder = self.run_dir / "hangs" / f"{self.prefix}-{self.asked}"
         folder.mkdir(parents=True, exist_ok=True)
         self.request = {"id": self.asked, "dir": str(folder), "at_ns": now_ns}
         write_json_atomic(self.dir / "request.json", self.request)
