@@ -142,6 +142,7 @@ def nothing_of_the_module_remains(request, tmp_path_factory):
 BED_MODULES = ("test_sim", "test_slurm", "test_ssh", "test_watch", "test_hang_clusters")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__ if item.module else "?"
