@@ -312,7 +312,7 @@ def test_a_task_killed_without_a_record_is_named_first_on_its_real_node_and_host
     first = next(line for line in err.splitlines() if line.startswith("launcher: rank "))
     assert re.match(r"launcher: rank 3 \(task 3 of Slurm job \d+, state \w+, node 1\) on node2 ", first), first
     assert " on node 0, ?" not in err, err[-3000:]
-    assert took < 60, f"{took:.0f} s: the tasks waited for Slurm's KillWait (30 s)"  # typical 15-20 s
+    assert took < 90, f"{took:.0f} s: the tasks waited for Slurm's KillWait (30 s)?"  # typical 27 s (3x and more)
 
 
 def test_bad_partition_reports_slurms_reason(slurm, tmp_path):

@@ -6,6 +6,7 @@ the tasks that ended without a record, each named with its real node and host (S
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -60,6 +61,24 @@ def job_hosts(job_id: str) -> list[str]:
     return names
 
 
+SRUN_SAYS = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
+
+
+def ended_on_their_own(text: str) -> dict[int, tuple[str, str]]:
+    """The tasks srun saw end before it terminated the step (``--kill-on-bad-exit``), from its lines in the job's
+    output (``srun: error: node2: task 3: Killed``): rank -> (host, how). The tasks it ended after that are not."""
+    found: dict[int, tuple[str, str]] = {}
+    for line in text.splitlines():
+        if "Terminating StepId" in line or "Job step aborted" in line:
+            break
+        if said := SRUN_SAYS.match(line.strip()):
+            for part in said.group(2).split(","):
+                first, _, last = part.partition("-")
+                for rank in range(int(first), int(last or first) + 1):
+                    found[rank] = (said.group(1), said.group(3))
+    return found
+
+
 def tasks_run(job: JobConfig, hosts: list[str]) -> int:
     """How many tasks (ranks) the job's last start ran: ``procs_per_node`` on each node Slurm gave it (under
     ``cluster.min_nodes``: the nodes ``sacct`` lists; if it lists none, ``cluster.nodes``)."""
@@ -86,12 +105,19 @@ def report(submitted: Any, job: JobConfig) -> int:
 
     known = []
     results = [submitted.task(rank) for rank in range(tasks)]
+    try:  # srun's own lines go to the job's output: the first task's log
+        own = ended_on_their_own(results[0].paths.stderr.read_text(errors="replace")) if results else {}
+    except OSError:
+        own = {}
     deadline, tick = time.monotonic() + RESULTS_WAIT_S, threading.Event()
     while not all(t.paths.result_pickle.exists() for t in results) and not tick.wait(0.1):
         if time.monotonic() >= deadline:
             break
     failed = submitted.state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
     for rank, task in enumerate(results):
+        if failed and rank in own:  # ended on its own without a record (a signal, the OOM killer): the cause
+            known.append(failure(rank, "died", f"srun: task {rank} on {own[rank][0]}: {own[rank][1]}"))
+            continue
         if failed and not task.paths.result_pickle.exists():  # killed (srun ends the others after a failure)
             summary = f"Job {job_id} (task: {rank}) has not produced any output (state: {submitted.state})"
             known.append(failure(rank, "stopped", summary))
