@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,13 +122,23 @@ def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, en
 
 
 @contextlib.contextmanager
+def in_background(work: Callable[[], None], done: threading.Event) -> Iterator[None]:
+    """``work`` in a daemon thread while the block runs; then ``done`` is set and the thread joined."""
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
 def scanning_processes(needle: str) -> Iterator[dict[str, set[str]]]:
     """While the block runs, every process's command line and environment on this host (the ssh test machines' and
     simulated nodes' processes too: one kernel) are read every 50 ms. Yields what was found: ``argv``, the
     command lines holding ``needle`` (must stay empty for a secret); ``ranks``, the RANK of each process whose
     environment holds it (the value reached the ranks)."""
-    import threading
-
     found: dict[str, set[str]] = {"argv": set(), "ranks": set()}
     done, wanted = threading.Event(), needle.encode()
 
@@ -146,13 +157,8 @@ def scanning_processes(needle: str) -> Iterator[dict[str, set[str]]]:
                 if any(wanted in v for v in environ):
                     found["ranks"].update(v[5:].decode() for v in environ if v.startswith(b"RANK="))
 
-    thread = threading.Thread(target=scan, daemon=True)
-    thread.start()
-    try:
+    with in_background(scan, done):
         yield found
-    finally:
-        done.set()
-        thread.join(timeout=10)
 
 
 @contextlib.contextmanager
@@ -164,7 +170,6 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
     the live heartbeats: overwritten, a real value is gone, which no store without access control prevents; the
     keeper's test forges those). Yields what it wrote, and "argv of PID" for any process whose command line holds
     the job's secret."""
-    import threading
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -218,10 +223,5 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
                     if proc.name.isdigit() and secret_hex in (proc / "cmdline").read_bytes():
                         wrote.append(f"argv of {proc.name}")
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
+    with in_background(run, done):
         yield wrote
-    finally:
-        done.set()
-        thread.join(timeout=10)

@@ -118,7 +118,7 @@ class Reporter:
             self._ask(now_ns)
         if self.request is not None and self._answered(hang, now_ns):
             self._report(hang, now_ns)
-            self.reported, self.request, self.again_s = key, None, 2 * max(hang.stalled_s, self.warn_s, 1.0)
+            self.reported, self.request = key, None  # (_report set again_s)
         if self.reported == key and self.timeout_s is not None and hang.stalled_s >= self.timeout_s:
             self._end(hang)
         elif self.reported == key and self.timeout_s is None and hang.stalled_s >= self.again_s and not self.request:
@@ -169,10 +169,11 @@ class Reporter:
         for rank in sorted(self.stacks, key=lambda r: (r not in hang.culprits, r)):
             lines.append(f"  stack of rank {rank} (live, every thread):")
             lines.extend("    " + line for line in self.stacks[rank].rstrip().splitlines())
+        self.again_s = 2 * max(hang.stalled_s, self.warn_s, 1.0)  # without an end: the next report's stall
         end = (
             f"the job is ended at comm.timeout_s={self.timeout_s:.0f} s unless it moves on"
             if self.timeout_s is not None
-            else f"reported again at {2 * max(hang.stalled_s, self.warn_s, 1.0):.0f} s; the script's own process "
+            else f"reported again at {self.again_s:.0f} s; the script's own process "
             "group timeout ends it (comm.timeout_s=N ends it at N s)"
         )
         lines.append(f"  report and every rank's flight recorder: {folder}; {end}")
