@@ -32,10 +32,11 @@ from ..logs import rank_log_path
 from ..secret import Secret
 from .mode import BaseMode, LaunchPlan
 from .slurm_report import failure_recorded, report, report_first_failure
+from .slurm_state import JobWatch
 from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of sacct (one call) while waiting
+POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of the controller (one call) while waiting
 
 
 class SlurmMode(BaseMode):
@@ -53,7 +54,8 @@ class SlurmMode(BaseMode):
         return "# sbatch script (submitit)\n" + sbatch_preview(job)
 
     def submit(self, plan: LaunchPlan, job: JobConfig) -> PendingJob:
-        return PendingJob(submit_slurm(plan, job), job)
+        submitted = submit_slurm(plan, job)
+        return PendingJob(submitted, job, JobWatch(submitted, job.run_dir))
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,17 @@ class PendingJob:
 
     submitted: Any
     job: JobConfig
+    watch: JobWatch
 
     @property
     def job_id(self) -> str:
         return str(self.submitted.job_id)
 
     def done(self) -> bool:
-        return bool(self.submitted.done())
+        return self.watch.ended() is not None
 
     def finish(self) -> int:
-        return report(self.submitted, self.job)
+        return report(self.submitted, self.job, self.watch.ended())
 
 
 def executor(job: JobConfig):
@@ -146,23 +149,20 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     submitted = submit_slurm(plan, job)
     if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
-    job_id = str(submitted.job_id)
-    if stream_until_done(submitted, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id)):
+    job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run_dir)
+    state = stream_until_done(watch, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id))
+    if state is None:
         return report_first_failure(job, job_id)  # while Slurm tears the job down (its KillWait: 30 s by default)
-    return report(submitted, job)
+    return report(submitted, job, state)
 
 
-def stream_until_done(submitted, log: Path, failed: Callable[[], bool]) -> bool:
-    """Print rank 0's log as it grows until the job ends (False), or until a rank recorded its failure (True: the
-    report comes from the records at once, not after Slurm's teardown). The state comes from sacct at each turn
-    (``POLL_S``): submitit's own rhythm backs off to one call per half the job's age, and a job that failed at
-    10 s was seen ~6 s late, past the report's 10 s."""
-    offset, tick, ran = 0, threading.Event(), False
+def stream_until_done(watch: JobWatch, log: Path, failed: Callable[[], bool]) -> str | None:
+    """Print rank 0's log as it grows until the job ends (its final state), or until a rank recorded its failure
+    (None: the report comes from the records at once, not after Slurm's teardown). The job's state comes from the
+    controller at each turn (``POLL_S``, ``slurm_state``)."""
+    offset, tick = 0, threading.Event()
     while True:
-        done = submitted.done(force_check=True)
-        ran = ran or log.exists()
-        if ran and not done and submitted.state != "RUNNING":  # (sacct's word; after a requeue it says PENDING)
-            lift_requeue_hold(str(submitted.job_id))
+        state = watch.ended()
         if log.exists():
             with open(log, encoding="utf-8", errors="replace") as f:
                 f.seek(offset)
@@ -170,21 +170,8 @@ def stream_until_done(submitted, log: Path, failed: Callable[[], bool]) -> bool:
                 offset = f.tell()
             if chunk:
                 print(chunk, end="", file=sys.stderr, flush=True)
-        if done:
-            return False
+        if state is not None:
+            return state
         if failed():
-            return True
+            return None
         tick.wait(POLL_S)
-
-
-def lift_requeue_hold(job_id: str) -> None:
-    """A requeued job is held by Slurm before it may start again (reason ``BeginTime``: ``scontrol show job`` gives
-    it an EligibleTime ~10 s after the requeue, whatever the configuration); the requeue came after the ranks'
-    stop checkpoint, so nothing needs that pause: the hold is lifted (``StartTime=now``) and the job starts as soon
-    as Slurm can place it. Called only after the job ran: a ``--begin`` the user asked for holds its first start."""
-    try:
-        reason = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=30)
-        if reason.stdout.strip() == "BeginTime":
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):  # Slurm's tools unreachable for now: the job starts on its own
-        pass

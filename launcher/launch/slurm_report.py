@@ -87,20 +87,22 @@ def tasks_run(job: JobConfig, hosts: list[str]) -> int:
     return nodes * (c.procs_per_node or 1)
 
 
-def report(submitted: Any, job: JobConfig) -> int:
+def report(submitted: Any, job: JobConfig, state: str | None = None) -> int:
     """0 when every task of the job's last start returned; else the job's failure report (``launcher.failures``):
     the ranks' own records, and submitit's word for the tasks that ended without one (killed, or never started),
-    each on its real node and host."""
+    each on its real node and host. ``state``: the job's final state as the controller said it (``slurm_state``);
+    None: submitit's (accounting's) word."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     job_id = str(submitted.job_id)
+    state = state or str(submitted.state)
     hosts = job_hosts(job_id)
     per_node, tasks = job.cluster.procs_per_node or 1, tasks_run(job, hosts)
 
     def failure(rank: int, kind: str, summary: str) -> Failure:
         node = rank // per_node
         host = hosts[node] if node < len(hosts) else "?"
-        task = f"task {rank} of Slurm job {job_id}, state {submitted.state}"
+        task = f"task {rank} of Slurm job {job_id}, state {state}"
         return Failure(rank=rank, kind=kind, summary=summary, host=host, node=node, nodes=len(hosts) or 1, task=task)
 
     known = []
@@ -113,13 +115,13 @@ def report(submitted: Any, job: JobConfig) -> int:
     while not all(t.paths.result_pickle.exists() for t in results) and not tick.wait(0.1):
         if time.monotonic() >= deadline:
             break
-    failed = submitted.state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
+    failed = state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
     for rank, task in enumerate(results):
         if failed and rank in own:  # ended on its own without a record (a signal, the OOM killer): the cause
             known.append(failure(rank, "died", f"srun: task {rank} on {own[rank][0]}: {own[rank][1]}"))
             continue
         if failed and not task.paths.result_pickle.exists():  # killed (srun ends the others after a failure)
-            summary = f"Job {job_id} (task: {rank}) has not produced any output (state: {submitted.state})"
+            summary = f"Job {job_id} (task: {rank}) has not produced any output (state: {state})"
             known.append(failure(rank, "stopped", summary))
             continue
         try:
