@@ -84,7 +84,8 @@ class JobWatch:
             self.ended_since = None
             return None
         if requeues_asked(self.run_dir) > now.restarts:  # rank 0 is asking for a requeue the controller has not seen
-            self.ended_since = self.ended_since or time.monotonic()
+            if self.ended_since is None:
+                self.ended_since = time.monotonic()
             if time.monotonic() - self.ended_since < REQUEUE_GRACE_S:
                 return None
         return now.state
