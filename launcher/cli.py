@@ -44,9 +44,11 @@ from typing import Optional
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, open_dict
 
 from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
+from .config.keys import check_keys, own_model
 from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit, settle_exit_code
@@ -73,7 +75,15 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
             sweep.add("", code=EXIT_CONFIG)
         return EXIT_CONFIG
     if job.dry_run:
+        try:  # built here, so an error in the user's class shows before anything starts
+            built = instantiate(job.model)
+        except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is reported
+            cause = exc.__cause__ or exc  # the user's error, not Hydra's wrapper
+            target = job.model["_target_"]
+            print(f"launcher: error: model._target_={target} failed to build: {cause!r}", file=sys.stderr)
+            return EXIT_CONFIG
         print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
+        print(f"model       : {type(built).__name__}, {sum(p.numel() for p in built.parameters()):,} parameters")
         if extra := mode.preview(job):
             print("\n" + extra)
         return EXIT_OK
@@ -195,6 +205,21 @@ def check_output_dir(args: list[str]) -> None:
             raise SystemExit(EXIT_CONFIG)
 
 
+# Hydra's flags that take the next argument as their value (the rest of the command line is overrides)
+VALUED_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p")
+
+
+def hydra_overrides(args: list[str]) -> list[str]:
+    """The overrides of a Hydra command line (its flags and their values left out)."""
+    out, skip = [], False
+    for arg in args:
+        if skip or arg.startswith("-"):
+            skip = not skip and arg in VALUED_FLAGS
+            continue
+        out.append(arg)
+    return out
+
+
 def main() -> None:
     no_world_writable_files()  # before Hydra creates the run dir
     command = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -203,6 +228,11 @@ def main() -> None:
     if command == "doctor":  # the same job, launched the same way, checking the cluster instead of training
         sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
     check_output_dir(sys.argv[1:])
+    try:
+        check_keys(hydra_overrides(sys.argv[1:]))
+    except ConfigError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
     register_resolvers()
     register_configs()
     entered = []
@@ -211,6 +241,8 @@ def main() -> None:
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _task(cfg: DictConfig) -> int:
         entered.append(True)
+        with open_dict(cfg):
+            own_model(cfg.model, list(HydraConfig.get().overrides.task))
         if HydraConfig.get().mode == RunMode.RUN:
             raise SystemExit(run_job(cfg))
         return run_job(cfg, sweep.point(" ".join(HydraConfig.get().overrides.task)))

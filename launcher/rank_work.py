@@ -24,6 +24,7 @@ from .logs import setup_logging
 from .rendezvous import listening_store, process_group
 from .secret import Secret
 from .summary import RunSummary
+from .threads import for_this_rank
 from .train.stop import StopRequest
 from .watch import backstop_s, end_watch, start_watch
 
@@ -32,14 +33,6 @@ log = logging.getLogger(__name__)
 
 def job_backend(job: JobConfig) -> str:
     return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
-
-
-def set_threads(job: JobConfig, env: DistEnv) -> None:
-    """Split the cores between the ranks of a node unless OMP_NUM_THREADS or train.threads_per_rank says."""
-    if job.train.threads_per_rank:
-        torch.set_num_threads(job.train.threads_per_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
 def run_rank_work(
@@ -65,6 +58,8 @@ def run_rank_work(
 
 def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:
     secret = Secret.from_environ(os.environ)  # the job's (the launcher's head handed it on): out of the environment
+    threads, why = for_this_rank(job.train.threads_per_rank, env.local_world_size)  # the script's too
+    torch.set_num_threads(threads)
     if job.script is not None:
         os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
         store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
@@ -80,11 +75,11 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
         return None
     from .train.trainer import Trainer  # heavy imports only where training happens
 
-    set_threads(job, env)
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
     signed = "signed with the job's secret" if secret else "unsigned (no LAUNCHER_SECRET: README, Security)"
-    log.info("%s, device %s, backend %s, store %s", env.describe(), device, backend, signed)
+    log.info("%s, device %s, backend %s, %d thread(s), store %s", env.describe(), device, backend, threads, signed)
+    log.debug("threads per rank: %s", why)
     if env.is_main and job.cluster.may_shrink:  # sim, ssh after a loss; Slurm's --nodes=MIN-MAX
         log.info(
             "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 class LocalMode(BaseMode):
     name = "local"
 
+    def ranks_on_this_machine(self, job: JobConfig, env: DistEnv) -> int | None:
+        return job.cluster.procs_per_node
+
     def fill_defaults(self, cluster: DictConfig, env: DistEnv, gpus_visible: int) -> None:
         if cluster.gpus_per_node is None:
             cluster.gpus_per_node = gpus_visible  # this machine's GPUs are the job's

@@ -44,6 +44,7 @@ class LaunchPlan:
     run_dir: str
     entry: str
     on_loss: str = ""  # what losing a machine does (a job that may shrink: plan.describe_on_loss)
+    threads: str = ""  # threads per rank (launcher.threads.plan_line)
 
     @property
     def world_size(self) -> int:
@@ -65,6 +66,7 @@ class LaunchPlan:
                 f"rendezvous  : {self.rendezvous}",
                 f"max restarts: {self.max_restarts}",
                 *([f"lost machine: {self.on_loss}"] if self.on_loss else []),
+                *([f"threads     : {self.threads}"] if self.threads else []),
                 f"entry       : {self.entry}",
                 f"run dir     : {self.run_dir}",
             ]
@@ -93,6 +95,10 @@ class BaseMode:
 
     def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
         raise NotImplementedError
+
+    def ranks_on_this_machine(self, job: JobConfig, env: DistEnv) -> int | None:
+        """How many of the job's ranks share this machine's cores (None: they run on other machines)."""
+        return None
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         raise NotImplementedError
@@ -132,3 +138,6 @@ class StartedMode(BaseMode):
 
     def rendezvous(self, job: JobConfig, env: DistEnv) -> str:
         return f"{env.master_addr}:{env.master_port} ({self.store_host})"
+
+    def ranks_on_this_machine(self, job: JobConfig, env: DistEnv) -> int | None:
+        return env.local_world_size

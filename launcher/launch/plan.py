@@ -7,12 +7,16 @@ job really ran with. Anything wrong is a ``ConfigError`` before a process starts
 
 from __future__ import annotations
 
+import os
+
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, to_job
+from ..config.keys import check_model_keys
 from ..config.rules import heals_in_place
 from ..env import DistEnv
 from ..gpus import backend_for
+from ..threads import plan_line
 from .local import LocalMode
 from .mode import BaseMode, LaunchPlan
 from .sim import SimMode
@@ -40,6 +44,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     if cfg.cluster.min_nodes is None:  # every machine needed: the frozen config says so with the number
         cfg.cluster.min_nodes = cfg.cluster.nodes
     job = to_job(cfg)
+    check_model_keys(job.model)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
     procs, gpus = int(c.procs_per_node or 0), int(c.gpus_per_node or 0)
@@ -62,6 +67,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         run_dir=job.run_dir,
         entry=describe_entry(job),
         on_loss=describe_on_loss(job),
+        threads=plan_line(job.train.threads_per_rank, mode.ranks_on_this_machine(job, env), os.environ),
     )
     return job, plan, mode
 

@@ -26,6 +26,7 @@ from ..failures import report as report_failures
 from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
 from ..secret import Secret
+from ..threads import RANKS_ON_MACHINE
 from .head import NodeArgs, print_stopped, wait_nodes
 from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
@@ -36,6 +37,9 @@ SIM_PORT = 29400  # inside fresh namespaces nothing else listens
 
 class SimMode(BaseMode):
     name = "sim"
+
+    def ranks_on_this_machine(self, job: JobConfig, env: DistEnv) -> int | None:
+        return job.cluster.nodes * (job.cluster.procs_per_node or 1)  # every simulated node runs on this one
 
     def validate(self, job: JobConfig, env: DistEnv, gpus_visible: int) -> None:
         if isinstance(job.cluster, SimClusterConfig) and job.cluster.netns:
@@ -113,6 +117,7 @@ class Attempt:
     def start(self, endpoint: str, members: str = "") -> None:
         for position, node in enumerate(self.nodes):
             env = {**os.environ, "GLOO_SOCKET_IFNAME": self.net.ifname(node), **self.secret.environ()}
+            env[RANKS_ON_MACHINE] = str(len(self.nodes) * (self.c.procs_per_node or 1))  # they share its cores
             args = NodeArgs(
                 self.job.run_dir,
                 len(self.nodes),
