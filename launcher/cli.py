@@ -34,6 +34,7 @@ Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad conf
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -47,8 +48,9 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
+from .command_line import prepared
 from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
-from .config.keys import check_keys, own_model
+from .config.keys import own_model
 from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit, settle_exit_code
@@ -71,6 +73,8 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         check_resumable(job, job.run_dir)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
+        with contextlib.suppress(Exception):  # the run dir Hydra made, empty: nothing started, nothing left
+            Path(cfg.run_dir).rmdir()
         if sweep is not None:
             sweep.add("", code=EXIT_CONFIG)
         return EXIT_CONFIG
@@ -86,6 +90,8 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         print(f"model       : {type(built).__name__}, {sum(p.numel() for p in built.parameters()):,} parameters")
         if extra := mode.preview(job):
             print("\n" + extra)
+        with contextlib.suppress(OSError):  # the run dir Hydra made for it, empty: a dry run leaves nothing
+            Path(job.run_dir).rmdir()
         return EXIT_OK
     if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
         mode.run(plan, job, env)
@@ -205,21 +211,6 @@ def check_output_dir(args: list[str]) -> None:
             raise SystemExit(EXIT_CONFIG)
 
 
-# Hydra's flags that take the next argument as their value (the rest of the command line is overrides)
-VALUED_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p")
-
-
-def hydra_overrides(args: list[str]) -> list[str]:
-    """The overrides of a Hydra command line (its flags and their values left out)."""
-    out, skip = [], False
-    for arg in args:
-        if skip or arg.startswith("-"):
-            skip = not skip and arg in VALUED_FLAGS
-            continue
-        out.append(arg)
-    return out
-
-
 def main() -> None:
     no_world_writable_files()  # before Hydra creates the run dir
     command = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -229,7 +220,7 @@ def main() -> None:
         sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
     check_output_dir(sys.argv[1:])
     try:
-        check_keys(hydra_overrides(sys.argv[1:]))
+        sys.argv = [sys.argv[0], *prepared(sys.argv[1:])]
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

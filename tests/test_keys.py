@@ -6,7 +6,7 @@ run builds the model and reports its error before anything starts."""
 import pytest
 
 from helpers import run_launcher
-from launcher.cli import hydra_overrides
+from launcher.command_line import hydra_overrides
 
 MODEL = """
 from torch import nn
@@ -85,3 +85,23 @@ def test_a_dry_run_builds_the_model_and_reports_its_error(tmp_path, own_package)
 def test_hydra_flags_and_their_values_are_not_overrides():
     args = ["-m", "--config-name", "other", "train.epochs=2", "-cd", "/x", "--cfg", "job", "+cluster=sim"]
     assert hydra_overrides(args) == ["train.epochs=2", "+cluster=sim"]
+
+
+def test_a_dry_run_leaves_nothing(tmp_path):
+    result = run_launcher("dry_run=true", run_dir=tmp_path / "run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "run").exists()  # no run dir, no .hydra in it
+
+
+def test_the_printed_resume_command_continues_the_run_as_printed(tmp_path):
+    """ "run again with hydra.run.dir=X" was refused as a different job unless every override was repeated: the
+    run dir's own overrides are taken again when hydra.run.dir is all the command line says."""
+    run_dir = tmp_path / "run"
+    first = run_launcher("model=mlp", "cluster.procs_per_node=1", "train.max_steps=4", run_dir=run_dir)
+    assert first.returncode == 0, first.stderr
+    again = run_launcher(run_dir=run_dir)
+    assert again.returncode == 0, again.stderr
+    said = (
+        f"[launcher] continuing {run_dir} with its own overrides: model=mlp cluster.procs_per_node=1 train.max_steps=4"
+    )
+    assert said in again.stderr and "resumed from" in again.stderr

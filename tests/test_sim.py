@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from helpers import HEAL_JOB, plan, run_launcher, stranger_writing
+from helpers import HEAL_JOB, REPO, plan, run_launcher, stranger_writing
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, final_state
@@ -321,3 +321,61 @@ def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
     report = next(line for line in err.splitlines() if line.startswith("launcher: rank "))
     assert report.startswith("launcher: rank 1 (node 1, pid ") and " hung: " in report, report
     assert "Thread heal-watch" not in err  # the launcher's own threads are not where a rank is stuck
+
+
+def job_processes(run_dir) -> list[str]:
+    """The processes whose command line names ``run_dir`` (the node processes and their ranks)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(entry) != os.getpid() and str(run_dir).encode() in argv:
+            found.append(f"{entry}: {b' '.join(argv).decode(errors='replace')[:200]}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("sig", "group", "code"),
+    [(signal.SIGTERM, False, 143), (signal.SIGHUP, False, 143), (signal.SIGINT, True, 130)],
+    ids=["SIGTERM-to-the-head", "SIGHUP-to-the-head", "Ctrl-C"],
+)
+def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, sig, group, code):
+    """Issue 36: SIGTERM to a sim head's PID alone ended the head (143, nothing said) and left both node processes
+    and their ranks training headless under init. Now the head passes the stop on: the ranks agree on a step and
+    checkpoint, the head exits 143 / 130 with the stop line, and no process of the job is left within 15 s; Ctrl-C
+    (SIGINT to the group, as a terminal sends it) prints no traceback."""
+    run_dir, log = tmp_path / "run", tmp_path / "head.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
+    argv = [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", "+cluster=sim", "cluster.nodes=2"]
+    argv += ["cluster.procs_per_node=1", "train.epochs=200", "train.checkpoint_every_steps=20"]
+    with open(log, "w") as stderr:
+        head = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(run_dir.glob("checkpoints/step-*.pt")):
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        (os.killpg if group else os.kill)(head.pid, sig)
+        stopped = time.monotonic()
+        assert head.wait(timeout=15) == code, log.read_text()[-3000:]
+        while (left := job_processes(run_dir)) and time.monotonic() - stopped < 15:
+            time.sleep(0.2)
+        assert not left, "still running 15 s after the stop:\n" + "\n".join(left)
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        for pid in job_processes(run_dir):
+            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+    stderr = log.read_text()
+    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
+    assert last not in first, "no checkpoint at the stop: " + stderr[-2000:]
+    step = int(last.stem.split("-")[1])
+    assert f"the newest checkpoint is {last} (step {step}): run again with hydra.run.dir={run_dir}" in stderr
+    assert "Traceback" not in stderr and "death signal" not in stderr, stderr[-3000:]

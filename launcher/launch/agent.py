@@ -69,6 +69,8 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     return 1."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # its "Received Signals.SIGTERM death signal, shutting down workers": the launcher says the stop in its own words
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
     # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
     # (launcher.rendezvous.listening_store) instead of a second agent store that would listen on every interface.

@@ -6,16 +6,18 @@ a failure, and the line a stopped job ends with. No torch here: the head only st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint_names import checkpoint_path, newest_step
 from ..config import JobConfig
@@ -154,3 +156,31 @@ def wait_nodes(
             if hang_ended():
                 deadline, after = time.monotonic(), "at once: the progress watch ended a hang"
     return codes, first
+
+
+# what stops a job when sent to its head alone (a user's kill, a CI runner, a scheduler; Ctrl-C reaches the group)
+HEAD_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def forwarding_stops(send: Callable[[Control], None], where: str) -> Iterator[list[int]]:
+    """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on once as a stop (``send(Control.INT or
+    TERM)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143) instead of ending the head alone,
+    which left the nodes training headless; yields the signals got (the caller stops what it starts later)."""
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not got:
+            print(
+                f"launcher: {signal.Signals(signum).name}: stopping the job {where} (the ranks checkpoint)",
+                file=sys.stderr,
+            )
+            send(Control.stop_for(signum))
+        got.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in HEAD_STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

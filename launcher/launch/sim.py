@@ -27,7 +27,7 @@ from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
 from ..secret import Secret
 from ..threads import RANKS_ON_MACHINE
-from .head import NodeArgs, print_stopped, wait_nodes
+from .head import NodeArgs, forwarding_stops, print_stopped, wait_nodes
 from .mode import BaseMode, LaunchPlan
 from .netns import SimNetwork, check_netns_possible
 from .ports import free_port
@@ -66,11 +66,16 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
     heals = bool(heals_in_place(job))
     secret = Secret.new()  # the job's: the keeper and the node processes get it in their environment
-    with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
+    current: list[Attempt] = []  # the attempt running now: a stop signal to the head goes to its node processes
+    with (
+        SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net,
+        forwarding_stops(lambda word: current[-1].signal_all(word.signum) if current else None, "on every node"),
+    ):
         while True:
             launch_id = uuid.uuid4().hex[:12]
             nodes = [int(name.removeprefix("node-")) for name in members.live]
             attempt = Attempt(job, c, net, nodes, launch_id, members.attempt, c.may_shrink, secret)
+            current.append(attempt)
             codes, first, stopped = attempt.heal(members) if heals else attempt.run()
             code = codes[first] if first >= 0 else 0
             if code == 0 or code in STOP_CODES:
@@ -130,6 +135,13 @@ class Attempt:
                 members=members,
             )
             self.procs.append(subprocess.Popen([*self.net.prefix(node), *args.argv(sys.executable)], env=env))
+
+    def signal_all(self, signum: int) -> None:
+        """A stop signal the head got, passed on to every node process still running (its agent stops the ranks
+        with a checkpoint, as the signal would)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     def stop(self, proc: subprocess.Popen) -> None:
         self.stopped.add(self.procs.index(proc))

@@ -4,15 +4,15 @@ them while the job runs: stop signals forwarded (``forwarding_stops``) and heart
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO
 
 from ..config import SshClusterConfig
 from ..secret import Secret
+from . import head
 from .head import Control
 from .hosts import handoff, remote_shell, ssh_command
 
@@ -96,27 +96,14 @@ class SshNode:
                 self.proc.stdin.close()
 
 
-@contextlib.contextmanager
-def forwarding_stops(nodes: list[SshNode]) -> Iterator[list[int]]:
-    """While the job runs, SIGINT / SIGTERM here are forwarded to every node (once); yields the signals got."""
-    got: list[int] = []
+def forwarding_stops(nodes: list[SshNode]) -> contextlib.AbstractContextManager[list[int]]:
+    """``head.forwarding_stops`` to every node of ``nodes`` (the list may grow while the nodes start)."""
 
-    def forward(signum: int, frame: Any) -> None:
-        if not got:
-            print(
-                f"launcher: {signal.Signals(signum).name}: stopping the job on every host (the ranks checkpoint)",
-                file=sys.stderr,
-            )
-            for node in nodes:
-                node.request(Control.stop_for(signum))
-        got.append(signum)
+    def send(word: Control) -> None:
+        for node in nodes:
+            node.request(word)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield got
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return head.forwarding_stops(send, "on every host")
 
 
 @contextlib.contextmanager
