@@ -38,6 +38,11 @@ class RunSummary:
     hosts: list[str] = field(default_factory=list)  # each node's host name, in node order
     membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.membership)
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # slow ranks the watch named (launcher.watch)
+    precision: str = "fp32"  # train.precision
+    accumulate_steps: int = 1  # train.accumulate_steps
+    clip_grad_norm: Optional[float] = None  # optim.clip_grad_norm
+    loss: str = "cross_entropy"  # train.loss
+    skipped_steps: int = 0  # fp16: steps the gradient scaler skipped (inf/nan gradients), this run
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -41,11 +41,18 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast on the rank's device (fp16 with a gradient scaler)
     accumulate_steps: int = 1  # micro-batches per optimiser step (the global batch stays train.batch_size);
     #                            gradients are synchronised once per step, after the last one
+    loss: str = "cross_entropy"  # cross_entropy (classes last: (N, C) or per token (N, ..., C)) | model (forward(x,
+    #                              targets) returns the loss, or .loss / ["loss"]) | pkg.module.fn(outputs, targets)
+    metric: Optional[str] = None  # pkg.module.fn(outputs, targets) -> value, reported in place of the accuracy
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
         _check(self.precision in PRECISIONS, f"train.precision={self.precision!r}; HINT: " + ", ".join(PRECISIONS))
         _check(self.accumulate_steps >= 1, f"train.accumulate_steps={self.accumulate_steps} must be >= 1")
+        if self.loss not in ("cross_entropy", "model"):
+            _check_importable(self.loss, "train.loss", "cross_entropy, model, or a dotted path to fn(outputs, targets)")
+        if self.metric is not None:
+            _check_importable(self.metric, "train.metric", "a dotted path to fn(outputs, targets) -> value")
         if self.max_steps is not None:
             _check(self.max_steps >= 1, f"train.max_steps={self.max_steps} must be >= 1 (or null)")
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")

@@ -24,14 +24,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 
 from ..config import DataConfig
 
+IMAGE_MODELS = ("models.lenet.LeNet", "models.mlp.MLP", "models.resnet.resnet18")  # conf/model: they take images
 DATA_SEED = 20240601  # fixed: the data set itself must not depend on train.seed or the rank
 
 
-def build_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
-    """(train, test): the user's own (``data._target_``, checked against the shape the config describes), or a
-    built-in set as tensors of shape (N, channels, image_size, image_size) and int64 labels."""
+def build_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Optional[Dataset]]:
+    """(train, test): the user's own (``data._target_``; with ``images``, for a built-in model, checked against the
+    shape the config describes), or a built-in set as tensors of shape (N, channels, image_size, image_size) and
+    int64 labels."""
     if cfg._target_ is not None:
-        return user_datasets(cfg)
+        return user_datasets(cfg, images)
     loaders = {"digits": _digits, "synthetic": _synthetic, "idx": _idx}
     x_train, y_train, x_test, y_test = loaders[cfg.name](cfg)
     x_train, x_test = (_shape(x, cfg) for x in (x_train, x_test))
@@ -128,10 +130,11 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
-def user_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
-    """``data._target_(**data.kwargs)`` -> (train, test or None), map-style; the first sample of each must be an
-    image of the shape data.channels / data.image_size describe; its first and last labels below
-    data.num_classes."""
+def user_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Optional[Dataset]]:
+    """``data._target_(**data.kwargs)`` -> (train, test or None), map-style. ``images`` (a built-in model, which
+    takes images): the first sample of each must be an image of the shape data.channels / data.image_size describe,
+    its first and last labels below data.num_classes. Otherwise samples of any shape: the loss checks what it gets
+    at the first step (``task.py``)."""
     made = get_method(cfg._target_)(**cfg.kwargs)
     where = f"data._target_={cfg._target_!r}"
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
@@ -142,6 +145,8 @@ def user_datasets(cfg: DataConfig) -> tuple[Dataset, Optional[Dataset]]:
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
             raise ValueError(f"{where}: its {split} set is not a non-empty map-style Dataset (__getitem__, __len__)")
         first = dataset[0]
+        if not images:
+            continue
         x = first[0]
         want = (cfg.channels, cfg.image_size, cfg.image_size)
         shape = tuple(torch.as_tensor(x).shape)

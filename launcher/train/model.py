@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torch.nn import functional as F
 
 from .. import dist_helpers
 from ..config import JobConfig
 from ..devices import seed_all
+from .task import Task
 
 
 def build_model(job: JobConfig, device: torch.device) -> nn.Module:
@@ -34,22 +36,15 @@ def check_same_weights(model: nn.Module, peers: dist_helpers.Peers = dist_helper
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader, device: torch.device, peers: dist_helpers.Peers = dist_helpers.Peers()
-) -> tuple[float, float]:
-    """(test loss, accuracy) over every rank's disjoint shard of the held-out split (collective), with rank 0's
-    buffers (batch-norm statistics)."""
+    model: nn.Module, loader, device: torch.device, task: Task, peers: dist_helpers.Peers = dist_helpers.Peers()
+) -> tuple[float, Optional[float]]:
+    """(test loss, accuracy or train.metric; None where neither applies) over every rank's disjoint shard of the
+    held-out split (collective), with rank 0's buffers (batch-norm statistics)."""
     model.eval()
     peers.broadcast_buffers(model)
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, metric sum, count
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        totals += torch.stack(
-            [
-                F.cross_entropy(logits, y, reduction="sum").double(),
-                (logits.argmax(1) == y).sum().double(),
-                torch.tensor(float(len(y)), dtype=torch.float64, device=device),
-            ]
-        )
+        totals += task.eval_sums(model, x.to(device), y.to(device))
     peers.all_reduce(totals)
-    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+    loss = (totals[0] / totals[1].clamp_min(1)).item()
+    return loss, (totals[2] / totals[3]).item() if task.has_accuracy and totals[3] > 0 else None

@@ -66,6 +66,8 @@ class Records:
             "samples_per_s": self.global_batch / step_s,
             "step_s": step_s,
         }
+        if self.stepper.grad_norm is not None:  # optim.clip_grad_norm: the last step's norm before clipping
+            record["grad_norm"] = self.stepper.grad_norm
         if self.sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
             record["comm_exposed_s"] = window[2].item() / self.env.world_size / max(1.0, batches)
         self.metrics.write(record)
@@ -95,6 +97,11 @@ class Records:
             hosts=self.hosts,
             membership=membership.changes(self.run_dir),
             stragglers=stragglers(),
+            precision=job.train.precision,
+            accumulate_steps=job.train.accumulate_steps,
+            clip_grad_norm=job.optim.clip_grad_norm,
+            loss=job.train.loss,
+            skipped_steps=int(self.stepper.skipped),
         )
         if env.is_main:
             summary.write(self.run_dir)
@@ -108,9 +115,10 @@ class Records:
         self.sync.flush()
         self.sync.module.eval()
         with self.stepper.autocast():
-            loss, accuracy = evaluate(self.model, self.test_loader, self.device, self.peers)
+            loss, accuracy = evaluate(self.model, self.test_loader, self.device, self.stepper.task, self.peers)
         self.metrics.write(
             {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
         )
-        log.info("epoch %d step %d: test accuracy %.4f, test loss %.4f", epoch, self.pos.step, accuracy, loss)
+        shown = "n/a (train.loss gives no accuracy: train.metric)" if accuracy is None else f"{accuracy:.4f}"
+        log.info("epoch %d step %d: test accuracy %s, test loss %.4f", epoch, self.pos.step, shown, loss)
         return accuracy

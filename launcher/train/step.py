@@ -22,10 +22,10 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from ..comm import trace
 from ..config import OptimConfig, TrainConfig
+from .task import Task
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,6 +62,8 @@ class Stepper:
         self.clip = optim.clip_grad_norm
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.skipped = 0  # fp16 steps skipped for inf/nan gradients, this run
+        self.task = Task(train.loss, train.metric)  # what the step minimises (train.loss), what evaluation reports
+        self.grad_norm: float | None = None  # the last step's gradient norm before clipping (with clipping only)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None else nullcontext()
@@ -73,7 +75,7 @@ class Stepper:
         for i, (xs, ys) in enumerate(zip(x.chunk(self.micro), y.chunk(self.micro))):
             with self.sync.no_sync() if i < self.micro - 1 else nullcontext():
                 with trace.span("forward", "step"), self.autocast():
-                    loss = F.cross_entropy(self.sync.module(xs), ys).float() / self.micro
+                    loss = self.task.loss(self.task.outputs(self.sync.module, xs, ys), ys).float() / self.micro
                 with trace.span("backward", "step"):
                     scaled = self.scaler.scale(loss) if self.scaler is not None else loss
                     scaled.backward()
@@ -82,7 +84,7 @@ class Stepper:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             if self.clip is not None:
-                torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.clip))
             if self.scaler is not None:
                 scale = self.scaler.get_scale()
                 self.scaler.step(self.optimizer)  # skipped when a gradient holds inf/nan: on every rank alike

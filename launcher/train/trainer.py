@@ -30,7 +30,7 @@ from ..summary import RunSummary
 from ..watch import note_step
 from . import checkpoint as ckpt
 from .banner import format_banner, node_hosts
-from .data import build_datasets, eval_loader, train_loader
+from .data import IMAGE_MODELS, build_datasets, eval_loader, train_loader
 from .in_place import Healing
 from .metrics import MetricsWriter
 from .model import build_model, check_same_weights
@@ -97,7 +97,8 @@ class Trainer(Checkpointing, Healing, Records):
         if kept.get("world_size", world) != world:
             kept = {}
         self.optimizer = build_optimizer(job.optim, model, world)
-        self.train_set, self.test_set = build_datasets(job.data)
+        images = job.model["_target_"] in IMAGE_MODELS  # the built-in image models take (C, H, W) images
+        self.train_set, self.test_set = build_datasets(job.data, images=images)
         self.pos = Position()
         self.resumed_from: Optional[str] = None
         self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
