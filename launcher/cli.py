@@ -59,6 +59,7 @@ from .launch.plan import plan_job
 from .plot import plot_all
 from .summary import RunSummary
 from .sweep import Sweep
+from .train.banner import describe_span
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -124,13 +125,14 @@ def print_summary(run_dir: str) -> None:
     s = RunSummary.read(run_dir)
     if s is None:
         return
+    seen = describe_span(s.steps, s.steps_per_epoch) if s.steps_per_epoch else f"{s.epochs} epoch(s)"
     rows = [("run dir", run_dir)]
     try:
         rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(plot_all(run_dir))]
     except Exception as exc:  # a plot is a convenience: never fail a finished run over it
         rows.append(("curves", f"not rendered ({exc})"))
     print(
-        f"[launcher] done: {s.steps} steps, {s.epochs} epoch(s) on {s.world_size} rank(s) in {s.wall_s:.1f} s\n"
+        f"[launcher] done: {s.steps} steps, {seen} on {s.world_size} rank(s) in {s.wall_s:.1f} s\n"
         + summary_table(s, rows),
         file=sys.stderr,
     )

@@ -43,6 +43,7 @@ class RunSummary:
     clip_grad_norm: Optional[float] = None  # optim.clip_grad_norm
     loss: str = "cross_entropy"  # train.loss
     skipped_steps: int = 0  # fp16: steps the gradient scaler skipped (inf/nan gradients), this run
+    steps_per_epoch: int = 0  # the optimiser steps of one epoch (with ``steps``: how much of the data was seen)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

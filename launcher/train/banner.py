@@ -36,3 +36,11 @@ def format_banner(env: DistEnv, backend: str, devices: list[str], sync: str, bat
         f"run dir        {run_dir}",
     ]
     return "\n".join("  " + line for line in lines)
+
+
+def describe_span(steps: int, steps_per_epoch: int) -> str:
+    """``3 epoch(s) of 22``, or ``0.55 of an epoch of 22`` when the steps end within the first."""
+    epochs = steps / max(1, steps_per_epoch)
+    if epochs < 1:
+        return f"{epochs:.2g} of an epoch of {steps_per_epoch}"
+    return f"{epochs:.3g} epoch(s) of {steps_per_epoch}"

@@ -102,6 +102,7 @@ class Records:
             clip_grad_norm=job.optim.clip_grad_norm,
             loss=job.train.loss,
             skipped_steps=int(self.stepper.skipped),
+            steps_per_epoch=self.steps_per_epoch,
         )
         if env.is_main:
             summary.write(self.run_dir)

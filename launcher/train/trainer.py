@@ -29,7 +29,7 @@ from ..stall import explain_stall, is_timeout
 from ..summary import RunSummary
 from ..watch import note_step
 from . import checkpoint as ckpt
-from .banner import format_banner, node_hosts
+from .banner import describe_span, format_banner, node_hosts
 from .data import IMAGE_MODELS, build_datasets, eval_loader, train_loader
 from .in_place import Healing
 from .metrics import MetricsWriter
@@ -114,12 +114,12 @@ class Trainer(Checkpointing, Healing, Records):
         self._banner()
 
     def _schedule(self, steps_per_epoch: int) -> None:
-        """The schedule spans the epochs (``train.max_steps`` only stops early), and the step that follows it."""
+        """The steps the run takes (the epochs, or ``train.max_steps`` when fewer), which the LR schedule spans, and
+        the step that follows it."""
         t = self.job.train
         self.steps_per_epoch = steps_per_epoch
-        schedule_steps = t.epochs * steps_per_epoch
-        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
-        self.scheduler = build_scheduler(self.job.optim, self.optimizer, schedule_steps)
+        self.total_steps = min(t.max_steps or t.epochs * steps_per_epoch, t.epochs * steps_per_epoch)
+        self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.total_steps)
         sync = getattr(self, "sync", None)
         self.stepper = Stepper(t, self.job.optim, self.device, sync, self.optimizer, self.scheduler)
 
@@ -154,7 +154,7 @@ class Trainer(Checkpointing, Healing, Records):
             t = self.job.train
             batch = (
                 f"{self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
-                f"{self.total_steps} steps ({t.epochs} epoch(s) of {self.steps_per_epoch}); "
+                f"{self.total_steps} steps ({describe_span(self.total_steps, self.steps_per_epoch)}); "
                 f"{describe_precision(t, self.job.optim)}"
             )
             devices = [f"{host}: {device}" for _, host, device in facts]
