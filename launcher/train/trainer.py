@@ -114,12 +114,14 @@ class Trainer(Checkpointing, Healing, Records):
         self._banner()
 
     def _schedule(self, steps_per_epoch: int) -> None:
-        """The steps the run takes (the epochs, or ``train.max_steps`` when fewer), which the LR schedule spans, and
-        the step that follows it."""
+        """The steps the run takes (the epochs, or ``train.max_steps`` when fewer), and the step that follows it.
+        The LR schedule spans the epochs: ``train.max_steps`` stops early, so a run stopped at N steps and extended
+        to 2N follows the 2N-step run bit for bit (its schedule does not depend on where it stops)."""
         t = self.job.train
         self.steps_per_epoch = steps_per_epoch
-        self.total_steps = min(t.max_steps or t.epochs * steps_per_epoch, t.epochs * steps_per_epoch)
-        self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.total_steps)
+        schedule_steps = t.epochs * steps_per_epoch
+        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
+        self.scheduler = build_scheduler(self.job.optim, self.optimizer, schedule_steps)
         sync = getattr(self, "sync", None)
         self.stepper = Stepper(t, self.job.optim, self.device, sync, self.optimizer, self.scheduler)
 
