@@ -154,7 +154,7 @@ def test_torchrun_layout_comes_from_torchrun():
         (["cluster.nodes=0"], "launcher: error: cluster.nodes=0 must be >= 1"),
         (["model=nope"], "Could not find 'model/nope'"),
         (["data=nope"], "Could not find 'data/nope'"),
-        (["train.epoch=3"], "Key 'epoch' not in 'TrainConfig'"),
+        (["train.epoch=3"], "train.epoch=3: train.epoch is not a key of train (did you mean train.epochs?)"),
         (["script=missing.py"], "launcher: error: script='missing.py' does not exist"),
     ],
 )
