@@ -55,7 +55,9 @@ def run(how: str, ranks: int, steps: int, work: Path, n: int) -> dict:
     else:
         cmd = [sys.executable, "-m", "launcher", f"hydra.run.dir={work / f'run-{n}'}", f"script={script}"]
         cmd += [f"script_args=[{steps},{out}]", f"cluster.procs_per_node={ranks}"]
-    subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True, timeout=600)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise SystemExit(f"{how} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
 
 
