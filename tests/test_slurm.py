@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -433,3 +434,36 @@ def test_script_stuck_on_the_second_node_is_named_live(slurm, tmp_path):
     run = run_timed(args, tmp_path, {**slurm, **STUCK, "HANG_RANK": "3"})
     who = r"task 3 of Slurm job \d+, node 1, pid \d+"
     assert_hang_named(run, tmp_path, 3, "node2", [0, 1, 2], who, STUCK_FRAME)
+
+
+def test_sigterm_to_the_waiting_head_stops_the_job_with_a_checkpoint(slurm, tmp_path):
+    """Issue 36: SIGTERM to the head of a +cluster=slurm job (cluster.wait=true) left the job running on Slurm
+    headless. Now every task is sent SIGUSR2 (as a preemption: the ranks agree on a step, checkpoint) and rank 0
+    does not requeue: the head exits 143 with the stop line, and the job has ended, not requeued."""
+    run_dir, log = tmp_path / "run", tmp_path / "head.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
+    argv = [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *TWO_BY_TWO, "train.epochs=200"]
+    argv += ["train.checkpoint_every_steps=20"]
+    with open(log, "w") as stderr:
+        head = subprocess.Popen(argv, cwd=REPO, env={**env, **slurm}, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(run_dir.glob("checkpoints/step-*.pt")):
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        head.send_signal(signal.SIGTERM)
+        assert head.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        if head.poll() is None:
+            head.kill()
+            head.wait()
+    stderr = log.read_text()
+    [job_id] = re.findall(r"submitted Slurm job (\d+)", stderr)
+    wait_gone(job_id, {**os.environ, **slurm}, within_s=60)  # ended, not pending again
+    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
+    assert last not in first, "no checkpoint at the stop: " + stderr[-2000:]
+    step = int(last.stem.split("-")[1])
+    assert "the launcher's head stopped the job (not requeued)" in stderr
+    assert f"launcher: stopped by SIGTERM; the newest checkpoint is {last} (step {step})" in stderr
+    assert not (run_dir / "requeues.json").exists()

@@ -28,12 +28,14 @@ from typing import Any
 
 from ..config import ConfigError, JobConfig, SlurmClusterConfig
 from ..env import DistEnv
+from ..files import write_json_atomic
 from ..logs import rank_log_path
 from ..secret import Secret
+from .head import Control, forwarding_stops, print_stopped
 from .mode import BaseMode, LaunchPlan
 from .slurm_report import failure_recorded, report, report_first_failure
-from .slurm_state import JobWatch
-from .slurm_task import SlurmTask, node_range
+from .slurm_state import JobWatch, live
+from .slurm_task import STOP_FILE, SlurmTask, node_range
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of the controller (one call) while waiting
@@ -121,6 +123,8 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig):
     """Submit; Slurm's refusal (bad partition, account, ...) becomes a ConfigError with Slurm's reason."""
     from submitit.core.utils import FailedJobError
 
+    (Path(job.run_dir) / STOP_FILE).unlink(missing_ok=True)  # an earlier run's stop is not this one's
+
     try:
         ex, c = executor(job), job.cluster
         assert isinstance(c, SlurmClusterConfig)  # (executor refuses any other)
@@ -150,10 +154,29 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
     job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run_dir)
-    state = stream_until_done(watch, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id))
+    stop = lambda word: stop_job(job, job_id, word)  # noqa: E731
+    with forwarding_stops(stop, "on Slurm (its ranks checkpoint; no requeue)") as stops:
+        state = stream_until_done(watch, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id))
+    if stops:
+        code = 128 + Control.stop_for(stops[0]).signum
+        print_stopped(code, job)
+        return code
     if state is None:
         return report_first_failure(job, job_id)  # while Slurm tears the job down (its KillWait: 30 s by default)
     return report(submitted, job, state)
+
+
+def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
+    """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the job's ranks stop at one step with a checkpoint,
+    as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``slurm_task.STOP_FILE`` says why);
+    a job still pending is cancelled."""
+    write_json_atomic(Path(job.run_dir) / STOP_FILE, {"stop": word.value})
+    now = live(job_id)
+    how = ["scancel", job_id] if now is not None and now.state == "PENDING" else ["scancel", "--signal=USR2", job_id]
+    try:
+        subprocess.run(how, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"launcher: could not stop Slurm job {job_id} ({' '.join(how)}: {exc}); scancel it", file=sys.stderr)
 
 
 def stream_until_done(watch: JobWatch, log: Path, failed: Callable[[], bool]) -> str | None:

@@ -24,6 +24,7 @@ from .mode import LaunchPlan, StartedMode
 from .ports import port_in_use
 
 log = logging.getLogger(__name__)
+STOP_FILE = "stop-requested.json"  # the head's stop (a signal to it): the ranks checkpoint, the job is not requeued
 
 
 class SlurmTaskMode(StartedMode):
@@ -82,7 +83,12 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
 
 
 def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
-    """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back)."""
+    """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
+    launcher's head asked for the stop (``STOP_FILE``: it was sent SIGTERM, SIGINT or SIGHUP): then the job ends."""
+    if (Path(job.run_dir) / STOP_FILE).exists():
+        if env.is_main:
+            log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", exc)
+        raise SystemExit(0)
     if env.is_main:
         requeue(job, env, exc)
     raise SystemExit(0)
