@@ -54,3 +54,13 @@ def no_world_writable_files() -> None:
     """From now on this process (and what it starts) creates nothing others may write: the run dir holds
     checkpoints that resume jobs. Only the "others" write bit is masked; a site's group-write policy stays."""
     os.umask(os.umask(0) | 0o002)
+
+
+def remove_empty_dirs(root: str | Path) -> None:
+    """Every empty directory under ``root`` (and ``root`` when it ends up empty), deepest first: torch elastic makes
+    a folder per rank and attempt for logs the launcher redirects elsewhere; a run leaves none of them empty."""
+    for path in sorted(Path(root).glob("**/"), key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except OSError:  # not empty (an error file a failed rank left), or gone
+            pass

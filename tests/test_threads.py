@@ -40,6 +40,8 @@ def test_script_ranks_split_the_cores_like_torchrun(tmp_path):
     expected = max(1, cores() // 2)
     assert seen == [{"torch": expected, "omp": str(expected)}] * 2
     assert f"threads     : {expected} per rank ({cores()} core(s) / 2 rank(s) on the machine)" in stderr
+    empty = [str(p) for p in (tmp_path / "run").rglob("*") if p.is_dir() and not any(p.iterdir())]
+    assert not empty, f"a script run left empty folders: {empty}"  # torch elastic's per-rank log folders
 
 
 def test_simulated_nodes_share_the_machines_cores(tmp_path):

@@ -21,6 +21,7 @@ from ..config import JobConfig
 from ..env import head_attempt
 from ..failures import attempt_dir, exit_failure, record_exits
 from ..failures import report as report_failures
+from ..files import remove_empty_dirs
 from ..rendezvous import listening_store
 from .head import print_stopped
 
@@ -79,6 +80,14 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         addr, port = config.rdzv_endpoint.rsplit(":", 1)
         _store = listening_store(addr, int(port))  # lives until the agent returns
         config.rdzv_endpoint = f"{addr}:{_store.port}"
+    try:
+        return _launch(job, config, node, report)
+    finally:
+        if isinstance(config.logs_specs, DefaultLogsSpecs):  # this node's folders (others' agents may still run)
+            remove_empty_dirs(config.logs_specs.root_log_dir)
+
+
+def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> int:
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
