@@ -85,6 +85,8 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     finally:
         if isinstance(config.logs_specs, DefaultLogsSpecs):  # this node's folders (others' agents may still run)
             remove_empty_dirs(config.logs_specs.root_log_dir)
+            if report:  # the job's only agent: the folder above is its own too
+                remove_empty_dirs(Path(config.logs_specs.root_log_dir).parent)
 
 
 def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> int:

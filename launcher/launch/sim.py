@@ -17,12 +17,14 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import JobConfig, SimClusterConfig
 from ..config.rules import heals_in_place
 from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
+from ..files import remove_empty_dirs
 from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
 from ..secret import Secret
@@ -87,6 +89,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
             }
             if not members.again(lost, "node"):
                 break
+        remove_empty_dirs(Path(job.run_dir) / "logs" / "elastic")  # every node process has ended
         if code in STOP_CODES:
             print_stopped(code, job)
         elif code and not report_failures(job.run_dir, launch_id):
