@@ -51,6 +51,7 @@ def run(how: str, ranks: int, steps: int, work: Path, n: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # each launcher's own default
     if how == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+        cmd += [f"--log-dir={work / f'torchrun-logs-{n}'}"]  # not a torchelastic_* folder left in the temp dir
         cmd += [str(script), str(steps), str(out)]
     else:
         cmd = [sys.executable, "-m", "launcher", f"hydra.run.dir={work / f'run-{n}'}", f"script={script}"]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,26 @@ def launcher_argv(run_dir: Path, *args: str) -> list[str]:
 # the heal tests' job (test_sim, test_ssh; conftest.one_process_heal_job is its one-process reference): 20 steps,
 # the trajectory check's span (float32 summation orders drift apart over hundreds), one thread per rank
 HEAL_JOB = ("train.max_steps=20", "train.batch_size=48", "cluster.procs_per_node=1", "train.threads_per_rank=1")
+
+
+def start_head(run_dir: Path, *overrides: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """``python -m launcher`` in the background, in its own process group (as a shell gives a foreground job),
+    stderr to ``log``."""
+    with open(log, "w") as stderr:
+        return subprocess.Popen(
+            launcher_argv(run_dir, *overrides), cwd=REPO, env=user_env(env), stdout=subprocess.DEVNULL,
+            stderr=stderr, start_new_session=True,
+        )  # fmt: skip
+
+
+def wait_first_checkpoint(head: subprocess.Popen, run_dir: Path, log: Path, timeout: float = 120) -> list[Path]:
+    """Until the job wrote a checkpoint (the head must still run); the checkpoints then."""
+    deadline = time.monotonic() + timeout
+    while not list(run_dir.glob("checkpoints/step-*.pt")):
+        assert head.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    return sorted(run_dir.glob("checkpoints/step-*.pt"))
 
 
 def run_launcher(

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from helpers import HEAL_JOB, REPO, plan, run_launcher, stranger_writing
+from helpers import HEAL_JOB, plan, run_launcher, start_head, stranger_writing, wait_first_checkpoint
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, final_state
@@ -348,19 +348,10 @@ def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, 
     checkpoint, the head exits 143 / 130 with the stop line, and no process of the job is left within 15 s; Ctrl-C
     (SIGINT to the group, as a terminal sends it) prints no traceback."""
     run_dir, log = tmp_path / "run", tmp_path / "head.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
-    argv = [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", "+cluster=sim", "cluster.nodes=2"]
-    argv += ["cluster.procs_per_node=1", "train.epochs=200", "train.checkpoint_every_steps=20"]
-    with open(log, "w") as stderr:
-        head = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
-        )
+    job = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1", "train.epochs=200")
+    head = start_head(run_dir, *job, "train.checkpoint_every_steps=20", log=log)
     try:
-        deadline = time.monotonic() + 120
-        while not list(run_dir.glob("checkpoints/step-*.pt")):
-            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        first = wait_first_checkpoint(head, run_dir, log)
         (os.killpg if group else os.kill)(head.pid, sig)
         stopped = time.monotonic()
         assert head.wait(timeout=15) == code, log.read_text()[-3000:]

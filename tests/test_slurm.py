@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_hang_clusters import SCRIPT, STUCK, STUCK_FRAME, WATCH, assert_hang_named, run_timed
 
-from helpers import REPO, run_launcher
+from helpers import REPO, run_launcher, start_head, wait_first_checkpoint
 from test_launch import assert_same_trajectory
 from test_root_cause import REPEAT, TRAIN, expect_root_cause, job_args, run_watched
 
@@ -441,17 +441,9 @@ def test_sigterm_to_the_waiting_head_stops_the_job_with_a_checkpoint(slurm, tmp_
     headless. Now every task is sent SIGUSR2 (as a preemption: the ranks agree on a step, checkpoint) and rank 0
     does not requeue: the head exits 143 with the stop line, and the job has ended, not requeued."""
     run_dir, log = tmp_path / "run", tmp_path / "head.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
-    argv = [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *TWO_BY_TWO, "train.epochs=200"]
-    argv += ["train.checkpoint_every_steps=20"]
-    with open(log, "w") as stderr:
-        head = subprocess.Popen(argv, cwd=REPO, env={**env, **slurm}, stdout=subprocess.DEVNULL, stderr=stderr)
+    head = start_head(run_dir, *TWO_BY_TWO, "train.epochs=200", "train.checkpoint_every_steps=20", log=log, env=slurm)
     try:
-        deadline = time.monotonic() + 180
-        while not list(run_dir.glob("checkpoints/step-*.pt")):
-            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        first = sorted(run_dir.glob("checkpoints/step-*.pt"))
+        first = wait_first_checkpoint(head, run_dir, log, timeout=180)
         head.send_signal(signal.SIGTERM)
         assert head.wait(timeout=60) == 143, log.read_text()[-3000:]
     finally:

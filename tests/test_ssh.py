@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HEAL_JOB, REPO, run_launcher, scanning_processes
+from helpers import HEAL_JOB, REPO, run_launcher, scanning_processes, wait_first_checkpoint
 from launcher.train.checkpoint import verify
 from test_launch import assert_same_trajectory, final_state
 from test_root_cause import expect_root_cause, job_args, run_watched
@@ -165,14 +165,6 @@ def start_head(ssh_args: list[str], run_dir: Path, *overrides: str, fault: str =
         stderr=open(run_dir.parent / f"{run_dir.name}-head.log", "w"),
         start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
-
-
-def wait_first_checkpoint(head: subprocess.Popen, run_dir: Path, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while not list(run_dir.glob("checkpoints/step-*.pt")):
-        assert head.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
 
 
 DELAY_S = 1.0  # the heal test's slowed rank, each step until the machine is back: it joins within 20 steps
