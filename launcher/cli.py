@@ -95,8 +95,12 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
             Path(job.run_dir).rmdir()
         return EXIT_OK
     if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
-        mode.run(plan, job, env)
-        if not (job.doctor and env.is_main):
+        finished = mode.run(plan, job, env) == EXIT_OK
+        if not env.is_main:
+            return EXIT_OK
+        if not job.doctor:
+            if finished:
+                print_summary(job.run_dir)  # no head prints it: rank 0 does, as the launcher would
             return EXIT_OK
         code = print_doctor(job.run_dir)
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
@@ -238,7 +242,10 @@ def main() -> None:
             own_model(cfg.model, list(HydraConfig.get().overrides.task))
         if HydraConfig.get().mode == RunMode.RUN:
             raise SystemExit(run_job(cfg))
-        return run_job(cfg, sweep.point(" ".join(HydraConfig.get().overrides.task)))
+        code = run_job(cfg, sweep.point(" ".join(HydraConfig.get().overrides.task)))
+        if sweep.should_end(code):  # a stop signal: no further point starts
+            raise SystemExit(sweep.finish())
+        return code
 
     try:
         _task()

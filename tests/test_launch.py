@@ -1,13 +1,18 @@
 """End to end, as a user runs it: ``python -m launcher`` (elastic agent, real gloo ranks) and torchrun."""
 
 import json
+import os
 import re
+import shlex
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from helpers import run_launcher
+from helpers import REPO, run_launcher, user_env, wait_first_checkpoint
 
 SHORT = ("train.max_steps=30", "train.checkpoint_every_steps=10", "train.log_every_steps=5")
 SUMMARY_KEYS = {
@@ -116,26 +121,34 @@ def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
-def test_torchrun_entry_runs_the_same_worker(tmp_path, uninterrupted):
-    result = run_launcher(
-        *SHORT,
-        run_dir=tmp_path,
-        # --log-dir: torchrun's default is a new torchelastic_* directory in the temp dir, left behind
-        module=(
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            f"--log-dir={tmp_path}/torchrun",
-            "-m",
-            "launcher",
-        ),
+def test_torchrun_entry_stops_prints_its_command_and_resumes_with_it(tmp_path, uninterrupted):
+    """Under torchrun: SIGTERM to torchrun (rank 0 sends it at step 15) stops the ranks at one step with a checkpoint;
+    rank 0 prints the torchrun command that continues the run (issue 36: the run dir was a random id, no rerun found
+    it), which resumes from the run dir's own overrides and ends as the launcher's own agent does, with the summary."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    # --log-dir: torchrun's default is a new torchelastic_* directory in the temp dir, left behind
+    module = (*torchrun, f"--log-dir={tmp_path}/torchrun", "-m", "launcher")
+    fault = {"LAUNCHER_FAULT": "step=15,signal=TERM,target=parent"}
+    stopped = run_launcher(*SHORT, run_dir=tmp_path, module=module, env=fault)
+    assert stopped.returncode != 0, stopped.stderr
+    step = final_state(tmp_path)["step"]
+    assert 15 <= step < 30, stopped.stderr[-3000:]
+    assert f"launcher: stopped by SIGTERM; the newest checkpoint is {tmp_path}/checkpoints/step-{step:08d}.pt" in (
+        stopped.stderr
     )
-    assert result.returncode == 0, result.stderr
+    command = re.search(r"launcher: the command: (.*)", stopped.stderr)
+    assert command, stopped.stderr[-3000:]
+    argv = shlex.split(command.group(1).replace(f"--log-dir={tmp_path}/torchrun", f"--log-dir={tmp_path}/again"))
+    assert argv[0] == sys.executable and argv[-3:] == ["-m", "launcher", f"hydra.run.dir={tmp_path}"], argv
+    resumed = subprocess.run(argv, cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "[launcher] done: 30 steps" in resumed.stderr, resumed.stderr[-3000:]  # the summary, from rank 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["world_size"], summary["procs_per_node"]) == (2, 2)
+    assert summary["resumed_from"].endswith(f"step-{step:08d}.pt")
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "logs" / "rank-1.log").is_file()
     # one worker per rank, started by torchrun: same result as the launcher's own agent
+    assert_trained_once_up_to(tmp_path, step)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
@@ -179,6 +192,30 @@ def test_local_sweep_reports_every_point(tmp_path):
     assert result.returncode == 1  # one point is invalid: the sweep says so, the others still ran
     assert "launcher: error: cluster.nodes=0 must be >= 1" in result.stderr
     assert result.stderr.count(": ok, final loss") == 2 and result.stderr.count("FAILED (exit 2)") == 2
+
+
+def test_a_stop_signal_to_a_sweep_stops_the_point_running_and_starts_no_other(tmp_path):
+    """Issue 36: the sweep's head did not pass a stop on: SIGTERM stopped the point running, then Hydra started the
+    next one. Now the point checkpoints, no later point starts, every point is reported, the head exits 143."""
+    sweep, log = tmp_path / "sweep", tmp_path / "head.log"
+    argv = [sys.executable, "-m", "launcher", "-m", f"hydra.sweep.dir={sweep}", "cluster.procs_per_node=1"]
+    argv += ["train.epochs=200", "train.checkpoint_every_steps=20", "optim.lr=0.1,0.05"]
+    with open(log, "w") as stderr:
+        head = subprocess.Popen(
+            argv, cwd=REPO, env=user_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
+    try:
+        wait_first_checkpoint(head, sweep / "0", log)
+        os.kill(head.pid, signal.SIGTERM)
+        assert head.wait(timeout=30) == 143, log.read_text()[-3000:]
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    stderr = log.read_text()
+    assert "optim.lr=0.1: stopped by SIGTERM (exit 143)" in stderr, stderr[-3000:]
+    assert "the sweep was stopped by SIGTERM: later points not run" in stderr, stderr[-3000:]
+    assert not (sweep / "1").exists(), "the second point started after the stop"
 
 
 def test_corrupted_newest_checkpoint_falls_back_to_previous(tmp_path, uninterrupted):
@@ -229,7 +266,7 @@ def test_resume_on_another_world_size_follows_the_same_trajectory(tmp_path, tmp_
     global batch is one contiguous block of it), so only float32 summation order differs (per-rank means of 16 or
     32 samples averaged over 4 or 2 ranks, vs one mean of 64): ~1e-7 relative per step, grown by 20 steps of SGD
     with momentum (``assert_same_trajectory``)."""
-    job = ("train.checkpoint_every_steps=10", "train.log_every_steps=5")
+    job = ("train.checkpoint_every_steps=10", "train.log_every_steps=5", "optim.schedule_steps=20")
     first = run_launcher(*job, "train.max_steps=10", "cluster.procs_per_node=4", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
     resumed = run_launcher(*job, "train.max_steps=20", "cluster.procs_per_node=2", run_dir=tmp_path)
@@ -301,6 +338,7 @@ def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path, tmp_path_factory):
     buckets (the same summation order), however the link measures now. With the forward overlap (the default):
     the checkpoint holds the fully updated state, so the resumed run ends bit-identical to an uninterrupted one."""
     job = ("model=mlp", "model.hidden=1024", "comm.reducer=bucketed", "train.checkpoint_every_steps=10")
+    job += ("optim.schedule_steps=20",)  # stopped at 10, extended to 20 along the 20-step schedule
     first = run_launcher(*job, "train.max_steps=10", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
     layout = re.search(

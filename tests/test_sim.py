@@ -339,7 +339,7 @@ def job_processes(run_dir) -> list[str]:
 
 @pytest.mark.parametrize(
     ("sig", "group", "code"),
-    [(signal.SIGTERM, False, 143), (signal.SIGHUP, False, 143), (signal.SIGINT, True, 130)],
+    [(signal.SIGTERM, False, 143), (signal.SIGHUP, False, 129), (signal.SIGINT, True, 130)],
     ids=["SIGTERM-to-the-head", "SIGHUP-to-the-head", "Ctrl-C"],
 )
 def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, sig, group, code):
@@ -368,5 +368,6 @@ def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, 
     last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
     assert last not in first, "no checkpoint at the stop: " + stderr[-2000:]
     step = int(last.stem.split("-")[1])
-    assert f"the newest checkpoint is {last} (step {step}): run again with hydra.run.dir={run_dir}" in stderr
+    newest = f"the newest checkpoint is {last} (step {step}): run again with hydra.run.dir={run_dir}"
+    assert f"stopped by {sig.name}; {newest}" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr and "death signal" not in stderr, stderr[-3000:]

@@ -233,6 +233,7 @@ def test_fp16_with_accumulation_resumes_bit_identically(tmp_path):
     scaler's state (its growth tracker counts the steps since the last overflow: a scaler started afresh at the
     resume would count fewer). The trainer resumes from the newest checkpoint of its run dir (train.resume=auto)."""
     job = ("train.precision=fp16", "train.accumulate_steps=2", "train.checkpoint_every_steps=4")
+    job += ("optim.schedule_steps=8",)  # stopped at 4, extended to 8 along the 8-step schedule
     whole = train_layout(tmp_path / "whole", "1x2", *job, "train.max_steps=8")
     train_layout(tmp_path / "parts", "1x2", *job, "train.max_steps=4")
     saved = final_state(tmp_path / "parts" / "run")["stepper"]["scaler"]

@@ -21,11 +21,12 @@ def train_lines(run_dir):
     return [r for r in lines if r.get("kind") == "train"], [r for r in lines if r.get("kind") == "eval"]
 
 
-def test_a_language_model_trains_on_two_ranks_as_in_one_process(tmp_path):
+def test_a_language_model_trains_on_two_simulated_nodes_as_in_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    for run_dir, ranks in ((one, 1), (two, 2)):
-        result = run_launcher(*LM, *SHORT, f"cluster.procs_per_node={ranks}", run_dir=run_dir)
+    for run_dir, layout in ((one, ()), (two, ("+cluster=sim", "cluster.nodes=2"))):
+        result = run_launcher(*LM, *SHORT, *layout, "cluster.procs_per_node=1", run_dir=run_dir)
         assert result.returncode == 0, result.stderr
+    assert final_state(two)["world_size"] == 2
     assert_same_trajectory(final_state(one), final_state(two))
     trained, evaluated = train_lines(two)
     assert trained[-1]["loss"] < trained[0]["loss"] - 0.3  # from ~ln(32) = 3.47: it learns the text
@@ -97,12 +98,14 @@ def test_the_models_own_loss_must_be_there():
 
 
 def test_max_steps_within_an_epoch_is_reported_as_run(tmp_path):
-    """train.max_steps=6 of 22 steps per epoch: the banner said "6 steps (10 epoch(s) of 22)", the end "0 epoch(s)";
-    the run ends with an evaluation."""
+    """train.max_steps=6 of 22 steps per epoch: the banner said "6 steps (10 epoch(s) of 22)", the end "0 epoch(s)",
+    the LR schedule spanned the 10 epochs (it barely decayed); the run ends with an evaluation."""
     result = run_launcher("train.max_steps=6", "train.log_every_steps=3", run_dir=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "6 steps (0.27 of an epoch of 22)" in result.stderr
+    assert "6 steps (0.27 of an epoch of 22); lr cosine to 0 over 6 steps" in result.stderr
     assert "done: 6 steps, 0.27 of an epoch of 22 on 2 rank(s)" in result.stderr
     trained, evaluated = train_lines(tmp_path)
     assert trained[-1]["step"] == 6
+    # cosine from 0.1 to 0 over the 6 steps: half way at step 3
+    assert trained[0]["lr"] == pytest.approx(0.05) and trained[-1]["lr"] < 1e-9, trained
     assert len(evaluated) == 1 and evaluated[0]["step"] == 6  # the evaluation at the end

@@ -87,6 +87,9 @@ class OptimConfig:
     lr_scaling: str = "none"  # none | linear (lr x world size: more GPUs, larger batch, larger lr)
     scheduler: str = "cosine"  # none | cosine (to 0 over the run)
     warmup_steps: int = 0  # linear warm-up before the schedule
+    # the steps the schedule spans; null = the steps the run takes (train.max_steps, or the epochs when fewer).
+    # Set it to stop a run early and extend it later along one schedule (what a run of that length would follow)
+    schedule_steps: Optional[int] = None
     clip_grad_norm: Optional[float] = None  # clip the global norm of the synchronised gradients to this; null = off
 
     def __post_init__(self) -> None:
@@ -95,6 +98,8 @@ class OptimConfig:
         _check(self.lr_scaling in ("none", "linear"), f"optim.lr_scaling={self.lr_scaling!r}; HINT: none or linear")
         _check(self.scheduler in ("none", "cosine"), f"optim.scheduler={self.scheduler!r}; HINT: none or cosine")
         _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if self.schedule_steps is not None:
+            _check(self.schedule_steps >= 1, f"optim.schedule_steps={self.schedule_steps} must be >= 1 (or null)")
         if self.clip_grad_norm is not None:
             _check(self.clip_grad_norm > 0, f"optim.clip_grad_norm={self.clip_grad_norm} must be > 0 (or null: off)")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import traceback
@@ -34,7 +35,9 @@ from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
 from ..rank_work import run_rank_work
 from ..secret import SECRET_ENV, Secret
+from ..train.stop import Preempted, StopRequest
 from .agent import agent_config, run_agent
+from .head import HEAD_STOP_SIGNALS, print_stopped
 from .mode import BaseMode, LaunchPlan
 from .ports import check_port
 
@@ -88,17 +91,29 @@ class LocalMode(BaseMode):
         return launch_local(plan, job)
 
 
+def run_here(job: JobConfig) -> int:
+    """One rank: it runs in this process. It ends without interpreter teardown, as every rank does (exiting.py);
+    its exit code is settled by the caller once known (a sweep runs several jobs). A stop signal (SIGINT, SIGTERM,
+    SIGHUP) stops it as it stops every job: a checkpoint at the next step, the stop line, exit 128 + the signal."""
+    end_process_at_exit(0)
+    stop = StopRequest().install(*HEAD_STOP_SIGNALS)
+    try:
+        run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)
+    except Preempted as exc:
+        code = 128 + (exc.signum or signal.SIGTERM)
+        print_stopped(code, job)
+        return code
+    except Exception:
+        print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        return 1
+    finally:
+        stop.uninstall()
+    return 0
+
+
 def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
     if plan.world_size == 1:
-        # the rank runs here: end the process without interpreter teardown, as every rank does (exiting.py);
-        # its exit code is settled by the caller once known (a sweep runs several jobs)
-        end_process_at_exit(0)
-        try:
-            run_rank_work(job, DistEnv(hostname=socket.gethostname()))
-        except Exception:
-            print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
-            return 1
-        return 0
+        return run_here(job)
     c = job.cluster
     if c.master_port and not c.node_rank:  # node 0 (or the only one) hosts the store
         check_port(c.master_addr, c.master_port)

@@ -71,7 +71,9 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     current: list[Attempt] = []  # the attempt running now: a stop signal to the head goes to its node processes
     with (
         SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net,
-        forwarding_stops(lambda word: current[-1].signal_all(word.signum) if current else None, "on every node"),
+        forwarding_stops(
+            lambda word: current[-1].signal_all(word.signum) if current else None, "on every node"
+        ) as stops,
     ):
         while True:
             launch_id = uuid.uuid4().hex[:12]
@@ -91,6 +93,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
                 break
         remove_empty_dirs(Path(job.run_dir) / "logs" / "elastic")  # every node process has ended
         if code in STOP_CODES:
+            code = 128 + stops[0] if stops else code  # the head's own signal (SIGHUP passed on as a SIGTERM)
             print_stopped(code, job)
         elif code and not report_failures(job.run_dir, launch_id):
             print(

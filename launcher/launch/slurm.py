@@ -78,6 +78,10 @@ class PendingJob:
     def finish(self) -> int:
         return report(self.submitted, self.job, self.watch.ended())
 
+    def stop(self, word: Control) -> None:
+        """Stop the job as a stop signal to its head would (``stop_job``)."""
+        stop_job(self.job, self.job_id, word)
+
 
 def executor(job: JobConfig):
     """A submitit executor carrying every Slurm parameter of ``cluster``."""
@@ -158,7 +162,7 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     with forwarding_stops(stop, "on Slurm (its ranks checkpoint; no requeue)") as stops:
         state = stream_until_done(watch, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id))
     if stops:
-        code = 128 + Control.stop_for(stops[0]).signum
+        code = 128 + stops[0]  # the head's own signal (SIGHUP is passed on as a SIGTERM)
         print_stopped(code, job)
         return code
     if state is None:

@@ -35,8 +35,8 @@ class SlurmTaskMode(StartedMode):
     store_host = "rank 0 hosts the store"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
-        run_slurm_rank(job, env, composed_here=True)
-        return 0
+        summary = run_slurm_rank(job, env, composed_here=True)
+        return 0 if summary is not None else -1  # -1: no summary (a script, a stop)
 
 
 def node_range(c: ClusterConfig) -> str:

@@ -3,12 +3,22 @@
 ``torchrun --standalone --nproc_per_node=2 -m launcher [overrides]`` composes the config on every rank (same
 command line, same result); rank 0 writes it into the run dir. Errors go through ``@record`` so torchrun's
 agent reports the failing rank's traceback; the launcher's own failure records are written as in every mode.
+Rank 0 ends a finished run with the summary table, a stopped one with the torchrun command that continues it
+(torchrun's own flags, read from its agent's command line, and ``hydra.run.dir``: the run dir's saved overrides
+come with it).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
 from ..config import JobConfig
 from ..env import DistEnv
+from .head import stop_message
 from .mode import LaunchPlan, StartedMode
 
 
@@ -20,7 +30,28 @@ class TorchrunMode(StartedMode):
     store_host = "torchrun's store"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
-        from ..rank_entry import rank_main
+        from ..rank_entry import end_by_signal, rank_main
 
-        rank_main(job, env, composed_here=True)  # torchrun is an elastic agent: the same stop signals as ours
-        return 0
+        def stopped(job: JobConfig, env: DistEnv, stop: Any) -> None:
+            if env.is_main and stop.signum:
+                again = f"{rerun_command(os.getppid())} hydra.run.dir={job.run_dir}"
+                message = stop_message(128 + stop.signum, job.run_dir, job.script is not None, job.train.resume)
+                print(f"{message}\nlauncher: the command: {again}", file=sys.stderr)
+            end_by_signal(job, env, stop)
+
+        # torchrun is an elastic agent: the same stop signals as ours
+        summary = rank_main(job, env, composed_here=True, after_stop=stopped)
+        return 0 if summary is not None else -1  # -1: no summary (a script, a stop without a signal of its own)
+
+
+def rerun_command(agent_pid: int) -> str:
+    """torchrun's command line up to ``-m launcher`` (its own flags, without the job's overrides), from its
+    agent process (this rank's parent); a generic form where that cannot be read."""
+    try:
+        argv = Path(f"/proc/{agent_pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        argv = []
+    for i in range(1, len(argv)):
+        if argv[i - 1] == "-m" and argv[i] == "launcher":
+            return shlex.join(argv[: i + 1])
+    return "torchrun <its flags as before> -m launcher"

@@ -36,3 +36,9 @@ def build_scheduler(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_st
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def describe_schedule(cfg: OptimConfig, total_steps: int) -> str:
+    """For the banner: e.g. ``lr cosine to 0 over 200 steps after 10 warm-up``."""
+    shape = "constant" if cfg.scheduler == "none" else f"cosine to 0 over {total_steps} steps"
+    return f"lr {shape}" + (f" after {cfg.warmup_steps} warm-up" if cfg.warmup_steps else "")

@@ -34,7 +34,7 @@ from .data import IMAGE_MODELS, build_datasets, eval_loader, train_loader
 from .in_place import Healing
 from .metrics import MetricsWriter
 from .model import build_model, check_same_weights
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, describe_schedule
 from .records import Records
 from .saving import Checkpointing, Position
 from .step import Stepper, describe_precision
@@ -115,13 +115,14 @@ class Trainer(Checkpointing, Healing, Records):
 
     def _schedule(self, steps_per_epoch: int) -> None:
         """The steps the run takes (the epochs, or ``train.max_steps`` when fewer), and the step that follows it.
-        The LR schedule spans the epochs: ``train.max_steps`` stops early, so a run stopped at N steps and extended
-        to 2N follows the 2N-step run bit for bit (its schedule does not depend on where it stops)."""
+        The LR schedule spans the steps the run takes (``optim.schedule_steps`` when given: a run stopped at N
+        steps and extended to 2N then follows the 2N-step run bit for bit)."""
         t = self.job.train
         self.steps_per_epoch = steps_per_epoch
-        schedule_steps = t.epochs * steps_per_epoch
-        self.total_steps = min(t.max_steps or schedule_steps, schedule_steps)
-        self.scheduler = build_scheduler(self.job.optim, self.optimizer, schedule_steps)
+        epochs_steps = t.epochs * steps_per_epoch
+        self.total_steps = min(t.max_steps or epochs_steps, epochs_steps)
+        self.schedule_steps = self.job.optim.schedule_steps or self.total_steps
+        self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.schedule_steps)
         sync = getattr(self, "sync", None)
         self.stepper = Stepper(t, self.job.optim, self.device, sync, self.optimizer, self.scheduler)
 
@@ -157,7 +158,7 @@ class Trainer(Checkpointing, Healing, Records):
             batch = (
                 f"{self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
                 f"{self.total_steps} steps ({describe_span(self.total_steps, self.steps_per_epoch)}); "
-                f"{describe_precision(t, self.job.optim)}"
+                f"{describe_schedule(self.job.optim, self.schedule_steps)}; {describe_precision(t, self.job.optim)}"
             )
             devices = [f"{host}: {device}" for _, host, device in facts]
             log.info("job\n%s", format_banner(env, self.backend, devices, self.sync.description, batch, self.run_dir))
