@@ -219,9 +219,8 @@ def test_a_stop_signal_to_a_sweep_stops_the_point_running_and_starts_no_other(tm
 
 
 def test_corrupted_newest_checkpoint_falls_back_to_previous(tmp_path, uninterrupted):
-    first = run_launcher(
-        "train.max_steps=20", "train.checkpoint_every_steps=10", "train.log_every_steps=5", run_dir=tmp_path
-    )
+    # stopped at 20 of the 30 steps of SHORT (the reference), along its 30-step schedule
+    first = run_launcher(*SHORT, "train.max_steps=20", "optim.schedule_steps=30", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
     newest = tmp_path / "checkpoints" / "step-00000020.pt"
     data = bytearray(newest.read_bytes())

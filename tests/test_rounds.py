@@ -53,12 +53,12 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
         x = torch.ones(1 << 14)
         for step in range(1000):
             if rank == LOST_RANK and step == 5:
+                group.store.set("test/lost_at", str(time.time()))
                 if case == "killed":
                     os._exit(0)  # its sockets close: the peers' collectives fail
-                group.store.set("test/frozen", str(time.time()))
                 os.kill(os.getpid(), signal.SIGSTOP)  # frozen: the peers hear nothing
             if rank == 0 and step == 5 and case == "frozen":  # stands in for the launcher's loss detection
-                group.store.wait(["test/frozen"])
+                group.store.wait(["test/lost_at"])
                 group.store.set(LOST_KEY, "rank 2 is frozen (the test says so)")
             try:
                 healer.abort.abortable(dist.all_reduce(x, async_op=True).get_future()).wait()
@@ -70,6 +70,7 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
                 why = f"error: {str(exc)[:80]}"
                 break
         left_at = time.time()
+        lost_at = float(group.store.get("test/lost_at"))  # before the group is left: its store goes with it
         stop.set()
         survivor = DistEnv(rank=rank, local_rank=rank, world_size=WORLD - 1, local_world_size=WORLD - 1)
         healer.number = 1
@@ -78,6 +79,7 @@ def _rank(rank: int, out_dir: str, case: str) -> None:
         y = torch.full((2,), rank + 1.0)
         dist.all_reduce(y)  # the new round works: 1 + 2
         result = {"step": step, "why": why, "sum": y.tolist(), "round_s": time.time() - left_at}
+        result["left_s"] = left_at - lost_at  # from the loss to leaving the broken group
         (out / f"rank-{rank}.json").write_text(json.dumps(result))
     end_process_at_exit(0)
 
@@ -91,7 +93,7 @@ def test_survivors_form_the_next_round_in_the_same_processes(tmp_path, case):
         p.start()
     try:
         for p in procs[:LOST_RANK]:
-            p.join(TIMEOUT_S / 2)  # well before the old group's timeout
+            p.join(3 * TIMEOUT_S)  # start-up included (slow under load): the speed is checked from the loss below
         took = time.monotonic() - started
         assert [p.exitcode for p in procs[:LOST_RANK]] == [0, 0], f"survivors still running after {took:.0f} s"
     finally:
@@ -103,9 +105,8 @@ def test_survivors_form_the_next_round_in_the_same_processes(tmp_path, case):
     for result in results:
         assert result["step"] == 5 and result["sum"] == [3.0, 3.0], result
         assert result["why"].startswith("PeerLost: rank 2 is frozen" if case == "frozen" else "error: "), result
-        assert result["round_s"] < TIMEOUT_S / 3, (
-            result
-        )  # the old group left at once (typical 0.3 s), not at its timeout
+        # the broken group left well before its timeout (typical 0.1 s), the next round formed at once (0.3 s)
+        assert result["left_s"] < TIMEOUT_S / 3 and result["round_s"] < TIMEOUT_S / 3, result
 
 
 def _agree(rank: int, world: int, out_dir: Path) -> None:

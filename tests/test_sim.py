@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from helpers import HEAL_JOB, plan, run_launcher, start_head, stranger_writing, wait_first_checkpoint
+from helpers import HEAL_JOB, HEAL_SCHEDULE, plan, run_launcher, start_head, stranger_writing, wait_first_checkpoint
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
 from test_launch import assert_same_trajectory, final_state
@@ -235,7 +235,8 @@ def test_lost_nodes_the_survivors_heal_in_place(tmp_path, one_process_heal_job):
     (test_launch's tolerance). All along, a stranger writes forged decisions (the job stops), heartbeats and
     readiness marks into the keeper's store (issue 34): ignored, said once each, the job finishes as without them;
     the job's secret is on no process's command line."""
-    job = (*HEAL_JOB[:2], "train.threads_per_rank=1", "train.checkpoint_every_steps=10", "train.accumulate_steps=2")
+    job = (*HEAL_JOB[:2], HEAL_SCHEDULE, "train.threads_per_rank=1", "train.checkpoint_every_steps=10")
+    job += ("train.accumulate_steps=2",)
     ours = ("comm.reducer=bucketed", "comm.overlap=backward", "cluster.procs_per_node=2")
     faults = "step=15,rank=2,signal=KILL,target=node,backward;step=17,rank=4,signal=STOP,target=node"
     sim = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=1")
