@@ -255,8 +255,11 @@ def test_trainer_straggler_in_summary(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     named = json.loads((tmp_path / "summary.json").read_text())["stragglers"]
-    assert named and {e["rank"] for e in named} == {1}, named  # on a loaded machine it may recover and lag again
-    slow = named[0]
+    slowed = [e for e in named if e["rank"] == 1]  # on a loaded machine it may recover and lag again
+    assert slowed, named
+    # before the fault only: on a loaded machine rank 0 (the console, the metrics) may lag a few ms for a while
+    assert all(e["from_step"] < 150 for e in named if e["rank"] != 1), named
+    slow = slowed[0]
     assert slow["share"] >= 0.2 and 100 <= slow["from_step"] <= 300, slow  # steps are noted every 0.25 s
     assert "straggler: rank 1 on " in result.stderr
 
