@@ -45,6 +45,7 @@ def test_bf16_accumulation_clipping_and_a_resume_with_the_models_own_loss(tmp_pa
     again = run_launcher(*LM, *own, *extra, *SHORT, run_dir=run_dir)
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stderr
+    assert "the LR schedule spans 12 steps now, 8 in the run that wrote" in again.stderr  # (no schedule_steps given)
     trained, evaluated = train_lines(run_dir)
     assert all(r["grad_norm"] > 0 for r in trained)  # logged with clipping
     assert evaluated[-1]["test_accuracy"] > 0.15  # train.metric, reported in the accuracy's place

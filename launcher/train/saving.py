@@ -40,6 +40,7 @@ class Checkpointing:
             "world_size": self.env.world_size,
             "global_batch": self.global_batch,  # the job's shape, for a machine joining in place
             "steps_per_epoch": self.steps_per_epoch,
+            "schedule_steps": self.schedule_steps,  # the LR schedule's span: a resume with another one says so
             "hierarchical": self.sync.hierarchical,
             "bucket_cap_mb": self.sync.bucket_cap_mb,
             "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
@@ -97,3 +98,13 @@ class Checkpointing:
                 self.pos.step,
             )
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())
+        was = state.get("schedule_steps")
+        if was is not None and was != self.schedule_steps:
+            log.warning(
+                "the LR schedule spans %d steps now, %d in the run that wrote %s (the LR follows the new span from "
+                "step %d); optim.schedule_steps=N on every run keeps one schedule",
+                self.schedule_steps,
+                was,
+                path,
+                self.pos.step,
+            )
