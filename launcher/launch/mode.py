@@ -111,6 +111,9 @@ class BaseMode:
         raise NotImplementedError(f"{self.name} jobs are not submitted in batch")
 
 
+NO_SUMMARY = -1  # StartedMode.run: the rank's work ended without a summary to print
+
+
 class StartedMode(BaseMode):
     """Already one rank of a job another launcher started (torchrun, srun): its layout decides."""
 
@@ -141,3 +144,12 @@ class StartedMode(BaseMode):
 
     def ranks_on_this_machine(self, job: JobConfig, env: DistEnv) -> int | None:
         return env.local_world_size
+
+    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+        """0 when the rank's work returned its summary (the trainer finished), ``NO_SUMMARY`` otherwise (a script,
+        a stop): rank 0 prints the end-of-run table only for the former."""
+        return 0 if self.run_rank(job, env) is not None else NO_SUMMARY
+
+    def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
+        """This process's rank of ``job`` (every rank composed the config itself); the trainer's summary or None."""
+        raise NotImplementedError

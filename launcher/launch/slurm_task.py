@@ -20,7 +20,7 @@ from ..config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..files import write_json_atomic
 from ..secret import Secret
-from .mode import LaunchPlan, StartedMode
+from .mode import StartedMode
 from .ports import port_in_use
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,8 @@ class SlurmTaskMode(StartedMode):
     layout_flags = "-N/--ntasks-per-node"
     store_host = "rank 0 hosts the store"
 
-    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
-        summary = run_slurm_rank(job, env, composed_here=True)
-        return 0 if summary is not None else -1  # -1: no summary (a script, a stop)
+    def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
+        return run_slurm_rank(job, env, composed_here=True)
 
 
 def node_range(c: ClusterConfig) -> str:

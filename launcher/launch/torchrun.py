@@ -18,8 +18,8 @@ from typing import Any
 
 from ..config import JobConfig
 from ..env import DistEnv
-from .head import stop_message
-from .mode import LaunchPlan, StartedMode
+from .head import print_stopped
+from .mode import StartedMode
 
 
 class TorchrunMode(StartedMode):
@@ -29,19 +29,18 @@ class TorchrunMode(StartedMode):
     layout_flags = "--nnodes/--nproc_per_node"
     store_host = "torchrun's store"
 
-    def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
+    def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
         from ..rank_entry import end_by_signal, rank_main
 
         def stopped(job: JobConfig, env: DistEnv, stop: Any) -> None:
             if env.is_main and stop.signum:
+                print_stopped(128 + stop.signum, job)
                 again = f"{rerun_command(os.getppid())} hydra.run.dir={job.run_dir}"
-                message = stop_message(128 + stop.signum, job.run_dir, job.script is not None, job.train.resume)
-                print(f"{message}\nlauncher: the command: {again}", file=sys.stderr)
+                print(f"launcher: the command: {again}", file=sys.stderr)
             end_by_signal(job, env, stop)
 
         # torchrun is an elastic agent: the same stop signals as ours
-        summary = rank_main(job, env, composed_here=True, after_stop=stopped)
-        return 0 if summary is not None else -1  # -1: no summary (a script, a stop without a signal of its own)
+        return rank_main(job, env, composed_here=True, after_stop=stopped)
 
 
 def rerun_command(agent_pid: int) -> str:
