@@ -48,6 +48,25 @@ def test_idx_files_load_as_images_and_labels(tmp_path, compress):
     assert test.tensors[0].shape == (12, 1, 28, 28)
 
 
+def test_digits_are_scikit_learns_split_by_class_in_proportion():
+    from sklearn.datasets import load_digits  # the reference: our loader reads its file without importing it
+
+    bunch = load_digits()
+    train, test = build_datasets(DataConfig(name="digits", image_size=8))
+    x = torch.cat([train.tensors[0], test.tensors[0]])[:, 0]
+    y = torch.cat([train.tensors[1], test.tensors[1]])
+    assert len(test) == 360 and len(train) == 1437  # ceil(0.2 x 1797) held out
+    # every image with its label, once (standardised with the training split's mean and std: undo that on ours)
+    pairs = lambda images, labels: sorted(  # noqa: E731
+        (tuple(torch.round(img * 1e3).flatten().tolist()), int(label)) for img, label in zip(images, labels)
+    )
+    ref = torch.from_numpy(bunch.images).float() * (x.flatten().std() / torch.from_numpy(bunch.images).float().std())
+    assert pairs(ref - ref.mean() + x.mean(), bunch.target) == pairs(x, y)
+    held_out = torch.bincount(test.tensors[1], minlength=10).tolist()
+    expected = torch.bincount(torch.from_numpy(bunch.target), minlength=10) * 0.2
+    assert all(abs(h - e) < 1 for h, e in zip(held_out, expected.tolist())), (held_out, expected)
+
+
 def test_idx_job_trains_end_to_end(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
