@@ -9,7 +9,7 @@ take the same SGD step everywhere. Works with ``try_all_gpus()`` on a GPU box an
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,9 @@ def allreduce_devices(tensors: Sequence[torch.Tensor]) -> None:
         t[:] = tensors[0].to(t.device)
 
 
-def split_batch(x: torch.Tensor, y: torch.Tensor, devices: Sequence[torch.device]):
+def split_batch(
+    x: torch.Tensor, y: torch.Tensor, devices: Sequence[torch.device]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Split a batch into ``len(devices)`` equal shards, each moved to its device."""
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"batch has {x.shape[0]} inputs but {y.shape[0]} labels")
@@ -40,7 +42,7 @@ class HandDataParallel:
         self.devices = list(devices)
         self.replicas = [copy.deepcopy(model).to(d) for d in self.devices]
 
-    def train_batch(self, x: torch.Tensor, y: torch.Tensor, loss_fn, lr: float) -> float:
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor], lr: float) -> float:
         """One SGD step on the full batch; returns the mean loss. Per-shard losses are sums, so the summed
         gradient divided by the full batch size equals the full-batch mean gradient."""
         xs, ys = split_batch(x, y, self.devices)

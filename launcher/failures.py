@@ -41,6 +41,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional, TextIO
 
 from .env import DistEnv
 from .files import write_json_atomic
@@ -250,7 +251,7 @@ def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) 
     return "\n".join(line.rstrip() for line in lines if line)
 
 
-def report(run_dir: str | Path, launch_id: str, known: Iterable[Failure] = (), file=None) -> bool:
+def report(run_dir: str | Path, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
     """Print the job's failure report from the records (plus ``known`` failures of ranks without one).
     Returns False when there is nothing to report."""
     failures = {f.rank: f for f in known}

@@ -8,6 +8,7 @@ import socket
 from datetime import timedelta
 from typing import Optional
 
+from .env import DistEnv
 from .rendezvous import Group
 
 _COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught", re.I)
@@ -17,6 +18,14 @@ def is_timeout(exc: BaseException) -> bool:
     """True for a collective that gave up waiting (gloo: "Timed out waiting 5000ms for recv ...", nccl's
     watchdog: "... collective operation timeout"), not for any error that mentions a timeout."""
     return isinstance(exc, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(exc)))
+
+
+def timed_out(env: DistEnv, phase: str, timeout_s: float, diagnosis: str) -> RuntimeError:
+    """The error a rank ends with when a collective of the trainer timed out: where, after how long, who is stuck."""
+    return RuntimeError(
+        f"rank {env.rank} on {env.hostname}: a collective at {phase} timed out after {timeout_s:.0f} s "
+        f"(comm.timeout_s); {diagnosis}"
+    )
 
 
 def explain_stall(group: Optional[Group], where: str, grace_s: Optional[float] = None) -> str:

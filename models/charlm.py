@@ -37,7 +37,7 @@ class CharGRU(nn.Module):
         self.head = nn.Linear(hidden, vocab)
         self.own_loss = own_loss
 
-    def forward(self, ids: torch.Tensor, targets: Optional[torch.Tensor] = None):
+    def forward(self, ids: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor | Output:
         states, _ = self.gru(self.embed(ids))
         logits = self.head(states)  # (N, T, vocab): the classes last
         if not self.own_loss:
@@ -46,7 +46,9 @@ class CharGRU(nn.Module):
         return Output(logits, loss)
 
 
-def text_data(seq_len: int = 32, train_sequences: int = 2048, test_sequences: int = 256, seed: int = 0):
+def text_data(
+    seq_len: int = 32, train_sequences: int = 2048, test_sequences: int = 256, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
     """(train, test) of (ids (seq_len,), next ids (seq_len,)) from a generated text of WORDS: learnable (words repeat,
     their letters follow each other) and the same for every rank and run."""
     g = torch.Generator().manual_seed(seed)
@@ -65,7 +67,7 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def token_accuracy(outputs, targets: torch.Tensor) -> torch.Tensor:
+def token_accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``train.metric=models.charlm.token_accuracy``: the share of next characters predicted right."""
     logits = outputs.logits if isinstance(outputs, Output) else outputs
     return (logits.argmax(-1) == targets).float().mean()

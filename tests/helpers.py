@@ -225,7 +225,13 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
         if found is None:
             return
         addr, port, secret = found
-        client = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+        client = None
+        while client is None and not done.is_set():  # the keeper's store listens once it started (seconds, loaded)
+            with contextlib.suppress(RuntimeError):  # (DistNetworkError: not listening yet)
+                wait = timedelta(seconds=5)
+                client = dist.TCPStore(addr, port, is_master=False, timeout=wait, wait_for_workers=False)
+        if client is None:
+            return
         plain = dist.PrefixStore(attempt_prefix(0), client)
         guessed = SignedStore(client, Secret.new(), attempt_prefix(0))
         guessed._root = SignedStore(client, secret, attempt_prefix(0))._root  # the namespace, not the key

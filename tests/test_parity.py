@@ -46,7 +46,10 @@ def _train_and_dump(rank, world, out_dir, per_node):
     env = virtual_env(rank, world, per_node)
     trainer = Trainer(job, env, torch.device("cpu"), "gloo")
     summary = trainer.fit()
-    torch.save({"params": trainer.model.state_dict(), "summary": summary.to_json()}, out_dir / f"params-{rank}.pt")
+    assert summary is not None
+    torch.save(
+        {"params": trainer.state.model.state_dict(), "summary": summary.to_json()}, out_dir / f"params-{rank}.pt"
+    )
 
 
 LAYOUTS = {"1x2": (2, 2), "1x1": (1, 1), "2x2": (4, 2)}

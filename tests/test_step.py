@@ -62,12 +62,10 @@ def _sync_once(rank, world, out_dir, reducer):
     model.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
     counts, forwards = [], []
     for micro in (1,) * (WARMUP_STEPS + 1) + (1, 4, 4):  # after the warm-ups (DDP's bucket rebuild, ours' agreement)
-        stepper = Stepper(
-            TrainConfig(accumulate_steps=micro), OptimConfig(), torch.device("cpu"), sync, optimizer, scheduler
-        )
+        stepper = Stepper(TrainConfig(accumulate_steps=micro), OptimConfig(), torch.device("cpu"), optimizer, scheduler)
         before = _allreduces()
         rows.clear()
-        stepper.step(x, y)
+        stepper.step(sync, x, y)
         sync.flush()
         counts.append(_allreduces() - before)
         forwards.append(list(rows))
@@ -125,16 +123,16 @@ def _first_step(rank, world, out_dir, precision, clip):
             cfg = CommConfig(reducer="bucketed", hierarchical="true", bucket_cap_mb=0.01, hang_warn_s=0)
             whole = whole_gradient_reason(how, optim)
             sync = GradientSync(net, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
-        steppers.append((Stepper(how, optim, torch.device("cpu"), sync, optimizer, scheduler), sync))
+        steppers.append((Stepper(how, optim, torch.device("cpu"), optimizer, scheduler), sync))
     fp32_optimizer = torch.optim.SGD(full.parameters(), lr=1.0)
-    fp32 = Stepper(TrainConfig(), optim, torch.device("cpu"), _Alone(full), fp32_optimizer, _constant(fp32_optimizer))
+    fp32 = Stepper(TrainConfig(), optim, torch.device("cpu"), fp32_optimizer, _constant(fp32_optimizer))
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen)
     shard = slice(rank * 64 // world, (rank + 1) * 64 // world)
-    steppers[0][0].step(x[shard], y[shard])
+    steppers[0][0].step(steppers[0][1], x[shard], y[shard])
     steppers[0][1].flush()
-    steppers[1][0].step(x, y)
-    fp32.step(x, y)
+    steppers[1][0].step(steppers[1][1], x, y)
+    fp32.step(_Alone(full), x, y)
     assert seen == [{"bf16": torch.bfloat16, "fp16": torch.float16}[precision]], seen
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3, msg=lambda m, n=name: f"{precision} {n}: {m}")
@@ -187,15 +185,15 @@ def _skip_on_every_rank(rank, world, out_dir, reducer):
     if reducer == "bucketed":
         assert "not the forward overlap: train.precision=fp16" in sync.description, sync.description
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    stepper = Stepper(train, OptimConfig(), torch.device("cpu"), sync, optimizer, scheduler)
+    stepper = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    stepper.step(x * (3e4 if rank == 1 else 1.0), y)  # fp16 overflows on rank 1 only
+    stepper.step(sync, x * (3e4 if rank == 1 else 1.0), y)  # fp16 overflows on rank 1 only
     for name, value in model.state_dict().items():
         assert torch.equal(value, start[name]), f"{name} was updated on rank {rank}: the step was not skipped"
     assert stepper.skipped == 1 and stepper.scaler.get_scale() == 2.0**15, (stepper.skipped, stepper.scaler.get_scale())
-    stepper.step(x, y)  # the next one is taken
+    stepper.step(sync, x, y)  # the next one is taken
     assert stepper.skipped == 1 and any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())
-    fresh = Stepper(train, OptimConfig(), torch.device("cpu"), sync, optimizer, scheduler)
+    fresh = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     fresh.load_state_dict(stepper.state_dict())  # what a checkpoint carries
     assert fresh.scaler.get_scale() == 2.0**15
     sync.close()

@@ -24,6 +24,8 @@ Under NCCL one thread issues every phase in one order instead (``in_launch_order
 import contextlib
 import queue
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -121,7 +123,7 @@ class _Pipeline:
             self._inboxes[0].put((segment, owner))
         return owner.result
 
-    def _run(self, index: int, stage) -> None:
+    def _run(self, index: int, stage: Callable[[Any], Any]) -> None:
         inbox = self._inboxes[index]
         nxt = self._inboxes[index + 1] if index + 1 < len(self._inboxes) else None
         failed = None

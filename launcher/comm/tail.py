@@ -28,7 +28,7 @@ from __future__ import annotations
 import types
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 from torch import nn
@@ -66,7 +66,7 @@ class TailLinear:
         if self.module.__dict__.get("forward") is self:
             del self.module.forward
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[nn.Linear], Callable[[torch.Tensor], torch.Tensor]], tuple[nn.Linear]]:
         """Deep-copied (or pickled) with its module, the copy's forward is nn.Linear's own: this one belongs to
         the forward overlap, and a copy must not send into its buckets."""
         return _plain_forward, (self.module,)
@@ -108,13 +108,20 @@ def _plain_forward(module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class _RowBlockLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, owner: TailLinear, mark: _CallMark):
+    def forward(
+        ctx: Any,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        owner: TailLinear,
+        mark: _CallMark,
+    ) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
         ctx.owner, ctx.mark, ctx.has_bias = owner, mark, bias is not None
         return F.linear(input, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         input, weight = ctx.saved_tensors
         owner: TailLinear = ctx.owner
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]

@@ -43,10 +43,13 @@ def freeze(job: JobConfig, run_dir: str | Path) -> Path:
 
 def load_frozen(run_dir: str | Path) -> JobConfig:
     raw = OmegaConf.load(Path(run_dir) / FROZEN_NAME)
+    assert isinstance(raw, DictConfig), f"{Path(run_dir) / FROZEN_NAME} holds no job (a YAML mapping)"
     kind = raw.get("cluster", {}).get("kind", "local")
     schema = OmegaConf.structured(JobConfig)
     schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
-    return to_job(OmegaConf.merge(schema, raw))
+    merged = OmegaConf.merge(schema, raw)
+    assert isinstance(merged, DictConfig)
+    return to_job(merged)
 
 
 RESUME_KEYS = ("model", "data", "optim.name")  # what a checkpoint cannot be loaded across

@@ -224,6 +224,7 @@ class JobConfig:
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
         fewest = self.cluster.min_nodes if self.cluster.may_shrink else self.cluster.nodes  # null: not yet planned
+        assert fewest is not None  # (may_shrink: min_nodes is set)
         per_node = self.cluster.procs_per_node or 1
         _check(
             not self.cluster.may_shrink or self.train.batch_size_per_rank is None,

@@ -11,7 +11,7 @@ A round's life, as a rank sees it (``Healer``)::
     training in round N ──a machine lost (a collective fails, or the watch reads Decision N)──▶ abort tripped
         └─▶ end_of_round: the Decision ──▶ enter_round: check in, form round N+1 on the keeper's store
               └─▶ agree_on_state (the ranks behind get the state from the one ahead) ──▶ training in round N+1
-    training in round N ──a machine joins (Decision N grows)──▶ every rank leaves at the next step boundary (Grow)
+    training in round N ──a machine joins (Decision N grows)──▶ every rank leaves at the next step boundary (GROW)
         └─▶ enter_round as above, the new machine last
 
 Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join``, ``Place``), ``rounds.py`` (the
@@ -19,7 +19,7 @@ keeper's rules, pure), ``keeper.py`` (the keeper process), ``head.py`` (the head
 ``wait_healing``, ``Rejoin``: how a mode brings a host back), ``node.py`` (a node's ranks without an agent),
 ``rank.py`` (a rank's side). What the rest of the launcher calls: ``config.rules.heals_in_place(job)``,
 ``head.KeeperClient`` + ``head.wait_healing`` (sim, ssh), ``node.run_workers`` (launch/node.py), and the trainer's
-``rank.Healer`` (``launcher.train.in_place``).
+``rank.Healer`` (through one seam: ``launcher.train.in_place.HealSeam``).
 
 Only the job's own processes speak in it: the head makes a fresh secret per job (``launcher.secret``) and hands it
 on without a command line; every key lives under the secret's namespace and every value the keeper, the node

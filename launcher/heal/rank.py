@@ -51,8 +51,9 @@ class HealStop(RuntimeError):
     """The job cannot heal (too few machines left, a round that never formed): it stops, as named."""
 
 
-class Grow(Exception):
-    """The ranks agreed to leave the round at this step boundary: a machine joins (``Healer.growing``)."""
+class LeftJob(Exception):
+    """This rank is out of the job, which goes on (or ended) without it: it was declared lost while it ran (cut off
+    or frozen for a while), or the job trained to its end before it could join. The rank ends cleanly (exit 0)."""
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Healer:
     def wait_to_join(self, group: Group) -> Decision:
         """A joining rank, set up: ready; returns the keeper's decision that ends the round before the one it
         joins, once every rank of its node is ready. A job that trained to its end meanwhile: this rank leaves
-        (SystemExit 0, no traceback)."""
+        (``LeftJob``)."""
         assert isinstance(group.store, SignedStore), "a healing job's store is signed with the job's secret"
         self.store, self.timeout_s = group.store, group.timeout_s
         node = self.place.node
@@ -169,8 +170,7 @@ class Healer:
         assert self.store is not None
         while (got := answer()) is None:
             if self.joins and self.store.read(Keys.TRAINED) is not None:
-                log.warning("the job trained to its end before %s could join: leaving", self.place.name)
-                raise SystemExit(0)
+                raise LeftJob(f"the job trained to its end before {self.place.name} could join: leaving")
             if time.monotonic() > stop_at:
                 raise HealStop(f"{what()} within {limit_s:.0f} s; the job stops")
             tick.wait(POLL_S)
@@ -183,10 +183,9 @@ class Healer:
         name = self.place.name
         if name not in decision.members:  # it was cut off or frozen for a while: the others went on
             why = decision.lost.get(name, "?")
-            log.warning("%s was declared lost (%s) while it ran: the job went on without it; leaving", name, why)
             if dist.is_initialized():  # destroyed, the broken group would wait for the dead
                 self.abort.keep(dist.group.WORLD)
-            raise SystemExit(0)
+            raise LeftJob(f"{name} was declared lost ({why}) while it ran: the job went on without it; leaving")
         node = decision.members.index(name)
         per_node = env.local_world_size
         new = replace(
@@ -248,7 +247,7 @@ class Healer:
     def cut_off(self, exc: BaseException) -> bool:
         """``exc`` may end this round (the keeper's decision then tells): a machine lost under a collective, or
         one joining."""
-        return isinstance(exc, (PeerLost, Grow)) or self.abort.is_set() or "onnection" in str(exc)
+        return isinstance(exc, PeerLost) or self.abort.is_set() or "onnection" in str(exc)
 
 
 def agree_on_state(steps: list[int], state: Callable[[], Any], healer: Healer) -> tuple[int, Optional[Any]]:

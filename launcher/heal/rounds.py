@@ -8,7 +8,7 @@ console included)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .protocol import Decision
 
@@ -43,7 +43,7 @@ class Rounds:
         members = [*self.live, name]
         return self._next(members, members, joined=(name,), answer_time=answer_time)
 
-    def _next(self, members: list[str], live: list[str], **change) -> Decision:
+    def _next(self, members: list[str], live: list[str], **change: Any) -> Decision:
         decision = Decision(round=self.number + 1, members=tuple(members), before=tuple(self.live), **change)
         self.number, self.live = self.number + 1, live
         return decision

@@ -83,7 +83,7 @@ class PendingJob:
         stop_job(self.job, self.job_id, word)
 
 
-def executor(job: JobConfig):
+def executor(job: JobConfig) -> Any:
     """A submitit executor carrying every Slurm parameter of ``cluster``."""
     import submitit
 
@@ -123,7 +123,7 @@ def sbatch_preview(job: JobConfig) -> str:
     return slurm._make_submission_file_text(slurm._submitit_command_str, "<uid>")
 
 
-def submit_slurm(plan: LaunchPlan, job: JobConfig):
+def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
     """Submit; Slurm's refusal (bad partition, account, ...) becomes a ConfigError with Slurm's reason."""
     from submitit.core.utils import FailedJobError
 

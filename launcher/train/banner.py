@@ -3,9 +3,21 @@ batch split and the run dir."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import torch
+
+from ..config import JobConfig
+from ..devices import describe_device
+from ..dist_helpers import Peers
 from ..env import DistEnv
+from .optim import describe_schedule
+from .progress import Span
+from .step import describe_precision
+from .world import World
+
+log = logging.getLogger(__name__)
 
 MAX_DEVICE_LINES = 12
 
@@ -44,3 +56,19 @@ def describe_span(steps: int, steps_per_epoch: int) -> str:
     if epochs < 1:
         return f"{epochs:.2g} of an epoch of {steps_per_epoch}"
     return f"{epochs:.3g} epoch(s) of {steps_per_epoch}"
+
+
+def show_banner(
+    job: JobConfig, env: DistEnv, backend: str, device: torch.device, world: World, span: Span, peers: Peers
+) -> list[str]:
+    """Collective: every rank's node, host and device gathered; rank 0 logs the banner. Returns each node's host."""
+    facts = peers.all_gather_object((env.node_rank, env.hostname, describe_device(device)))
+    if env.is_main:
+        batch = (
+            f"{span.global_batch} global = {world.batch_per_rank} per rank x {env.world_size}; "
+            f"{span.total_steps} steps ({describe_span(span.total_steps, span.steps_per_epoch)}); "
+            f"{describe_schedule(job.optim, span.schedule_steps)}; {describe_precision(job.train, job.optim)}"
+        )
+        devices = [f"{host}: {device}" for _, host, device in facts]
+        log.info("job\n%s", format_banner(env, backend, devices, world.sync.description, batch, Path(job.run_dir)))
+    return node_hosts(facts)

@@ -46,7 +46,8 @@ class _Writes:
     "unexpected pos"."""
 
     def __init__(self, f: Any) -> None:
-        self.f, self.error, self.sha256 = f, None, hashlib.sha256()
+        self.f, self.sha256 = f, hashlib.sha256()
+        self.error: Optional[OSError] = None
 
     def write(self, data: bytes) -> int:
         try:
@@ -73,7 +74,7 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
         with atomic_file(path) as f:
             out = _Writes(f)
             try:
-                torch.save(dict(state, format_version=FORMAT_VERSION), out)
+                torch.save(dict(state, format_version=FORMAT_VERSION), out)  # type: ignore[arg-type]  # a file-like
             except RuntimeError:  # torch's zip writer reports a failed write as "unexpected pos": say why
                 if out.error is not None:
                     raise out.error from None
@@ -140,7 +141,9 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def load_model_state(model: nn.Module, source: str | Path | Mapping[str, Any], map_location=None) -> None:
+def load_model_state(
+    model: nn.Module, source: str | Path | Mapping[str, Any], map_location: Optional[str | torch.device] = None
+) -> None:
     """Load weights into ``model`` (wrapped or not) from a checkpoint file, a checkpoint dict or a bare state
     dict, whatever wrapper prefixes it was saved with and whichever device it was saved on."""
     if map_location is None:
@@ -172,6 +175,6 @@ def agreed_resume_source(
     chosen = peers.broadcast_object(mine)
     if chosen != mine:
         log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
-        path = Path(chosen) if chosen is not None else None
+        path = Path(str(chosen)) if chosen is not None else None
         state = load(path, map_location=device) if path is not None else None
     return path, state

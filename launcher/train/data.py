@@ -13,9 +13,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -53,7 +53,10 @@ def _shape(x: torch.Tensor, cfg: DataConfig) -> torch.Tensor:
     return x.contiguous()
 
 
-def _digits(cfg: DataConfig):
+Arrays = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (x_train, y_train, x_test, y_test)
+
+
+def _digits(cfg: DataConfig) -> Arrays:
     images, labels = digits_arrays()
     train, test = stratified_split(labels, cfg.test_fraction)
     as_x = lambda i: torch.from_numpy(images[i]).unsqueeze(1)  # noqa: E731
@@ -91,7 +94,7 @@ def stratified_split(labels: np.ndarray, test_fraction: float) -> tuple[np.ndarr
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def _synthetic(cfg: DataConfig):
+def _synthetic(cfg: DataConfig) -> Arrays:
     g = torch.Generator().manual_seed(DATA_SEED)
     n = cfg.train_samples + cfg.test_samples
     x = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
@@ -109,7 +112,7 @@ IDX_FILES = {
 }
 
 
-def _idx(cfg: DataConfig):
+def _idx(cfg: DataConfig) -> Arrays:
     root = Path(cfg.path or ".")
     arrays = {key: read_idx(_find(root, name)) for key, name in IDX_FILES.items()}
     as_x = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)  # noqa: E731
@@ -124,7 +127,7 @@ def _find(root: Path, name: str) -> Path:
     raise FileNotFoundError(f"{name}[.gz] not found in data.path={str(root)!r}; HINT: point data.path at the IDX files")
 
 
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, Any] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -134,13 +137,13 @@ def read_idx(path: Path) -> np.ndarray:
     if zero != 0 or dtype_code not in _IDX_DTYPES:
         raise ValueError(f"{path} is not an IDX file (magic {raw[:4].hex()})")
     dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
-    return np.frombuffer(raw, dtype=_IDX_DTYPES[dtype_code], offset=4 + 4 * ndim).reshape(dims)
+    return np.frombuffer(raw, dtype=np.dtype(_IDX_DTYPES[dtype_code]), offset=4 + 4 * ndim).reshape(dims)
 
 
 class ResumableSampler(DistributedSampler):
     """DistributedSampler that can start an epoch part-way (after ``skip`` of this rank's samples) on resume."""
 
-    def __init__(self, dataset, num_replicas: int, rank: int, seed: int) -> None:
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.skip = 0
 
@@ -161,6 +164,7 @@ def user_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Option
     takes images): the first sample of each must be an image of the shape data.channels / data.image_size describe,
     its first and last labels below data.num_classes. Otherwise samples of any shape: the loss checks what it gets
     at the first step (``task.py``)."""
+    assert cfg._target_ is not None
     made = get_method(cfg._target_)(**cfg.kwargs)
     where = f"data._target_={cfg._target_!r}"
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
@@ -194,15 +198,15 @@ def user_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Option
 
 
 def train_loader(
-    dataset, batch_per_rank: int, rank: int, world: int, seed: int, workers: int = 0, pin: bool = False
+    dataset: Dataset, batch_per_rank: int, rank: int, world: int, seed: int, workers: int = 0, pin: bool = False
 ) -> DataLoader:
     """Each rank sees a disjoint 1/world of every epoch, reshuffled by ``set_epoch``; partial batches dropped
     so every rank takes the same number of steps."""
     sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
     if len(sampler) < batch_per_rank:
         raise ValueError(
-            f"{len(dataset)} training samples give each of {world} ranks {len(sampler)} samples, fewer than its "
-            f"batch of {batch_per_rank}; HINT: lower train.batch_size"
+            f"{len(cast(Sized, dataset))} training samples give each of {world} ranks {len(sampler)} samples, fewer "
+            f"than its batch of {batch_per_rank}; HINT: lower train.batch_size"
         )
     # A private generator: iterating the loader must not draw from the global RNG (bit-identical resume).
     generator = torch.Generator().manual_seed(seed + rank)
@@ -219,12 +223,12 @@ def train_loader(
 
 
 def eval_loader(
-    dataset, batch_size: int, rank: int, world: int, workers: int = 0, pin: bool = False
+    dataset: Optional[Dataset], batch_size: int, rank: int, world: int, workers: int = 0, pin: bool = False
 ) -> Optional[DataLoader]:
     """Rank r evaluates samples r, r+world, ... : every sample exactly once across ranks (no padding). None
     without a held-out split."""
     if dataset is None:
         return None
-    shard = Subset(dataset, range(rank, len(dataset), world))
+    shard = Subset(dataset, range(rank, len(cast(Sized, dataset)), world))  # (map-style: user_datasets checks)
     generator = torch.Generator().manual_seed(rank)
     return DataLoader(shard, batch_size=batch_size, generator=generator, num_workers=workers, pin_memory=pin)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, TextIO
 
 
 class MetricsWriter:
@@ -13,7 +13,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str | Path, enabled: bool) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._file = None
+        self._file: Optional[TextIO] = None
         if enabled:
             self.open()
 

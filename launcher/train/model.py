@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Optional
 
 import torch
@@ -36,7 +37,11 @@ def check_same_weights(model: nn.Module, peers: dist_helpers.Peers = dist_helper
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader, device: torch.device, task: Task, peers: dist_helpers.Peers = dist_helpers.Peers()
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    task: Task,
+    peers: dist_helpers.Peers = dist_helpers.Peers(),
 ) -> tuple[float, Optional[float]]:
     """(test loss, accuracy or train.metric; None where neither applies) over every rank's disjoint shard of the
     held-out split (collective), with rank 0's buffers (batch-norm statistics)."""

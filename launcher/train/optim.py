@@ -8,6 +8,7 @@ import math
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from ..config import OptimConfig
 
@@ -23,7 +24,7 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module, world_size: int) -> torc
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
 
 
-def build_scheduler(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int):
+def build_scheduler(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     """Linear warm-up for ``warmup_steps``, then constant (``none``) or cosine to 0 at ``total_steps``."""
     warmup = cfg.warmup_steps
 

@@ -1,38 +1,111 @@
-"""The trainer's records concern: the logged window of steps (``metrics.jsonl``), the communication trace
-(``comm.trace``), the evaluation on the held-out split, and ``summary.json`` at the end. Mixed into the Trainer,
-whose attributes it reads."""
+"""What the trainer records as it goes: the logged window of steps (``metrics.jsonl``: loss, LR, throughput, the
+gradient norm, the exposed communication), the communication trace (``comm.trace``) and the evaluation on the
+held-out split. Rank 0 writes; the collectives (one small allreduce per log, the evaluation, the trace's gather)
+run on every rank."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Optional
 
-import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import membership
 from ..comm import trace
-from ..comm.trace import write_trace
+from ..comm.trace import Tracer, write_trace
+from ..config import JobConfig
+from ..dist_helpers import Peers
+from ..env import DistEnv
+from ..logs import take_the_console
 from ..summary import RunSummary
 from ..watch import stragglers
+from .metrics import MetricsWriter
 from .model import evaluate
+from .progress import Totals
+from .state import TrainState
+from .sync import GradientSync
+from .world import World
 
 log = logging.getLogger(__name__)
 
 
-class Records:
-    def _log_if_due(self, bar: tqdm, epoch: int) -> None:
-        loop = self.loop
-        due = self.pos.step % self.job.train.log_every_steps == 0 or self.pos.step == self.total_steps
-        if due and loop.logged_step < self.pos.step:
-            loop.final_loss = self._log_window(loop.window, loop.window_t0)
-            loop.logged_step = self.pos.step
-            bar.set_postfix(epoch=epoch, loss=f"{loop.final_loss:.4f}")
-            loop.window.zero_()
-            loop.window_t0 = time.perf_counter()
+@contextmanager
+def progress_bar(total: int, initial: int, main: bool) -> Iterator[tqdm]:
+    """The steps' progress bar on rank 0's console (the launcher's log lines print above it)."""
+    bar = tqdm(
+        total=total, initial=initial, disable=None if main else True, unit="step", dynamic_ncols=True, leave=False
+    )
+    try:
+        with logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if main else nullcontext():
+            yield bar
+    finally:
+        bar.close()
 
-    def _trace_window(self, trained_steps: int, end: bool = False) -> None:
+
+class Records:
+    def __init__(self, job: JobConfig, env: DistEnv, peers: Peers, state: TrainState) -> None:
+        """``state``: the training state recorded (its position, span, schedule and stepper)."""
+        self.job, self.peers, self.state = job, peers, state
+        self.run_dir = Path(job.run_dir)
+        self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
+        self.exposed_s = 0.0  # communication waited for since the last log
+        self._tracer: Optional[Tracer] = Tracer(env.rank, env.hostname) if job.comm.trace else None
+        self._tracing = ExitStack()
+
+    def entered(self, env: DistEnv) -> None:
+        """This rank entered a new round (the job healed in place): as its rank 0, the console and the metrics are
+        its now."""
+        if env.is_main:
+            take_the_console()
+            self.metrics.open()
+
+    def close(self) -> None:
+        self.metrics.close()
+
+    def log_if_due(self, totals: Totals, env: DistEnv, sync: GradientSync, bar: tqdm) -> None:
+        """At a step's end: the window's global mean loss when a log is due (``train.log_every_steps``, the last
+        step), once per step (after a heal, the step the loss cut short may have logged already); on the bar too."""
+        pos = self.state.pos
+        due = pos.step % self.job.train.log_every_steps == 0 or pos.step == self.state.span.total_steps
+        if not due or totals.logged_step >= pos.step:
+            return
+        totals.final_loss = self._log_window(totals, env, sync)
+        totals.logged_step = pos.step
+        totals.window.zero_()
+        totals.window_t0 = time.perf_counter()
+        bar.set_postfix(epoch=pos.epoch, loss=f"{totals.final_loss:.4f}")
+
+    def _log_window(self, totals: Totals, env: DistEnv, sync: GradientSync) -> float:
+        """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
+        window, pos, grad_norm = totals.window, self.state.pos, self.state.stepper.grad_norm
+        window[2] = self.exposed_s
+        self.exposed_s = 0.0
+        self.peers.all_reduce(window)
+        batches = window[1].item() / env.world_size
+        loss = window[0].item() / max(1.0, window[1].item())
+        step_s = (time.perf_counter() - totals.window_t0) / max(1.0, batches)
+        record = {
+            "kind": "train",
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "loss": loss,
+            "lr": self.state.scheduler.get_last_lr()[0],
+            "samples_per_s": self.state.span.global_batch / step_s,
+            "step_s": step_s,
+        }
+        if grad_norm is not None:  # optim.clip_grad_norm: the last step's norm before clipping
+            record["grad_norm"] = grad_norm
+        if sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
+            record["comm_exposed_s"] = window[2].item() / env.world_size / max(1.0, batches)
+        self.metrics.write(record)
+        return loss
+
+    def trace_window(self, trained_steps: int, env: DistEnv, end: bool = False) -> None:
         """comm.trace: record steps 2 .. 1 + trace_steps of this run (the first warms up), then every rank hands
         its events to rank 0, which writes trace.json. Collective at the window's end (same step everywhere)."""
         if self._tracer is None:
@@ -43,83 +116,66 @@ class Records:
         if trace.active() is not None and (end or trained_steps == 1 + self.job.comm.trace_steps):
             self._tracing.close()
             events = self.peers.all_gather_object(self._tracer.trace_events())
-            if self.env.is_main:
-                log.info(
-                    "comm.trace: %s (open in https://ui.perfetto.dev)", write_trace(self.run_dir / "trace.json", events)
-                )
+            if env.is_main:
+                written = write_trace(self.run_dir / "trace.json", events)
+                log.info("comm.trace: %s (open in https://ui.perfetto.dev)", written)
             self._tracer = None
 
-    def _log_window(self, window: torch.Tensor, t0: float) -> float:
-        """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
-        window[2] = self._exposed_s
-        self._exposed_s = 0.0
-        self.peers.all_reduce(window)
-        batches = window[1].item() / self.env.world_size
-        loss = window[0].item() / max(1.0, window[1].item())
-        step_s = (time.perf_counter() - t0) / max(1.0, batches)
-        record = {
-            "kind": "train",
-            "step": self.pos.step,
-            "epoch": self.pos.epoch,
-            "loss": loss,
-            "lr": self.scheduler.get_last_lr()[0],
-            "samples_per_s": self.global_batch / step_s,
-            "step_s": step_s,
-        }
-        if self.stepper.grad_norm is not None:  # optim.clip_grad_norm: the last step's norm before clipping
-            record["grad_norm"] = self.stepper.grad_norm
-        if self.sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
-            record["comm_exposed_s"] = window[2].item() / self.env.world_size / max(1.0, batches)
-        self.metrics.write(record)
-        return loss
+    def evaluate(self, epoch: int, world: World) -> Optional[float]:
+        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
+        if world.test_loader is None:
+            return None
+        sync, state, step = world.sync, self.state, self.state.pos.step
+        sync.flush()
+        sync.module.eval()
+        with state.stepper.autocast():
+            loss, accuracy = evaluate(state.model, world.test_loader, state.device, state.stepper.task, self.peers)
+        self.metrics.write({"kind": "eval", "step": step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy})
+        shown = "n/a (train.loss gives no accuracy: train.metric)" if accuracy is None else f"{accuracy:.4f}"
+        log.info("epoch %d step %d: test accuracy %s, test loss %.4f", epoch, step, shown, loss)
+        return accuracy
 
-    def _summary(self, final_loss: float, accuracy: Optional[float], trained_steps: int, wall: float) -> RunSummary:
-        job, env = self.job, self.env
+    def summary(
+        self,
+        env: DistEnv,
+        backend: str,
+        sync: GradientSync,
+        totals: Totals,
+        wall: float,
+        hosts: list[str],
+        resumed: Optional[str],
+    ) -> RunSummary:
+        """The run's summary; rank 0 writes ``summary.json``."""
+        job, pos, span = self.job, self.state.pos, self.state.span
         summary = RunSummary(
             world_size=env.world_size,
             nodes=env.num_nodes,
             procs_per_node=env.local_world_size,
-            backend=self.backend,
-            device=str(self.device.type),
+            backend=backend,
+            device=str(self.state.device.type),
             reducer=job.comm.reducer,
-            hierarchical=self.sync.hierarchical,
-            hierarchical_reason=self.sync.choice.reason,
+            hierarchical=sync.hierarchical,
+            hierarchical_reason=sync.choice.reason,
             model=job.model["_target_"],
             data=job.data.label,
-            epochs=self.pos.epoch,
-            steps=self.pos.step,
-            global_batch=self.global_batch,
-            final_loss=final_loss,
-            test_accuracy=accuracy,
-            samples_per_s=trained_steps * self.global_batch / wall if wall > 0 else None,
+            epochs=pos.epoch,
+            steps=pos.step,
+            global_batch=span.global_batch,
+            final_loss=totals.final_loss,
+            test_accuracy=totals.accuracy,
+            samples_per_s=totals.trained_steps * span.global_batch / wall if wall > 0 else None,
             wall_s=wall,
-            resumed_from=self.resumed_from,
-            hosts=self.hosts,
+            resumed_from=resumed,
+            hosts=hosts,
             membership=membership.changes(self.run_dir),
             stragglers=stragglers(),
             precision=job.train.precision,
             accumulate_steps=job.train.accumulate_steps,
             clip_grad_norm=job.optim.clip_grad_norm,
             loss=job.train.loss,
-            skipped_steps=int(self.stepper.skipped),
-            steps_per_epoch=self.steps_per_epoch,
+            skipped_steps=int(self.state.stepper.skipped),
+            steps_per_epoch=span.steps_per_epoch,
         )
         if env.is_main:
             summary.write(self.run_dir)
         return summary
-
-    def _evaluate(self, epoch: int) -> Optional[float]:
-        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
-        if self.test_loader is None:
-            return None
-        self._phase = f"the evaluation after epoch {epoch}"
-        self.sync.flush()
-        self.sync.module.eval()
-        with self.stepper.autocast():
-            loss, accuracy = evaluate(self.model, self.test_loader, self.device, self.stepper.task, self.peers)
-        self.metrics.write(
-            {"kind": "eval", "step": self.pos.step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy}
-        )
-        shown = "n/a (train.loss gives no accuracy: train.metric)" if accuracy is None else f"{accuracy:.4f}"
-        log.info("epoch %d step %d: test accuracy %s, test loss %.4f", epoch, self.pos.step, shown, loss)
-        return accuracy

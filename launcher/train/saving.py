@@ -1,110 +1,101 @@
-"""The trainer's checkpoint concern: what a checkpoint holds (model, optimizer, scheduler, position, every rank's RNG
-state, the gradient sync's measured choices, the config), writing it (collective; rank 0 writes atomically, a full
-disk named with the previous checkpoint kept), and applying one on resume (bit-identical continuation)."""
+"""The trainer's checkpoints: which one a run resumes from (rank 0's choice, agreed at start), writing one
+(collective: every rank hands rank 0 its RNG state; rank 0 writes atomically and prunes; a full disk named with the
+previous checkpoint kept), and the resume's own steps (every rank's RNG stream, what it says). What a checkpoint
+holds is the Trainer's ``state_dict``."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
 
-from omegaconf import OmegaConf
+import torch
 
 from ..checkpoint_names import checkpoint_path, list_checkpoints
+from ..config import JobConfig
 from ..devices import rng_state, seed_all, set_rng_state
+from ..dist_helpers import Peers
+from ..env import DistEnv
 from . import checkpoint as ckpt
+from .progress import Span
+from .state import TrainState
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Position:
-    step: int = 0  # optimiser steps done
-    epoch: int = 0  # current epoch
-    batch_in_epoch: int = 0  # batches of the current epoch already done
+class Checkpointer:
+    def __init__(self, job: JobConfig, device: torch.device, peers: Peers, joins: bool) -> None:
+        """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
+        self.dir = Path(job.run_dir) / "checkpoints"
+        self.keep = job.train.keep_checkpoints
+        self.peers = peers
+        self.resume_path, self._resume_state = (
+            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
+        )
 
+    def kept(self, world_size: int) -> dict[str, Any]:
+        """The resumed checkpoint's measured choices a run keeps (strategy, bucket cap): not on another world size,
+        where the layout of ranks and links changed."""
+        state = self._resume_state or {}
+        return state if state.get("world_size", world_size) == world_size else {}
 
-class Checkpointing:
-    """Mixed into the Trainer, whose attributes it reads: job, env, model, optimizer, scheduler, pos, sync,
-    stepper, ckpt_dir, _resume_path/_resume_state (chosen at start by ``checkpoint.agreed_resume_source``)."""
+    def resume(self, state: TrainState, env: DistEnv, seed: int) -> Optional[str]:
+        """Apply the checkpoint chosen at start to ``state`` (once), with every rank's RNG stream; returns its path
+        (None: a fresh start)."""
+        saved, self._resume_state = self._resume_state, None
+        if saved is None:
+            return None
+        state.load_state_dict(saved)
+        self._resumed(saved, env, seed, state.span)
+        return str(self.resume_path)
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": ckpt.unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "stepper": self.stepper.state_dict(),  # the fp16 gradient scaler
-            "step": self.pos.step,
-            "epoch": self.pos.epoch,
-            "batch_in_epoch": self.pos.batch_in_epoch,
-            "world_size": self.env.world_size,
-            "global_batch": self.global_batch,  # the job's shape, for a machine joining in place
-            "steps_per_epoch": self.steps_per_epoch,
-            "schedule_steps": self.schedule_steps,  # the LR schedule's span: a resume with another one says so
-            "hierarchical": self.sync.hierarchical,
-            "bucket_cap_mb": self.sync.bucket_cap_mb,
-            "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
-        }
-
-    def save(self) -> None:
+    def save(self, state: Callable[[], dict[str, Any]], env: DistEnv, step: int) -> None:
         """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
-        self._phase = f"the checkpoint at step {self.pos.step}"
-        self.sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
         rngs = self.peers.all_gather_object(rng_state())
-        if self.env.is_main:
-            path = checkpoint_path(self.ckpt_dir, self.pos.step)
-            try:
-                ckpt.save_atomic(dict(self.state(), rng=rngs), path)
-            except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
-                earlier = [p for p in list_checkpoints(self.ckpt_dir) if p != path]
-                kept = (
-                    f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
-                )
-                raise RuntimeError(
-                    f"rank 0 on {self.env.hostname}: cannot write checkpoint {path} at step {self.pos.step} "
-                    f"({exc.strerror or exc}); {kept}; HINT: free space in {self.ckpt_dir} (train.keep_checkpoints "
-                    "keeps fewer), then run again with the same run dir to resume"
-                ) from exc
-            ckpt.prune(self.ckpt_dir, self.job.train.keep_checkpoints)
-            log.info("checkpoint %s", path)
-
-    def apply_state(self, state: dict[str, Any]) -> None:
-        """Model, optimizer, schedule, scaler and position from ``state`` (a checkpoint's, or a live peer's)."""
-        ckpt.load_model_state(self.model, state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.stepper.load_state_dict(state.get("stepper") or {})
-        self.pos = Position(state["step"], state["epoch"], state["batch_in_epoch"])
-
-    def maybe_resume(self) -> None:
-        path, state = self._resume_path, self._resume_state
-        if path is None or state is None:
+        if not env.is_main:
             return
-        self._resume_state = None  # free it once applied
-        self.apply_state(state)
+        path = checkpoint_path(self.dir, step)
+        try:
+            ckpt.save_atomic(dict(state(), rng=rngs), path)
+        except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
+            earlier = [p for p in list_checkpoints(self.dir) if p != path]
+            kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
+            raise RuntimeError(
+                f"rank 0 on {env.hostname}: cannot write checkpoint {path} at step {step} ({exc.strerror or exc}); "
+                f"{kept}; HINT: free space in {self.dir} (train.keep_checkpoints keeps fewer), then run again with "
+                "the same run dir to resume"
+            ) from exc
+        ckpt.prune(self.dir, self.keep)
+        log.info("checkpoint %s", path)
+
+    def _resumed(self, state: dict[str, Any], env: DistEnv, seed: int, span: Span) -> None:
+        """After ``state`` (this run's resume source) is applied: every rank's RNG stream (its own saved one on the
+        same world size; on another, restarted from (seed, rank, step)), and what the resume says."""
         rngs = state.get("rng") or []
+        step = state["step"]
         saved_world = state.get("world_size", len(rngs))
-        if saved_world == self.env.world_size and len(rngs) == saved_world:
-            set_rng_state(rngs[self.env.rank])
-        else:  # another world size: every rank's stream restarts from (seed, rank, step), the saved ones are dropped
-            seed_all(self.job.train.seed + self.env.rank + 1_000_003 * self.pos.step)
-        self.resumed_from = str(path)
-        if saved_world != self.env.world_size:
+        if saved_world == env.world_size and len(rngs) == saved_world:
+            set_rng_state(rngs[env.rank])
+        else:
+            seed_all(seed + env.rank + 1_000_003 * step)
+        if saved_world != env.world_size:
             log.info(
                 "resuming a %d-rank checkpoint on %d ranks: global batch %d as before, the same samples from step %d",
                 saved_world,
-                self.env.world_size,
-                self.global_batch,
-                self.pos.step,
+                env.world_size,
+                span.global_batch,
+                step,
             )
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, *vars(self.pos).values())
+        path = self.resume_path
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, step, state["epoch"], state["batch_in_epoch"])
         was = state.get("schedule_steps")
-        if was is not None and was != self.schedule_steps:
+        if was is not None and was != span.schedule_steps:
             log.warning(
                 "the LR schedule spans %d steps now, %d in the run that wrote %s (the LR follows the new span from "
                 "step %d); optim.schedule_steps=N on every run keeps one schedule",
-                self.schedule_steps,
+                span.schedule_steps,
                 was,
                 path,
-                self.pos.step,
+                step,
             )

@@ -18,10 +18,11 @@ in the banner."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from ..comm import trace
 from ..config import OptimConfig, TrainConfig
@@ -42,20 +43,31 @@ def describe_precision(train: TrainConfig, optim: OptimConfig) -> str:
     return "; ".join(parts)
 
 
+class Synchronising(Protocol):
+    """What a step needs of the gradient sync (``sync.GradientSync``; the tests' stand-ins)."""
+
+    module: torch.nn.Module
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def no_sync(self) -> AbstractContextManager[None]: ...
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+
 class Stepper:
-    """``step(x, y)``: zero the gradients, the micro-batches, unscale, clip, the optimizer and scheduler steps.
-    ``sync`` is the trainer's ``GradientSync`` (its module, ``no_sync``, ``zero_grad`` and ``step``)."""
+    """``step(sync, x, y)``: zero the gradients, the micro-batches, unscale, clip, the optimizer and scheduler
+    steps. ``sync`` is the round's ``GradientSync`` (its module, ``no_sync``, ``zero_grad`` and ``step``)."""
 
     def __init__(
         self,
         train: TrainConfig,
         optim: OptimConfig,
         device: torch.device,
-        sync: Any,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any,
+        scheduler: LRScheduler,
     ) -> None:
-        self.sync, self.optimizer, self.scheduler, self.device = sync, optimizer, scheduler, device
+        self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
         self.micro = train.accumulate_steps
         self.dtype = AUTOCAST_DTYPES[train.precision]
         self.scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
@@ -65,17 +77,17 @@ class Stepper:
         self.task = Task(train.loss, train.metric)  # what the step minimises (train.loss), what evaluation reports
         self.grad_norm: float | None = None  # the last step's gradient norm before clipping (with clipping only)
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None else nullcontext()
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(self, sync: Synchronising, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimiser step on this rank's batch; returns its mean loss (detached)."""
-        self.sync.zero_grad(self.optimizer)
+        sync.zero_grad(self.optimizer)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for i, (xs, ys) in enumerate(zip(x.chunk(self.micro), y.chunk(self.micro))):
-            with self.sync.no_sync() if i < self.micro - 1 else nullcontext():
+            with sync.no_sync() if i < self.micro - 1 else nullcontext():
                 with trace.span("forward", "step"), self.autocast():
-                    loss = self.task.loss(self.task.outputs(self.sync.module, xs, ys), ys).float() / self.micro
+                    loss = self.task.loss(self.task.outputs(sync.module, xs, ys), ys).float() / self.micro
                 with trace.span("backward", "step"):
                     scaled = self.scaler.scale(loss) if self.scaler is not None else loss
                     scaled.backward()
@@ -91,7 +103,7 @@ class Stepper:
                 self.scaler.update()
                 self.skipped += self.scaler.get_scale() < scale
             else:
-                self.sync.step(self.optimizer)  # forward overlap: buckets in flight are updated at the next forward
+                sync.step(self.optimizer)  # forward overlap: buckets in flight are updated at the next forward
             self.scheduler.step()
         return total
 

@@ -1,64 +1,77 @@
-"""The built-in trainer: model, data and optimiser from the config, torch DDP as the reducer, checkpoints that
-resume bit-identically, metrics and a summary. Runs the same with one rank or many (no ``if ddp:`` branches)."""
+"""The built-in trainer: model, data and optimiser from the config, the gradient sync the config asks for,
+checkpoints that resume bit-identically, metrics and a summary. Runs the same with one rank or many (no ``if ddp:``
+branches).
+
+Reading map: ``__init__`` builds every component once, in order, each handed what it needs. ``fit`` runs rounds of
+the loop: a round is the life of one process group and its ``World`` (the gradient sync, the loaders). A round
+returns an ``Outcome``: every step trained, a stop agreed at a step boundary, or the round ended because a machine
+was lost or joins (the one seam to healing: ``in_place.HealSeam``), after which the next round's world is built
+and the loop goes on from the agreed step. Only a failing collective raises."""
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+from torch.utils.data import Dataset
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import dist_helpers
-from ..comm.trace import Tracer
 from ..config import JobConfig, collective_timeout_s
-from ..config.rules import whole_gradient_reason
-from ..devices import describe_device, seed_all
+from ..devices import seed_all
 from ..env import DistEnv
-from ..faults import faults_for, fire_at
-from ..heal.rank import Grow, Healer
+from ..faults import Fault, faults_for, fire_at
+from ..heal.protocol import Decision
+from ..heal.rank import HealStop, LeftJob
 from ..rendezvous import Group
 from ..secret import Secret
-from ..stall import explain_stall, is_timeout
+from ..stall import explain_stall, is_timeout, timed_out
 from ..summary import RunSummary
 from ..watch import note_step
-from . import checkpoint as ckpt
-from .banner import describe_span, format_banner, node_hosts
-from .data import IMAGE_MODELS, build_datasets, eval_loader, train_loader
-from .in_place import Healing
-from .metrics import MetricsWriter
+from .banner import node_hosts, show_banner
+from .data import IMAGE_MODELS, build_datasets
+from .in_place import HealSeam
 from .model import build_model, check_same_weights
-from .optim import build_optimizer, build_scheduler, describe_schedule
-from .records import Records
-from .saving import Checkpointing, Position
-from .step import Stepper, describe_precision
+from .optim import build_optimizer
+from .progress import Outcome, Totals
+from .records import Records, progress_bar
+from .saving import Checkpointer
+from .state import TrainState
 from .stop import Preempted, StopRequest
-from .sync import GradientSync
+from .world import World
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Loop:
-    """The training loop's running totals (kept across a heal in place)."""
+class Trainer:
+    # the job, fixed for the run
+    job: JobConfig
+    device: torch.device
+    backend: str
+    run_dir: Path
+    peers: dist_helpers.Peers  # every collective of the trainer: left when a machine is lost; objects signed
+    # this round: this rank's place and group, and what holds the round's ranks (built again after a heal)
+    env: DistEnv
+    group: Optional[Group]
+    world: Optional[World]  # None until a rank joining a running job is in
+    hosts: list[str]  # each node's host, in node order (banner, summary)
+    # the model and its training state (what a checkpoint holds), the data, the loop's running totals
+    state: TrainState
+    data: tuple[Dataset, Optional[Dataset]]  # (train, test): prepared once on the CPU
+    totals: Totals
+    has_state: bool  # this rank holds the job's state (its own, or from a live peer; not yet: it joins)
+    resumed_from: Optional[str]
+    # the components
+    seam: HealSeam  # healing in place (a no-op in a job that does not heal)
+    stop: Optional[StopRequest]  # a stop signal, agreed by every rank at a step boundary
+    checkpointer: Checkpointer
+    records: Records  # metrics.jsonl, the comm trace, the evaluation, summary.json
+    faults: dict[int, Fault]  # LAUNCHER_FAULT: the failure tests'
+    phase: str  # what the ranks are doing, for a timed-out collective's report
 
-    window: torch.Tensor  # since the last log: loss sum, batches, exposed communication s
-    window_t0: float = field(default_factory=time.perf_counter)
-    trained_steps: int = 0
-    last_eval_epoch: int = -1
-    final_loss: float = math.nan
-    accuracy: Optional[float] = None
-    logged_step: int = -1
-    saved_step: int = -1  # the step of the newest checkpoint this run wrote in the loop
-
-
-class Trainer(Checkpointing, Healing, Records):
     def __init__(
         self,
         job: JobConfig,
@@ -69,148 +82,82 @@ class Trainer(Checkpointing, Healing, Records):
         stop: Optional[StopRequest] = None,
         secret: Optional[Secret] = None,
     ) -> None:
-        self.job, self.env, self.device, self.backend = job, env, device, backend
-        self.group = group
-        self.run_dir = Path(job.run_dir)
-        self.healer = Healer.from_environ(job.cluster.lost_after_s, backend, secret)  # healing in place (sim, ssh)
-        # every collective of the trainer: left when a machine is lost (healing), objects signed with the secret
-        self.peers = dist_helpers.Peers(self.healer.abort if self.healer else None, secret)
-        self.stop = stop or (StopRequest() if self.healer else None)  # (the step boundary where a machine joins)
-        joins = self.healer is not None and self.healer.joins  # no collective until the keeper lets it in
-        self.has_state = not joins  # the job's state, its own or (joining) from a live peer
-        world = env.world_size
-        t = job.train
-        self.global_batch = (t.batch_size_per_rank or t.batch_size // world) * world
-
+        # 1. the job, this rank's place in it
+        self.job, self.env, self.device, self.backend, self.group = job, env, device, backend, group
+        self.run_dir, self.phase, self.faults = Path(job.run_dir), "start-up", faults_for(env)
+        # 2. healing in place (sim, ssh): the seam, and the abort signal every collective of the trainer waits through
+        self.seam = HealSeam.from_environ(job.cluster.lost_after_s, backend, secret)
+        self.peers = dist_helpers.Peers(self.seam.abort, secret)
+        self.stop = stop or (StopRequest() if self.seam.heals else None)  # (the step boundary where a machine joins)
+        joins = self.seam.joins  # no collective until the keeper lets it in
+        self.has_state = not joins
+        # 3. the model, the same initial weights on every rank; per-rank RNG streams (data order: the sampler's)
         model = build_model(job, device)
         if not joins:
             check_same_weights(model, self.peers)
-        seed_all(t.seed + env.rank)  # per-rank stream for dropout/augmentation; data order comes from the sampler
-        self.model = model
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        self._resume_path, self._resume_state = (
-            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.ckpt_dir, device, self.peers)
-        )
-        # a resumed run keeps the strategy and bucket cap it measured before: the same summation order, bit for bit
-        # (on another world size both are measured again: the layout of ranks and links changed)
-        kept = self._resume_state or {}
-        if kept.get("world_size", world) != world:
-            kept = {}
-        self.optimizer = build_optimizer(job.optim, model, world)
-        images = job.model["_target_"] in IMAGE_MODELS  # the built-in image models take (C, H, W) images
-        self.train_set, self.test_set = build_datasets(job.data, images=images)
-        self.pos = Position()
-        self.resumed_from: Optional[str] = None
-        self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
-        self._faults = faults_for(env)  # LAUNCHER_FAULT, for the failure tests
-        self._phase = "start-up"  # what the ranks are doing, for a timed-out collective's report
-        self._exposed_s = 0.0  # communication waited for since the last log
-        self._tracer = Tracer(env.rank, env.hostname) if job.comm.trace else None  # comm.trace
-        self._tracing = ExitStack()
+        seed_all(job.train.seed + env.rank)
+        # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
+        self.checkpointer = Checkpointer(job, device, self.peers, joins)
+        self.state = TrainState(job, model, build_optimizer(job.optim, model, env.world_size), device)
+        self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)
+        self.totals, self.resumed_from = Totals.on(device), None
+        self.records = Records(job, env, self.peers, self.state)
+        self.world, self.hosts = None, []
         if joins:
-            return  # the rest once the keeper lets it in, from a live peer's state (in_place.Healing.join_job)
-        self._build_world(kept)
-        self._schedule(len(self.train_loader))
-        self._banner()
+            return  # the world, the span and the state once the keeper lets it in (``_go_on``), from a live peer
+        # 5. this round's world (the resumed run's measured choices kept), the span and LR schedule, the banner
+        t = job.train
+        global_batch = (t.batch_size_per_rank or t.batch_size // env.world_size) * env.world_size
+        self.world = self._build_world(global_batch, self.checkpointer.kept(env.world_size))
+        self.state.shape(global_batch, len(self.world.train_loader))
+        self.hosts = show_banner(self.job, self.env, self.backend, self.device, self.world, self.state.span, self.peers)
 
-    def _schedule(self, steps_per_epoch: int) -> None:
-        """The steps the run takes (the epochs, or ``train.max_steps`` when fewer), and the step that follows it.
-        The LR schedule spans the steps the run takes (``optim.schedule_steps`` when given: a run stopped at N
-        steps and extended to 2N then follows the 2N-step run bit for bit)."""
-        t = self.job.train
-        self.steps_per_epoch = steps_per_epoch
-        epochs_steps = t.epochs * steps_per_epoch
-        self.total_steps = min(t.max_steps or epochs_steps, epochs_steps)
-        self.schedule_steps = self.job.optim.schedule_steps or self.total_steps
-        self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.schedule_steps)
-        sync = getattr(self, "sync", None)
-        self.stepper = Stepper(t, self.job.optim, self.device, sync, self.optimizer, self.scheduler)
+    def _build_world(self, global_batch: int, kept: dict[str, Any]) -> World:
+        args = (self.state.model, self.state.optimizer, self.data, global_batch, self.peers, kept)
+        return World.build(self.job, self.env, self.device, *args)
 
-    def _build_world(self, kept: dict) -> None:
-        """What holds this round's ranks: the gradient sync (its groups) and the loaders (this rank's share of the
-        same global batches). Built again when the job heals in place (``in_place.Healing``)."""
-        job, env, t = self.job, self.env, self.job.train
-        self.batch_per_rank = self.global_batch // env.world_size
-        self.sync = GradientSync(
-            self.model,
-            env,
-            self.device,
-            job.comm,
-            self.optimizer,
-            resumed_hierarchical=kept.get("hierarchical"),
-            resumed_cap_mb=kept.get("bucket_cap_mb"),
-            whole_gradient=whole_gradient_reason(t, job.optim),
-            peers=self.peers,
-        )
-        loading = {"workers": job.data.num_workers, "pin": self.device.type == "cuda"}
-        world, rank = env.world_size, env.rank
-        self.train_loader = train_loader(self.train_set, self.batch_per_rank, rank, world, seed=t.seed, **loading)
-        self.test_loader = eval_loader(self.test_set, max(256, self.batch_per_rank), rank, world, **loading)
+    def _world(self) -> World:
+        assert self.world is not None, "a rank joining a running job has no world before it is in a round"
+        return self.world
 
-    def _banner(self) -> None:
-        """One screen at start (rank 0); every rank's node, host and device are gathered for it (and the hosts
-        for the summary)."""
-        env = self.env
-        facts = self.peers.all_gather_object((env.node_rank, env.hostname, describe_device(self.device)))
-        self.hosts = node_hosts(facts)
-        if env.is_main:
-            t = self.job.train
-            batch = (
-                f"{self.global_batch} global = {self.batch_per_rank} per rank x {env.world_size}; "
-                f"{self.total_steps} steps ({describe_span(self.total_steps, self.steps_per_epoch)}); "
-                f"{describe_schedule(self.job.optim, self.schedule_steps)}; {describe_precision(t, self.job.optim)}"
-            )
-            devices = [f"{host}: {device}" for _, host, device in facts]
-            log.info("job\n%s", format_banner(env, self.backend, devices, self.sync.description, batch, self.run_dir))
-
-    # ---------------------------------------------------------------- loop
-    def fit(self) -> RunSummary:
+    # ---------------------------------------------------------------- the loop
+    def fit(self) -> Optional[RunSummary]:
+        """Train to the end: the summary (rank 0 wrote summary.json); None: this rank left the job, which goes on
+        without it. A stop signal ends the run with ``Preempted`` once the checkpoint is written (the rank's entry
+        then ends as the signal asked)."""
         try:
             return self._fit()
         except RuntimeError as exc:
             if not is_timeout(exc):
                 raise
-            where = self._phase
-            raise RuntimeError(
-                f"rank {self.env.rank} on {self.env.hostname}: a collective at {where} timed out after "
-                f"{collective_timeout_s(self.job.comm):.0f} s (comm.timeout_s); {explain_stall(self.group, where)}"
-            ) from exc
+            timeout_s = collective_timeout_s(self.job.comm)
+            raise timed_out(self.env, self.phase, timeout_s, explain_stall(self.group, self.phase)) from exc
         finally:
             if self.stop is not None:
                 self.stop.disarm()
-            if getattr(self, "sync", None) is not None:  # (a joining rank that never got in has none)
-                self.sync.close()
-            self.metrics.close()
-            if self.healer is not None:
-                self.healer.close()  # the round's store watch
+            if self.world is not None:
+                self.world.sync.close()
+            self.records.close()
+            self.seam.close()
 
-    def _fit(self) -> RunSummary:
-        self.maybe_resume()
+    def _fit(self) -> Optional[RunSummary]:
+        self.resumed_from = self.checkpointer.resume(self.state, self.env, self.job.train.seed)
         start = time.perf_counter()
-        self.loop = Loop(window=torch.zeros(3, dtype=torch.float64, device=self.device))  # loss, batches, comm s
-        if self.healer is not None and self.healer.joins:
-            self.join_job()  # (its loop counts and position come from the ranks it joins)
-        elif self.healer is not None:
-            self.healer.watch(self.group)
+        if not self.seam.joins:
+            self.seam.watch(self.group)
+        elif self._go_on(None) is Outcome.LEFT:
+            return None
         if self.stop is not None:
             self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
-        env = self.env
-        bar = tqdm(
-            total=self.total_steps,
-            initial=self.pos.step,
-            disable=None if env.is_main else True,
-            unit="step",
-            dynamic_ncols=True,
-            leave=False,
-        )
-        quiet_bar = logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if env.is_main else nullcontext()
-        with quiet_bar:
-            while not self._epochs(bar):
-                pass  # healed in place (a machine was lost, or one joins): on in the next round
-        bar.close()
-        if self.healer is not None:
-            self.healer.trained()
-        self._trace_window(self.loop.trained_steps, end=True)
+        with progress_bar(self.state.span.total_steps, self.state.pos.step, self.env.is_main) as bar:
+            while (outcome := self._round(bar)) is Outcome.HEALED:
+                pass  # a machine was lost, or one joins: on in the next round
+        if outcome is Outcome.LEFT:
+            return None
+        if outcome is Outcome.PREEMPTED:
+            raise Preempted(self.state.pos.step, (self.stop.signum if self.stop else None) or 0)
+        self.seam.trained()
+        self.records.trace_window(self.totals.trained_steps, self.env, end=True)
         if self.stop is not None:
             self.stop.disarm()
         wall = time.perf_counter() - start
@@ -218,81 +165,136 @@ class Trainer(Checkpointing, Healing, Records):
             try:
                 return self._finish(wall)
             except Exception as exc:  # a machine lost in the last evaluation or checkpoint: those again, healed
-                if not self.heal_after(exc):
-                    raise
+                if self._heal(exc) is Outcome.LEFT:
+                    return None
+
+    def _round(self, bar: tqdm) -> Outcome:
+        """Train in this round: to the end (FINISHED), to a stop (PREEMPTED), or until the round ends (HEALED: on
+        in the next; LEFT)."""
+        try:
+            outcome = self._train(bar, self._world())
+        except Exception as exc:  # a machine lost under a collective? (otherwise raised again)
+            return self._heal(exc)
+        return self._heal(None) if outcome is Outcome.GROW else outcome
+
+    def _train(self, bar: tqdm, world: World) -> Outcome:
+        t, pos, span, totals = self.job.train, self.state.pos, self.state.span, self.totals
+        if totals.trained_steps:  # healed: the step whose log or checkpoint the loss cut short, now (each once)
+            self.records.log_if_due(self.totals, self.env, world.sync, bar)
+            if (outcome := self._step_boundary()) is not None:
+                return outcome
+        while pos.step < span.total_steps and pos.epoch < t.epochs:
+            epoch = pos.epoch
+            world.sampler.set_epoch(epoch, skip=pos.batch_in_epoch * world.batch_per_rank)
+            world.sync.module.train()
+            for x, y in world.train_loader:
+                self.records.trace_window(totals.trained_steps, self.env)
+                loss = self._step(world, x, y)
+                totals.window[:2] += torch.stack([loss.detach().double(), torch.ones_like(totals.window[0])])
+                pos.step += 1
+                pos.batch_in_epoch += 1
+                totals.trained_steps += 1
+                bar.update(1)
+                self.seam.step_completed(self.env, self.run_dir)
+                self.records.log_if_due(self.totals, self.env, world.sync, bar)
+                if (outcome := self._step_boundary()) is not None:
+                    return outcome
+                if pos.step >= span.total_steps:
+                    break
+            if pos.batch_in_epoch >= span.steps_per_epoch:
+                pos.epoch, pos.batch_in_epoch = epoch + 1, 0
+                if (epoch + 1) % t.eval_every_epochs == 0:
+                    totals.accuracy, totals.last_eval_epoch = self._evaluate(epoch), epoch
+        return Outcome.FINISHED
+
+    def _step(self, world: World, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.phase = f"step {self.state.pos.step + 1}"
+        note_step(self.state.pos.step)
+        fire_at(self.faults, self.state.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        loss = self.state.stepper.step(world.sync, x, y)  # micro-batches, precision, clipping: launcher/train/step.py
+        if (exposed := world.sync.exposed_s()) is not None:
+            self.records.exposed_s += exposed
+        return loss
+
+    def _step_boundary(self) -> Optional[Outcome]:
+        """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop: PREEMPTED
+        (every rank leaves at this step, with one checkpoint), GROW (a machine joins), or None: on."""
+        every, pos = self.job.train.checkpoint_every_steps, self.state.pos
+        saved = bool(every) and pos.step % every == 0
+        if saved and self.totals.saved_step < pos.step:  # (after a heal, this step's may be written already)
+            self._save()
+        if self.stop is None:
+            return None
+        pipelined, abort = self._world().sync.overlaps_forward, self.peers.abort
+        if self.stop.agreed(self.device, pipelined=pipelined, growing=self.seam.growing(), abort=abort):
+            if not saved:
+                self._save()
+            return Outcome.PREEMPTED
+        return Outcome.GROW if self.stop.grow else None
+
+    def _evaluate(self, epoch: int) -> Optional[float]:
+        self.phase = f"the evaluation after epoch {epoch}"
+        return self.records.evaluate(epoch, self._world())
+
+    def _save(self) -> None:
+        self.phase = f"the checkpoint at step {self.state.pos.step}"
+        sync = self._world().sync
+        sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
+        self.checkpointer.save(lambda: self.state.state_dict(self.env, sync), self.env, self.state.pos.step)
+        self.totals.saved_step = self.state.pos.step
 
     def _finish(self, wall: float) -> RunSummary:
         """The end: the evaluation and the checkpoint the loop did not write, then the summary."""
-        loop = self.loop
-        if loop.last_eval_epoch != self.pos.epoch - 1 or loop.accuracy is None:
-            loop.accuracy = self._evaluate(self.pos.epoch)
-        if loop.saved_step != self.pos.step:  # the loop did not just write this step's
-            self.save()
-        self.healed_step("the end of training")  # a loss in the last evaluation or checkpoint: recorded now
-        return self._summary(loop.final_loss, loop.accuracy, loop.trained_steps, wall)
+        totals, pos = self.totals, self.state.pos
+        if totals.last_eval_epoch != pos.epoch - 1 or totals.accuracy is None:
+            totals.accuracy = self._evaluate(pos.epoch)
+        if totals.saved_step != pos.step:
+            self._save()
+        self.seam.step_completed(self.env, self.run_dir, "the end of training")  # a loss at the end: recorded now
+        sync = self._world().sync
+        return self.records.summary(self.env, self.backend, sync, totals, wall, self.hosts, self.resumed_from)
 
-    def _epochs(self, bar: tqdm) -> bool:
-        """Train to the end (True), or until the job healed in place after losing a machine (False)."""
-        t, loop = self.job.train, self.loop
+    # ---------------------------------------------------------------- healing in place
+    def _heal(self, exc: Optional[Exception]) -> Outcome:
+        """The round ended: ``exc`` cut it (raised again unless the keeper decided a machine was lost), or None:
+        the ranks agreed a machine joins. HEALED once this rank is in the next round; LEFT."""
+        decision = self.seam.decision_after(exc)
+        if decision is None:
+            raise exc or RuntimeError("the ranks agreed a machine joins, but the keeper's decision is missing")
+        if self.world is not None:
+            self.world.sync.leave()
+        return self._go_on(decision)
+
+    def _go_on(self, decision: Optional[Decision]) -> Outcome:
+        """Into the round after ``decision`` (collective with its members, new ones too; None: a rank joining a
+        running job waits until the keeper lets it in); a machine lost meanwhile: healed again, from the next."""
         try:
-            if loop.trained_steps:  # healed: the step whose log or checkpoint the loss cut short, now (each once)
-                self._log_if_due(bar, self.pos.epoch)
-                self._checkpoint_or_stop()
-            while self.pos.step < self.total_steps and self.pos.epoch < t.epochs:
-                epoch = self.pos.epoch
-                skip = self.pos.batch_in_epoch * self.batch_per_rank
-                self.train_loader.sampler.set_epoch(epoch, skip=skip)
-                self.sync.module.train()
-                for x, y in self.train_loader:
-                    self._trace_window(loop.trained_steps)
-                    loss = self._step(x, y)
-                    loop.window[:2] += torch.stack(
-                        [loss.detach().double(), torch.ones((), dtype=torch.float64, device=self.device)]
-                    )
-                    self.pos.step += 1
-                    self.pos.batch_in_epoch += 1
-                    loop.trained_steps += 1
-                    bar.update(1)
-                    self.healed_step()
-                    self._log_if_due(bar, epoch)
-                    self._checkpoint_or_stop()
-                    if self.pos.step >= self.total_steps:
-                        break
-                if self.pos.batch_in_epoch >= self.steps_per_epoch:
-                    self.pos.epoch, self.pos.batch_in_epoch = epoch + 1, 0
-                    if (epoch + 1) % t.eval_every_epochs == 0:
-                        loop.accuracy, loop.last_eval_epoch = self._evaluate(epoch), epoch
-        except Exception as exc:
-            if not self.heal_after(exc):
-                raise
-            return False
-        return True
+            self._enter_round(decision or self.seam.wait_to_join(self.group))
+            return Outcome.HEALED
+        except LeftJob as left:
+            log.warning("%s", left)
+            return Outcome.LEFT
+        except HealStop:
+            raise
+        except Exception as again:
+            return self._heal(again)
 
-    def _checkpoint_or_stop(self) -> None:
-        """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop; if so, every
-        rank leaves at this step with one checkpoint (``Preempted``)."""
-        every = self.job.train.checkpoint_every_steps
-        saved = bool(every) and self.pos.step % every == 0
-        if saved and self.loop.saved_step < self.pos.step:  # (after a heal, this step's may be written already)
-            self.save()
-            self.loop.saved_step = self.pos.step
-        if self.stop is None:
-            return
-        growing = self.healer is not None and self.healer.growing()
-        pipelined = self.sync.overlaps_forward
-        if self.stop.agreed(self.device, pipelined=pipelined, growing=growing, abort=self.peers.abort):
-            if not saved:
-                self.save()
-            raise Preempted(self.pos.step, self.stop.signum or 0)
-        if self.stop.grow:
-            raise Grow(f"a machine joins at step {self.pos.step}")
-
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self._phase = f"step {self.pos.step + 1}"
-        note_step(self.pos.step)
-        fire_at(self._faults, self.pos.step + 1, self.model)  # LAUNCHER_FAULT: tests and trying failures
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        loss = self.stepper.step(x, y)  # micro-batches, precision, clipping: launcher/train/step.py
-        if (exposed := self.sync.exposed_s()) is not None:
-            self._exposed_s += exposed
-        return loss
+    def _enter_round(self, decision: Decision) -> None:
+        joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
+        self.group, self.env, left = self.seam.enter(self.env, decision)
+        self.records.entered(self.env)  # (perhaps as the new rank 0)
+        # one gather: each rank's step (-1: it joins, it holds none of the job's), its loop counts, its node and host
+        behind, env = self.state.pos.step, self.env
+        mine = (-1 if joining else behind, self.totals.counts(), env.node_rank, env.hostname)
+        facts = self.peers.all_gather_object(mine)
+        step, sent = self.seam.agree([f[0] for f in facts], lambda: self.state.state_dict(env, self._world().sync))
+        if sent is not None:
+            if joining:  # the job's shape as it started, whatever this rank's place was before it joined
+                self.state.shape(sent["global_batch"], sent["steps_per_epoch"])
+            self.state.load_state_dict(sent)
+            self.has_state = True
+        self.totals.take_highest([f[1] for f in facts])
+        self.world = self._build_world(self.state.span.global_batch, {})  # measured again: the ranks and links changed
+        self.hosts = node_hosts([f[2:] for f in facts])
+        self.seam.went_on(env, left, step, behind, sent is not None)

@@ -1,0 +1,63 @@
+"""The training state: what a checkpoint holds and what a live peer hands the ranks behind it when the job heals in
+place. The model, the optimizer, the LR schedule over the job's span, the stepper (its fp16 gradient scaler) and
+the position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from ..config import JobConfig
+from ..env import DistEnv
+from . import checkpoint as ckpt
+from .optim import build_scheduler
+from .progress import Position, Span
+from .step import Stepper
+from .sync import GradientSync
+
+
+class TrainState:
+    span: Span  # the job's shape in steps
+    scheduler: LRScheduler  # over span.schedule_steps
+    stepper: Stepper  # one optimiser step: micro-batches, precision, clipping
+
+    def __init__(self, job: JobConfig, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+        """The span, scheduler and stepper follow from ``shape`` (a rank joining a running job: with the job's
+        shape, from the ranks it joins)."""
+        self.job, self.model, self.optimizer, self.device = job, model, optimizer, device
+        self.pos = Position()
+
+    def shape(self, global_batch: int, steps_per_epoch: int) -> None:
+        self.span = Span.of(self.job, global_batch, steps_per_epoch)
+        self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.span.schedule_steps)
+        self.stepper = Stepper(self.job.train, self.job.optim, self.device, self.optimizer, self.scheduler)
+
+    def state_dict(self, env: DistEnv, sync: GradientSync) -> dict[str, Any]:
+        """With the world size and the sync's measured choices (a resume on the same world size keeps them)."""
+        return {
+            "model": ckpt.unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "stepper": self.stepper.state_dict(),  # the fp16 gradient scaler
+            "step": self.pos.step,
+            "epoch": self.pos.epoch,
+            "batch_in_epoch": self.pos.batch_in_epoch,
+            "world_size": env.world_size,
+            "global_batch": self.span.global_batch,  # the job's shape, for a machine joining in place
+            "steps_per_epoch": self.span.steps_per_epoch,
+            "schedule_steps": self.span.schedule_steps,  # the LR schedule's span: a resume with another one says so
+            "hierarchical": sync.hierarchical,
+            "bucket_cap_mb": sync.bucket_cap_mb,
+            "config": OmegaConf.to_container(OmegaConf.structured(self.job)),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ckpt.load_model_state(self.model, state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stepper.load_state_dict(state.get("stepper") or {})
+        self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]

@@ -1,0 +1,68 @@
+"""One round's world: what holds the ranks of the current process group together. The gradient sync (its groups,
+its measured strategy and bucket layout) and this rank's loaders (its share of the same global batches). Built at
+the start, and again when the job heals in place (the ranks and links changed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import JobConfig
+from ..config.rules import whole_gradient_reason
+from ..dist_helpers import Peers
+from ..env import DistEnv
+from .data import ResumableSampler, eval_loader, train_loader
+from .sync import GradientSync
+
+
+@dataclass
+class World:
+    sync: GradientSync
+    train_loader: DataLoader
+    sampler: ResumableSampler  # the train loader's: each epoch's order, started part-way on resume
+    test_loader: Optional[DataLoader]
+    batch_per_rank: int
+
+    @classmethod
+    def build(
+        cls,
+        job: JobConfig,
+        env: DistEnv,
+        device: torch.device,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: tuple[Dataset, Optional[Dataset]],
+        global_batch: int,
+        peers: Peers,
+        kept: dict[str, Any],
+    ) -> World:
+        """Collective (the sync measures the links). ``kept``: the checkpoint's strategy and bucket cap, which a
+        resumed run keeps (the same summation order, bit for bit); empty on another world size or after a heal."""
+        t = job.train
+        sync = GradientSync(
+            model,
+            env,
+            device,
+            job.comm,
+            optimizer,
+            resumed_hierarchical=kept.get("hierarchical"),
+            resumed_cap_mb=kept.get("bucket_cap_mb"),
+            whole_gradient=whole_gradient_reason(t, job.optim),
+            peers=peers,
+        )
+        per_rank = global_batch // env.world_size
+        workers, pin = job.data.num_workers, device.type == "cuda"
+        train_set, test_set = data
+        loader = train_loader(train_set, per_rank, env.rank, env.world_size, t.seed, workers, pin)
+        assert isinstance(loader.sampler, ResumableSampler)
+        return cls(
+            sync=sync,
+            train_loader=loader,
+            sampler=loader.sampler,
+            test_loader=eval_loader(test_set, max(256, per_rank), env.rank, env.world_size, workers, pin),
+            batch_per_rank=per_rank,
+        )
