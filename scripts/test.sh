@@ -4,9 +4,10 @@
 source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/.." || exit 1
 ruff check . && ruff format --check . && mypy && lint-imports || { echo "lint/type/import check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
-# two workers (pytest-xdist): the modules using the host's test beds (netns, ssh machines, Slurm) run one after
-# another on one of them, every other module whole on either (tests/conftest.py: BED_MODULES); LAUNCHER_TEST_WORKERS=0
-# runs everything in this process
-workers=${LAUNCHER_TEST_WORKERS:-2}
+# three workers (pytest-xdist; the beds' tests mostly wait on timeouts, daemons and heartbeats): the modules using one
+# of the host's test beds (network namespaces, the ssh machines, the local Slurm) run one after another on one worker,
+# every other module whole on any (tests/conftest.py: BED_OF_MODULE); LAUNCHER_TEST_WORKERS=0 runs everything in this
+# process
+workers=${LAUNCHER_TEST_WORKERS:-3}
 if [ "$workers" != 0 ]; then set -- -n "$workers" --dist loadgroup "$@"; fi
 exec python -m pytest "$@"

@@ -136,17 +136,25 @@ def nothing_of_the_module_remains(request, tmp_path_factory):
         new_in_temp(temp, before, tmp_path_factory.getbasetemp())
 
 
-# The test beds (network namespaces, the ssh machines, the local Slurm) are one per host: under pytest-xdist
-# (`-n 2 --dist loadgroup`, scripts/test.sh) the modules that use them run one after another on one worker; every
-# other module runs whole on one worker (its module fixtures once).
-BED_MODULES = ("test_sim", "test_slurm", "test_ssh", "test_watch", "test_hang_clusters")
+# The test beds are one per host each: the network namespaces of simulated nodes (named per job, but the doctor's
+# slow-link tests shape links with tc), the ssh machines (vm1, vm2 on their bridge) and the local Slurm (its daemons,
+# its /etc/hosts lines). Under pytest-xdist (`-n 3 --dist loadgroup`, scripts/test.sh) the modules that use one bed
+# run one after another on one worker; the three beds share nothing, so they run beside each other, and every other
+# module runs whole on one worker (its module fixtures once).
+BED_OF_MODULE = {
+    "test_sim": "bed-netns",
+    "test_watch": "bed-netns",
+    "test_slurm": "bed-slurm",
+    "test_ssh": "bed-ssh",
+    "test_hang_clusters": "bed-ssh",  # (the ssh machines, and simulated nodes)
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__ if item.module else "?"
-        item.add_marker(pytest.mark.xdist_group("beds" if module in BED_MODULES else module))
+        item.add_marker(pytest.mark.xdist_group(BED_OF_MODULE.get(module, module)))
 
 
 def pytest_sessionstart(session):
