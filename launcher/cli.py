@@ -57,6 +57,7 @@ from .exiting import end_process_at_exit, settle_exit_code
 from .files import no_world_writable_files
 from .launch.plan import plan_job
 from .plot import plot_all
+from .run_dir import RunDir
 from .summary import RunSummary
 from .sweep import Sweep
 from .train.banner import describe_span
@@ -146,10 +147,10 @@ def print_doctor(run_dir: str) -> int:
     """The doctor's report (doctor.json, written by rank 0); exit code 1 when it found problems."""
     from .doctor import format_report
 
-    path = Path(run_dir) / "doctor.json"
+    path = RunDir(run_dir).doctor
     if not path.is_file():
         print(
-            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {run_dir}/logs",
+            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {RunDir(run_dir).logs}",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -5,16 +5,15 @@ works as printed), and a dry run writing nothing (no ``.hydra`` folder in a run 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import yaml
 
 from .config.keys import check_keys
+from .run_dir import RunDir
 
 # Hydra's flags that take the next argument as their value (the rest of the command line is overrides)
 VALUED_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p")
 RUN_DIR = "hydra.run.dir="
-SAVED = Path(".hydra") / "overrides.yaml"  # Hydra's record of a run's command line, in its run dir
 
 
 def hydra_overrides(args: list[str]) -> list[str]:
@@ -43,7 +42,7 @@ def prepared(args: list[str]) -> list[str]:
 def continued(run_dir: str) -> list[str]:
     """The overrides ``run_dir``'s run was started with (Hydra's record), but its run dir: a run continued by
     ``hydra.run.dir=DIR`` alone is the same job, not the defaults' (which its checkpoints would refuse)."""
-    saved = Path(run_dir) / SAVED
+    saved = RunDir(run_dir).overrides
     try:
         previous = yaml.safe_load(saved.read_text()) or []
     except (OSError, yaml.YAMLError):

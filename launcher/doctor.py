@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +34,7 @@ from .comm.strategy import median_seconds
 from .devices import describe_device
 from .env import DistEnv
 from .files import write_json_atomic
+from .run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def run_doctor(
         "problems": problems,
     }
     if env.is_main:
-        write_json_atomic(Path(run_dir) / "doctor.json", report)
+        write_json_atomic(RunDir(run_dir).doctor, report)
     for line in format_report(report).splitlines() if log_report else []:
         if line.startswith("PROBLEM"):
             log.warning("%s", line)

@@ -45,13 +45,12 @@ from typing import Optional, TextIO
 
 from .env import DistEnv
 from .files import write_json_atomic
-from .logs import rank_log_path
+from .run_dir import RunDir, failure_record_file, failure_record_files
 from .tracebacks import format_traceback, log_tail
 
 KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
 STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
-AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own (the report follows)
 
 # Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
 PEER_ERROR = re.compile(
@@ -83,14 +82,6 @@ class Failure:
             filter(None, [self.task, f"node {self.node}" if with_node else "", f"pid {self.pid}" if self.pid else ""])
         )
         return f"rank {self.rank}" + (f" ({ids})" if ids else "") + f" on {self.host}"
-
-
-def attempt_dir(run_dir: str | Path, launch_id: str, attempt: int) -> Path:
-    return Path(run_dir) / "failures" / (launch_id or "local") / f"attempt-{attempt}"
-
-
-def record_path(run_dir: str | Path, launch_id: str, attempt: int, rank: int) -> Path:
-    return attempt_dir(run_dir, launch_id, attempt) / f"rank-{rank}.json"
 
 
 def classify(exc: BaseException) -> str:
@@ -127,7 +118,7 @@ class FailureLog:
         on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.env, self.task, self.ignore, self.on_failure = env, task, ignore, on_failure
-        self.path = record_path(run_dir, env.launch_id, env.attempt, env.rank)
+        self.path = RunDir(run_dir).failure_record(env.launch_id, env.attempt, env.rank)
         self.written = False
 
     def record(self, exc: BaseException) -> None:
@@ -159,7 +150,7 @@ class FailureLog:
 
     def others_failed(self) -> bool:
         """Another rank of this attempt has recorded its failure (the job is ending)."""
-        return any(path != self.path for path in self.path.parent.glob("rank-*.json"))
+        return any(path != self.path for path in failure_record_files(self.path.parent))
 
     @contextlib.contextmanager
     def catching(self) -> Iterator[None]:
@@ -201,21 +192,20 @@ def exit_failure(
 def record_exits(directory: Path, exits: Iterable[Failure]) -> None:
     """An agent's view of its ranks that ended without writing a record (their records stay as they are)."""
     for failure in exits:
-        path = directory / f"rank-{failure.rank}.json"
+        path = failure_record_file(directory, failure.rank)
         if not path.exists():
             _write(path, failure)
 
 
 def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
     """The records of the newest attempt of ``launch_id``."""
-    root = Path(run_dir) / "failures" / (launch_id or "local")
-    attempts = sorted(root.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    attempts = RunDir(run_dir).failure_attempts(launch_id)
     return _read(attempts[-1]) if attempts else []
 
 
 def _read(directory: Path) -> list[Failure]:
     failures = []
-    for path in directory.glob("rank-*.json"):
+    for path in failure_record_files(directory):
         try:
             failures.append(Failure(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
@@ -225,7 +215,7 @@ def _read(directory: Path) -> list[Failure]:
 
 def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
     """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
-    return any(f.kind == "hang" for f in _read(attempt_dir(run_dir, launch_id, attempt)))
+    return any(f.kind == "hang" for f in _read(RunDir(run_dir).failure_attempt(launch_id, attempt)))
 
 
 def ranked(failures: Iterable[Failure]) -> list[Failure]:
@@ -240,14 +230,14 @@ def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) 
     what = says.get(cause.kind, "failed:")
     lines = [f"launcher: {cause.who(nodes)} {what}"]
     lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
-    lines.append(f"launcher: log of rank {cause.rank}: {rank_log_path(run_dir, cause.rank)}")
+    lines.append(f"launcher: log of rank {cause.rank}: {RunDir(run_dir).rank_log(cause.rank)}")
     for other in others[:limit]:
         how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)
         detail = other.summary if len(other.summary) <= 160 else other.summary[:157] + "..."
         where = f"node {other.node}, {other.host}" if nodes else other.host
         lines.append(f"launcher: failed too: rank {other.rank} on {where}, {how} ({detail})")
     if len(others) > limit:
-        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {Path(run_dir) / 'failures'})")
+        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {RunDir(run_dir).failures})")
     return "\n".join(line.rstrip() for line in lines if line)
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .env import DistEnv
+from .run_dir import RunDir
 
 FILE_FORMAT = "%(asctime)s %(levelname)s [rank {rank} {host}] %(name)s: %(message)s"
 CONSOLE_FORMAT = "[launcher] %(message)s"
@@ -19,13 +20,9 @@ console_fd: int | None = None  # a rank other than 0: its console before stdout/
 _talks = {"console": False}  # this process logs to the console (rank 0)
 
 
-def rank_log_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "logs" / f"rank-{rank}.log"
-
-
 def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = True) -> Path:
     """Configure the ``launcher`` logger for this rank; returns the rank's log file."""
-    path = rank_log_path(run_dir, env.rank)
+    path = RunDir(run_dir).rank_log(env.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger("launcher")
     logger.setLevel(logging.INFO)

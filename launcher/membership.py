@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .checkpoint_names import newest_step
-
-FILE_NAME = "membership.jsonl"
+from .run_dir import RunDir
 
 
 @dataclass(frozen=True)
@@ -43,13 +42,13 @@ class Change:
 
 def write(run_dir: str | Path, change: Change) -> None:
     """Append one change to the run dir's record."""
-    with open(Path(run_dir) / FILE_NAME, "a", encoding="utf-8") as f:
+    with open(RunDir(run_dir).membership, "a", encoding="utf-8") as f:
         f.write(json.dumps(asdict(change)) + "\n")
 
 
 def changes(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every change recorded in the run dir, oldest first (for ``summary.json``)."""
-    path = Path(run_dir) / FILE_NAME
+    path = RunDir(run_dir).membership
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -100,7 +99,7 @@ class Membership:
                 file=sys.stderr,
             )
             return False
-        step = newest_step(self.run_dir / "checkpoints")
+        step = newest_step(RunDir(self.run_dir).checkpoints)
         came = [n for n in after if n not in self.live]
         record = Change(
             step=step,

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+from .run_dir import RunDir
 from .summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ def load_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
     """Train and eval records of ``run_dir/metrics.jsonl``, each sorted by step. A resumed run re-logs
     steps into the same file: the last record for each (kind, step) wins. Unparsable lines (a killed
     run's truncated last line) are skipped with a warning. Raises ValueError if there is nothing to read."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     hint = (
         f"no metrics in {path}: is {run_dir} a launcher run dir? Runs write metrics.jsonl after the "
         "first train.log_every_steps steps"
@@ -71,7 +72,6 @@ def plot_run(run_dir: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    run_dir = Path(run_dir)
     train, evals = load_metrics(run_dir)
     fig = Figure(figsize=(11, 8), dpi=110)
     FigureCanvasAgg(fig)
@@ -121,7 +121,7 @@ def plot_run(run_dir: str | Path) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out = run_dir / "plots" / "curves.png"
+    out = RunDir(run_dir).curves_plot
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
@@ -179,8 +179,7 @@ def plot_trace(run_dir: str | Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    run_dir = Path(run_dir)
-    path = run_dir / "trace.json"
+    path = RunDir(run_dir).trace
     if not path.is_file():
         raise ValueError(f"no trace in {path}: run with comm.trace=true to record one")
     labels, lanes = _trace_lanes(path)
@@ -237,7 +236,7 @@ def plot_trace(run_dir: str | Path) -> Path:
         fontsize="small",
         frameon=False,
     )
-    out = run_dir / "plots" / "trace.png"
+    out = RunDir(run_dir).trace_plot
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", bbox_inches="tight")
     return out
@@ -245,4 +244,4 @@ def plot_trace(run_dir: str | Path) -> Path:
 
 def plot_all(run_dir: str | Path) -> list[Path]:
     """``plots/curves.png`` and, if the run recorded ``trace.json``, ``plots/trace.png``: the paths written."""
-    return [plot_run(run_dir)] + ([plot_trace(run_dir)] if (Path(run_dir) / "trace.json").is_file() else [])
+    return [plot_run(run_dir)] + ([plot_trace(run_dir)] if RunDir(run_dir).trace.is_file() else [])

@@ -27,8 +27,8 @@ from .config import JobConfig, freeze, load_frozen
 from .env import DistEnv
 from .exiting import end_process_at_exit
 from .failures import STOP_SIGNALS, FailureLog
-from .logs import rank_log_path
 from .rank_work import run_rank_work
+from .run_dir import RunDir
 from .train.stop import Preempted, StopRequest
 
 log = logging.getLogger("launcher.rank_entry")  # not __name__: run as __main__ it would miss the rank log
@@ -103,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             return  # left cleanly (a machine the job went on without, once it answers again)
-        with open(rank_log_path(run_dir, env.rank), "a", encoding="utf-8") as log_file:
+        with open(RunDir(run_dir).rank_log(env.rank), "a", encoding="utf-8") as log_file:
             traceback.print_exc(file=log_file)
         raise SystemExit(1) from None
 

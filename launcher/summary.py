@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .files import write_json_atomic
+from .run_dir import RunDir
 
 log = logging.getLogger(__name__)
-FILE_NAME = "summary.json"
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,12 @@ class RunSummary:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def write(self, run_dir: str | Path) -> Path:
-        return write_json_atomic(Path(run_dir) / FILE_NAME, self.to_json())
+        return write_json_atomic(RunDir(run_dir).summary, self.to_json())
 
     @classmethod
     def read(cls, run_dir: str | Path) -> Optional[RunSummary]:
         """The run's summary, or None when it has none (not finished) or it cannot be read (logged)."""
-        path = Path(run_dir) / FILE_NAME
+        path = RunDir(run_dir).summary
         if not path.is_file():
             return None
         try:

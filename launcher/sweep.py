@@ -16,9 +16,8 @@ from typing import Any, Optional
 
 from .failures import STOP_CODES
 from .launch.head import HEAD_STOP_SIGNALS, Control
+from .liveness import SWEEP_POLL_S
 from .summary import RunSummary
-
-POLL_S = 1.0  # how often the pending jobs are asked whether they are done
 
 
 @dataclass
@@ -75,7 +74,7 @@ class Sweep:
             )
         tick = threading.Event()
         while not all(p.submitted.done() for p in pending):
-            tick.wait(POLL_S)
+            tick.wait(SWEEP_POLL_S)
         for p in pending:
             p.code = p.submitted.finish()
         lines = ["[launcher] sweep results:"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from .logs import rank_log_path
+from .run_dir import RunDir
 
 # Frames that only carry a rank to its work: runpy, elastic's ``@record`` wrapper, our rank entry, and for a rank in
 # the launcher's own process (torchrun, srun) the CLI's, Hydra's and submitit's (the Slurm task's unpickling).
@@ -44,7 +44,7 @@ def log_tail(run_dir: str | Path, rank: int) -> str:
     """A rank that died without a record: why, when its log says (a C++ abort: gloo's "what():  ... Received data
     size doesn't match expected size. Is there a distributed collective mismatch in your code?")."""
     try:
-        text = rank_log_path(run_dir, rank).read_text(errors="replace").splitlines()
+        text = RunDir(run_dir).rank_log(rank).read_text(errors="replace").splitlines()
     except OSError:
         return ""
     said = [i for i, line in enumerate(text) if "what():" in line or line.startswith("terminate called")]

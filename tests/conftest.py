@@ -72,8 +72,9 @@ def pytest_runtest_makereport(item, call):
 
 
 def descendants(pid: int) -> list[str]:
-    """``pid: command line`` of every live process below ``pid``, multiprocessing's own helper (its resource
-    tracker lives as long as the test process) aside; zombies are not running."""
+    """``pid: command line`` of every live process below ``pid``, multiprocessing's own helpers (its resource
+    tracker and the fork server of ``helpers.spawn_ranks`` live as long as the test process; the ranks forked from
+    the server count) aside; zombies are not running."""
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -92,7 +93,8 @@ def descendants(pid: int) -> list[str]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "multiprocessing.resource_tracker" not in cmdline:
+        helper = "multiprocessing.resource_tracker" in cmdline or "multiprocessing.forkserver" in cmdline
+        if not (helper and child in children.get(pid, [])):  # the fork server's own children (ranks) count
             found.append(f"{child}: {cmdline[:160]}")
     return found
 
@@ -173,8 +175,9 @@ def pytest_sessionfinish(session, exitstatus):
             session.exitstatus = 1
 
 
-OWN_TEMP = ("pytest-of-", "torchinductor_")  # pytest's base temp dir (it keeps the last runs); torch's cache dir is
-# removed once at the end of the session (torch_cache_dir_removed)
+OWN_TEMP = ("pytest-of-", "torchinductor_", "pymp-")  # pytest's base temp dir (it keeps the last runs); torch's cache
+# dir is removed once at the end of the session (torch_cache_dir_removed); multiprocessing's (the fork server's socket,
+# helpers.spawn_ranks) goes with the test process that made it
 OURS = ("torchelastic_", "launcher-")  # what a job or a test of ours makes there: removed when left
 
 

@@ -87,7 +87,12 @@ def run_launcher(
     )
 
 
-def _rank_main(fn: Callable, rank: int, world: int, store_path: str, out_dir: str, args: tuple) -> None:
+def _rank_main(
+    fn: Callable, rank: int, world: int, store_path: str, out_dir: str, args: tuple, environ: dict, cwd: str
+) -> None:
+    os.environ.clear()  # the test's environment and directory now, as a spawned process would have them (the
+    os.environ.update(environ)  # fork server's are those of its own start)
+    os.chdir(cwd)
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
     try:
         store = dist.FileStore(store_path, world)
@@ -99,12 +104,26 @@ def _rank_main(fn: Callable, rank: int, world: int, store_path: str, out_dir: st
     end_process_at_exit(0)  # as the launcher's workers do (see its docstring)
 
 
+# What every rank of ``spawn_ranks`` imports: loaded once by the fork server, not by each rank (torch and the
+# torch._dynamo any optimizer imports cost a rank ~4 s of CPU here, more than most tests' own work)
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "launcher.comm.reducer", "helpers"]
+
+
+def _rank_context() -> Any:
+    """multiprocessing's fork server, one per test process: each rank is forked from a process that imported
+    ``RANK_PRELOAD`` and nothing else (no thread, no process group: fork-safe), in milliseconds."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(RANK_PRELOAD)
+    return ctx
+
+
 def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: float = RANK_TIMEOUT_S) -> None:
     """Run module-level ``fn(rank, world, out_dir, *args)`` on ``world`` real gloo ranks (FileStore, no ports).
     Fails with the failing rank's traceback; kills every rank if any is still running after ``timeout``."""
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     store = tmp_path / "filestore"
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, str(store), str(tmp_path), args)) for r in range(world)]
+    common = (str(store), str(tmp_path), args, dict(os.environ), os.getcwd())
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, *common)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

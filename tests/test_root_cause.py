@@ -177,6 +177,7 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
     than the cause's own error, and the report still leads with the cause, then death, peer, stopped."""
     from launcher import failures
     from launcher.env import DistEnv
+    from launcher.run_dir import RunDir
 
     def log(rank: int) -> failures.FailureLog:
         env = DistEnv(
@@ -186,7 +187,7 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
 
     log(0).record(RuntimeError("Connection closed by peer [10.0.0.2]:4242"))
     log(3).record(KeyboardInterrupt())
-    directory = failures.attempt_dir(tmp_path, "j", 0)
+    directory = RunDir(tmp_path).failure_attempt("j", 0)
     failures.record_exits(directory, [failures.exit_failure(2, 99, -9, "m1", node=1, nodes=2)])
     time.sleep(0.01)  # the cause's record is the newest by a clear margin
     log(1).record(RuntimeError("the cause"))

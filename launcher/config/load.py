@@ -9,9 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..env import DistEnv
 from ..files import write_atomic
+from ..run_dir import RunDir
 from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
-
-FROZEN_NAME = "config.yaml"
 
 # One schema per cluster kind; ``+cluster=<kind>`` composes the subclass, the frozen YAML is read back with it.
 CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {
@@ -36,14 +35,15 @@ def to_yaml(job: JobConfig) -> str:
 
 def freeze(job: JobConfig, run_dir: str | Path) -> Path:
     """Write the resolved config the workers will run, once, on the submitting host."""
-    path = Path(run_dir) / FROZEN_NAME
+    path = RunDir(run_dir).config
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, to_yaml(job))
 
 
 def load_frozen(run_dir: str | Path) -> JobConfig:
-    raw = OmegaConf.load(Path(run_dir) / FROZEN_NAME)
-    assert isinstance(raw, DictConfig), f"{Path(run_dir) / FROZEN_NAME} holds no job (a YAML mapping)"
+    path = RunDir(run_dir).config
+    raw = OmegaConf.load(path)
+    assert isinstance(raw, DictConfig), f"{path} holds no job (a YAML mapping)"
     kind = raw.get("cluster", {}).get("kind", "local")
     schema = OmegaConf.structured(JobConfig)
     schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
@@ -68,9 +68,9 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
     """Before anything starts: ``train.resume=auto`` into a run dir whose checkpoints come from a different job
     (another model, data, optimizer or global batch) is refused, with the differing keys named. Another world size
     with the same global batch resumes (the same samples per step, the same schedule)."""
-    run_dir = Path(run_dir)
-    old_path = run_dir / FROZEN_NAME
-    if job.train.resume != "auto" or not old_path.is_file() or not any(run_dir.glob("checkpoints/step-*.pt")):
+    where = RunDir(run_dir)
+    old_path = where.config
+    if job.train.resume != "auto" or not old_path.is_file() or not any(where.checkpoints.glob("step-*.pt")):
         return
     old = _flat(OmegaConf.to_container(OmegaConf.load(old_path)))
     new = _flat(OmegaConf.to_container(OmegaConf.structured(job)))

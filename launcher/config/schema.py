@@ -16,11 +16,11 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from ..liveness import TRAINER_TIMEOUT_S
 from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 from .errors import ConfigError, _check
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-TRAINER_TIMEOUT_S = 300.0  # the trainer's collective timeout when comm.timeout_s is null
 
 
 @dataclass

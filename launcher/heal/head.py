@@ -2,8 +2,7 @@
 starts the attempt's keeper (``keeper.py``) off the training machines and hands it the job's secret, tells it at
 once when a node process ends by a signal nobody sent (the machine is gone), starts a node process for a lost
 machine that answers again (``Rejoin``), and waits for the nodes (``wait_healing``): a lost node's survivors go on,
-so its loss is not the attempt's end; each decision is said on the console (the ranks record it in
-``membership.jsonl``, with the step they continue from). No torch here."""
+so its loss is not the attempt's end; each decision is said on the console (the ranks record it). No torch here."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..exiting import children
-from ..failures import AFTER_FAILURE_GRACE_S, STOP_CODES
+from ..failures import STOP_CODES
+from ..liveness import AFTER_FAILURE_GRACE_S
 from ..membership import Membership
 from ..secret import Secret
 from .protocol import ROUND_WORD, Decision, Join, Lost

@@ -26,13 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..liveness import KEEPER_LOOK_S
 from ..rendezvous import attempt_prefix, listening_store
 from ..secret import Secret
 from ..signed import SignedStore
 from .protocol import ROUND_WORD, Decision, Join, Keys, Lost, node_id, parse_word
 from .rounds import Rounds
-
-LOOK_S = 0.1  # how often the keeper looks at the heartbeats and at what the head said
 
 
 def read_head(words: queue.SimpleQueue) -> None:
@@ -99,7 +98,7 @@ class Keeper:
         told: dict[str, str] = {}
         fault_time = time.time()
         try:
-            word = words.get(timeout=LOOK_S)
+            word = words.get(timeout=KEEPER_LOOK_S)
             while True:
                 if word is None:
                     return None

@@ -14,7 +14,6 @@ import socket
 import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Protocol
 
 import torch.distributed as dist
@@ -22,11 +21,13 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 
 from ..config import JobConfig
 from ..env import TORCHRUN_VARS, head_attempt
-from ..failures import attempt_dir, exit_failure, record_exits
+from ..failures import exit_failure, record_exits
+from ..liveness import NODE_BEAT_S
 from ..rendezvous import attempt_prefix
+from ..run_dir import RunDir
 from ..secret import Secret
 from ..signed import SignedStore
-from .protocol import BEAT_S, Keys, Place, node_id
+from .protocol import Keys, Place, node_id
 
 
 class NodeArgs(Protocol):
@@ -56,7 +57,7 @@ def beat(store: SignedStore, me: str, stop: threading.Event) -> None:
         count += 1
         with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
             store.set(key, str(count))
-        stop.wait(BEAT_S)
+        stop.wait(NODE_BEAT_S)
 
 
 def node_name(args: NodeArgs) -> str:
@@ -101,7 +102,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     stop = threading.Event()
     threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
     envs = worker_envs(job, args, secret)
-    logs = DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{args.node}"))
+    logs = DefaultLogsSpecs(log_dir=str(RunDir(job.run_dir).node_logs(args.node)))
     entry = ("-u", "-m", "launcher.rank_entry", job.run_dir)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
     try:
@@ -117,7 +118,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
         return 0
     procs = len(envs)
     record_exits(
-        attempt_dir(job.run_dir, args.launch_id, head_attempt(os.environ)),
+        RunDir(job.run_dir).failure_attempt(args.launch_id, head_attempt(os.environ)),
         [
             exit_failure(args.node * procs + local, f.pid, f.exitcode, socket.gethostname(), args.node, args.nodes)
             for local, f in result.failures.items()

@@ -18,7 +18,6 @@ from typing import Optional
 
 from ..membership import Change
 
-BEAT_S = 0.5  # how often a node process beats (the keeper loses it after cluster.lost_after_s of silence)
 PLACE_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node process's start}
 
 

@@ -36,15 +36,13 @@ import torch.distributed as dist
 from .. import dist_helpers
 from ..abort import Abort, PeerLost
 from ..env import DistEnv
+from ..liveness import CHECK_IN_S, RANK_STORE_POLL_S
 from ..rendezvous import Group, init_group
 from ..secret import Secret
 from ..signed import SignedStore
 from .protocol import Decision, Keys, Place
 
 log = logging.getLogger(__name__)
-
-CHECK_IN_S = 60.0  # a round's members must all arrive this soon (a lost one is declared within lost_after_s)
-POLL_S = 0.05  # how often a rank looks at the keeper's store (a timed-out store wait writes a C++ warning)
 
 
 class HealStop(RuntimeError):
@@ -115,7 +113,7 @@ class Healer:
                         self._grow.set()  # a machine lost before the ranks leave for the join still trips
                         number_ = decision.round
                         return self._watch_for(number_)
-                stop.wait(POLL_S)
+                stop.wait(RANK_STORE_POLL_S)
 
         threading.Thread(target=run, name="heal-watch", daemon=True).start()
 
@@ -161,9 +159,9 @@ class Healer:
         return self._poll(lambda: self._decision(self.number), lambda: f"round {self.number}'s end was not written")
 
     def _poll(self, answer: Callable[[], Any], what: Callable[[], str], limit_s: Optional[float] = None) -> Any:
-        """Ask the keeper's store every ``POLL_S`` until ``answer()`` is not None. A joining rank leaves if the job
-        trained to its end meanwhile; HealStop after ``limit_s``, by default ``CHECK_IN_S`` (a joining rank: the
-        group's timeout; the others reach a step boundary first)."""
+        """Ask the keeper's store every ``RANK_STORE_POLL_S`` until ``answer()`` is not None. A joining rank leaves if
+        the job trained to its end meanwhile; HealStop after ``limit_s``, by default ``CHECK_IN_S`` (a joining rank:
+        the group's timeout; the others reach a step boundary first)."""
         limit_s = limit_s or (self.timeout_s if self.joins else CHECK_IN_S)
         stop_at = time.monotonic() + limit_s
         tick = threading.Event()  # never set: the pace of the questions
@@ -173,7 +171,7 @@ class Healer:
                 raise LeftJob(f"the job trained to its end before {self.place.name} could join: leaving")
             if time.monotonic() > stop_at:
                 raise HealStop(f"{what()} within {limit_s:.0f} s; the job stops")
-            tick.wait(POLL_S)
+            tick.wait(RANK_STORE_POLL_S)
         return got
 
     def enter_round(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:

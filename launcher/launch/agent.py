@@ -19,10 +19,11 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import JobConfig
 from ..env import head_attempt
-from ..failures import attempt_dir, exit_failure, record_exits
+from ..failures import exit_failure, record_exits
 from ..failures import report as report_failures
 from ..files import remove_empty_dirs
 from ..rendezvous import listening_store
+from ..run_dir import RunDir
 from .head import print_stopped
 
 
@@ -60,7 +61,7 @@ def agent_config(
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,
-        logs_specs=DefaultLogsSpecs(log_dir=str(Path(job.run_dir) / "logs" / "elastic" / f"node-{node}")),
+        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(job.run_dir).node_logs(node))),
     )
 
 
@@ -98,7 +99,7 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> in
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)
         record_exits(
-            attempt_dir(job.run_dir, config.run_id, config.max_restarts + head_attempt(os.environ)),
+            RunDir(job.run_dir).failure_attempt(config.run_id, config.max_restarts + head_attempt(os.environ)),
             [
                 exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node, config.max_nodes)
                 for rank, f in exc.failures.items()

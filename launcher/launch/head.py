@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from ..checkpoint_names import checkpoint_path, newest_step
 from ..config import JobConfig
-from ..failures import AFTER_FAILURE_GRACE_S, STOP_CODES
+from ..failures import STOP_CODES
+from ..liveness import AFTER_FAILURE_GRACE_S
+from ..run_dir import RunDir
 
 
 class Control(str, Enum):
@@ -98,7 +99,7 @@ def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") ->
             f"{stopped}; the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether "
             "it saved anything is up to the script)"
         )
-    checkpoints = Path(run_dir) / "checkpoints"
+    checkpoints = RunDir(run_dir).checkpoints
     step = newest_step(checkpoints)
     if step is None:
         start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"

@@ -15,11 +15,8 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
-
-def token_path(run_dir: str | Path, token: str) -> Path:
-    return Path(run_dir) / f".ssh-check-{token}"
+from ..run_dir import RunDir
 
 
 def lookup_s(addr: str) -> float:
@@ -40,11 +37,12 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> di
     facts["addr"] = connection[2] if len(connection) == 4 else ""
     facts["head"] = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
     facts["head_lookup_s"] = lookup_s(facts["head"]) if facts["head"] else 0.0
-    shared = token_path(run_dir, token)
+    run = RunDir(run_dir)
+    shared = run.host_check(token)
     try:
         if shared.read_text() != token:
             raise OSError("its content differs")
-        mine = shared.with_name(f"{shared.name}-{facts['host']}-{os.getpid()}")
+        mine = run.host_check_probe(token, facts["host"], os.getpid())
         mine.write_text(token)
         mine.unlink()
     except OSError as exc:

@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..membership import Membership
+from ..run_dir import RunDir
 from ..secret import SECRET_ENV, Secret, handoff_line
-from .host_check import token_path
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
 SSH_OPTIONS = (
@@ -242,7 +242,7 @@ def check_hosts(
     """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
     master, picks the port, unless not ``picks_port``: hosts that join a running job)."""
     token = uuid.uuid4().hex
-    marker = token_path(job.run_dir, token)
+    marker = RunDir(job.run_dir).host_check(token)
     marker.write_text(token)
     try:
         with ThreadPoolExecutor(len(hosts)) as pool:

@@ -25,7 +25,6 @@ import socket
 import sys
 import traceback
 import uuid
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -34,6 +33,7 @@ from ..env import DistEnv
 from ..exiting import end_process_at_exit
 from ..gpus import by_free_memory
 from ..rank_work import run_rank_work
+from ..run_dir import RunDir
 from ..secret import SECRET_ENV, Secret
 from ..train.stop import Preempted, StopRequest
 from .agent import agent_config, run_agent
@@ -124,7 +124,7 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     if c.nodes > 1:  # by hand: the same launch id on every machine; an earlier run's records must not count
         node, launch_id = int(c.node_rank or 0), f"nodes-{c.master_port}"
-        shutil.rmtree(Path(job.run_dir) / "failures" / launch_id, ignore_errors=True)
+        shutil.rmtree(RunDir(job.run_dir).launch_failures(launch_id), ignore_errors=True)
         addr = c.master_addr if node == 0 else socket.gethostname()
         endpoint = f"{c.master_addr}:{c.master_port}"
         config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)

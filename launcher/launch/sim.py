@@ -17,7 +17,6 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..config import JobConfig, SimClusterConfig
 from ..config.rules import heals_in_place
@@ -27,6 +26,7 @@ from ..failures import report as report_failures
 from ..files import remove_empty_dirs
 from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
+from ..run_dir import RunDir
 from ..secret import Secret
 from ..threads import RANKS_ON_MACHINE
 from .head import NodeArgs, forwarding_stops, print_stopped, wait_nodes
@@ -91,14 +91,14 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
             }
             if not members.again(lost, "node"):
                 break
-        remove_empty_dirs(Path(job.run_dir) / "logs" / "elastic")  # every node process has ended
+        remove_empty_dirs(RunDir(job.run_dir).elastic_logs)  # every node process has ended
         if code in STOP_CODES:
             code = 128 + stops[0] if stops else code  # the head's own signal (SIGHUP passed on as a SIGTERM)
             print_stopped(code, job)
         elif code and not report_failures(job.run_dir, launch_id):
             print(
                 f"launcher: node {nodes[first]}'s agent exited with code {code} (no rank recorded a failure; "
-                f"see {job.run_dir}/logs)",
+                f"see {RunDir(job.run_dir).logs})",
                 file=sys.stderr,
             )
     return code if code >= 0 else 1

@@ -29,16 +29,16 @@ from typing import Any
 from ..config import ConfigError, JobConfig, SlurmClusterConfig
 from ..env import DistEnv
 from ..files import write_json_atomic
-from ..logs import rank_log_path
+from ..liveness import SLURM_POLL_S
+from ..run_dir import RunDir
 from ..secret import Secret
 from .head import Control, forwarding_stops, print_stopped
 from .mode import BaseMode, LaunchPlan
 from .slurm_report import failure_recorded, report, report_first_failure
 from .slurm_state import JobWatch, live
-from .slurm_task import STOP_FILE, SlurmTask, node_range
+from .slurm_task import SlurmTask, node_range
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0  # how often rank 0's log is streamed and the job's state asked of the controller (one call) while waiting
 
 
 class SlurmMode(BaseMode):
@@ -90,7 +90,7 @@ def executor(job: JobConfig) -> Any:
     c = job.cluster
     if not isinstance(c, SlurmClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
-    ex = submitit.AutoExecutor(folder=Path(job.run_dir) / c.folder / "%j", cluster="slurm")
+    ex = submitit.AutoExecutor(folder=RunDir(job.run_dir).submitit_jobs(c.folder), cluster="slurm")
     additional = dict(c.extra_sbatch)
     if c.may_shrink:
         additional["nodes"] = node_range(c)  # replaces submitit's --nodes=MAX (extra_sbatch cannot set nodes)
@@ -127,12 +127,12 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
     """Submit; Slurm's refusal (bad partition, account, ...) becomes a ConfigError with Slurm's reason."""
     from submitit.core.utils import FailedJobError
 
-    (Path(job.run_dir) / STOP_FILE).unlink(missing_ok=True)  # an earlier run's stop is not this one's
+    RunDir(job.run_dir).stop_request.unlink(missing_ok=True)  # an earlier run's stop is not this one's
 
     try:
         ex, c = executor(job), job.cluster
         assert isinstance(c, SlurmClusterConfig)  # (executor refuses any other)
-        private = Path(job.run_dir) / c.folder  # the pickled task carries the job's secret: its owner's only
+        private = RunDir(job.run_dir).submitit(c.folder)  # the pickled task carries the job's secret: its owner's only
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
         private.chmod(0o700)
         submitted = ex.submit(SlurmTask(job.run_dir, Secret.new()))
@@ -146,7 +146,7 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
         )
     print(
         f"[launcher] submitted Slurm job {submitted.job_id}: {layout}\n"
-        f"[launcher] rank 0 log: {rank_log_path(job.run_dir, 0)}\n"
+        f"[launcher] rank 0 log: {RunDir(job.run_dir).rank_log(0)}\n"
         f"[launcher] submitit files: {submitted.paths.folder}",
         file=sys.stderr,
     )
@@ -160,7 +160,7 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run_dir)
     stop = lambda word: stop_job(job, job_id, word)  # noqa: E731
     with forwarding_stops(stop, "on Slurm (its ranks checkpoint; no requeue)") as stops:
-        state = stream_until_done(watch, rank_log_path(job.run_dir, 0), lambda: failure_recorded(job, job_id))
+        state = stream_until_done(watch, RunDir(job.run_dir).rank_log(0), lambda: failure_recorded(job, job_id))
     if stops:
         code = 128 + stops[0]  # the head's own signal (SIGHUP is passed on as a SIGTERM)
         print_stopped(code, job)
@@ -172,9 +172,9 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
 
 def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
     """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the job's ranks stop at one step with a checkpoint,
-    as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``slurm_task.STOP_FILE`` says why);
+    as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``RunDir.stop_request`` says why);
     a job still pending is cancelled."""
-    write_json_atomic(Path(job.run_dir) / STOP_FILE, {"stop": word.value})
+    write_json_atomic(RunDir(job.run_dir).stop_request, {"stop": word.value})
     now = live(job_id)
     how = ["scancel", job_id] if now is not None and now.state == "PENDING" else ["scancel", "--signal=USR2", job_id]
     try:
@@ -186,7 +186,7 @@ def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
 def stream_until_done(watch: JobWatch, log: Path, failed: Callable[[], bool]) -> str | None:
     """Print rank 0's log as it grows until the job ends (its final state), or until a rank recorded its failure
     (None: the report comes from the records at once, not after Slurm's teardown). The job's state comes from the
-    controller at each turn (``POLL_S``, ``slurm_state``)."""
+    controller at each turn (``SLURM_POLL_S``, ``slurm_state``)."""
     offset, tick = 0, threading.Event()
     while True:
         state = watch.ended()
@@ -201,4 +201,4 @@ def stream_until_done(watch: JobWatch, log: Path, failed: Callable[[], bool]) ->
             return state
         if failed():
             return None
-        tick.wait(POLL_S)
+        tick.wait(SLURM_POLL_S)

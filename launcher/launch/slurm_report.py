@@ -13,14 +13,9 @@ import time
 from typing import Any
 
 from ..config import JobConfig
-from ..failures import AFTER_FAILURE_GRACE_S, Failure, load
+from ..failures import Failure, load
 from ..failures import report as report_failures
-
-# A task's result file may lag the job's end on a shared file system: waited for this long, once for all tasks
-# (submitit waits 15 s per task: a job whose tasks srun killed reported ~50 s late instead of within 10 s). The
-# tasks srun killed never write one; the report leads with the ranks' own records, which do not wait for this.
-RESULTS_WAIT_S = 0.5
-SETTLE_S = 1.0  # after the first record, the report waits until no new one came for this long (the peers' records)
+from ..liveness import AFTER_FAILURE_GRACE_S, SLURM_RESULTS_WAIT_S, SLURM_SETTLE_S
 
 
 def failure_recorded(job: JobConfig, job_id: str) -> bool:
@@ -31,11 +26,11 @@ def failure_recorded(job: JobConfig, job_id: str) -> bool:
 
 
 def report_first_failure(job: JobConfig, job_id: str) -> int:
-    """The report from the ranks' records, once they stopped coming (``SETTLE_S`` without a new one, at most
+    """The report from the ranks' records, once they stopped coming (``SLURM_SETTLE_S`` without a new one, at most
     ``AFTER_FAILURE_GRACE_S``): exit code 1. Slurm ends the other tasks (srun's ``--kill-on-bad-exit``)."""
     deadline, tick = time.monotonic() + AFTER_FAILURE_GRACE_S, threading.Event()
     seen = len(load(job.run_dir, job_id))
-    while time.monotonic() < deadline and not tick.wait(SETTLE_S):
+    while time.monotonic() < deadline and not tick.wait(SLURM_SETTLE_S):
         now = len(load(job.run_dir, job_id))
         if now == seen:
             break
@@ -111,7 +106,7 @@ def report(submitted: Any, job: JobConfig, state: str | None = None) -> int:
         own = ended_on_their_own(results[0].paths.stderr.read_text(errors="replace")) if results else {}
     except OSError:
         own = {}
-    deadline, tick = time.monotonic() + RESULTS_WAIT_S, threading.Event()
+    deadline, tick = time.monotonic() + SLURM_RESULTS_WAIT_S, threading.Event()
     while not all(t.paths.result_pickle.exists() for t in results) and not tick.wait(0.1):
         if time.monotonic() >= deadline:
             break

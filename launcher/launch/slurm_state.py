@@ -15,20 +15,15 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from ..liveness import REQUEUE_GRACE_S, REVOKED_MARGIN_S
+from ..run_dir import RunDir
 
 # the states a job does not come back from by itself (a requeue brings it back: ``Restarts`` grows)
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 )
-# rank 0 counts a requeue in requeues.json before it asks for it (``scontrol requeue``, 60 s at most): a job that
-# looks ended meanwhile is waited for that long before it is taken as ended
-REQUEUE_GRACE_S = 60.0
-# a requeue revokes the job's credential on its nodes as of that second; slurmd refuses a start whose credential
-# is from that second or before ("Killing non-startable batch JobId=3: Job credential revoked": the job FAILED).
-# Slurm's own hold (~10 s) avoids that; the launcher's release keeps this margin after the requeue instead
-REVOKED_MARGIN_S = 2
 FIELDS = re.compile(r"\b(JobState|Reason|Restarts|SubmitTime)=(\S*)")
 SLURM_TIME = "%Y-%m-%dT%H:%M:%S"  # scontrol's times, in the local time of the host that runs it
 
@@ -56,7 +51,7 @@ def live(job_id: str) -> Live | None:
 def requeues_asked(run_dir: str) -> int:
     """How many requeues rank 0 asked for (``slurm_task.requeue`` writes the count before it asks)."""
     try:
-        return int(json.loads((Path(run_dir) / "requeues.json").read_text())["count"])
+        return int(json.loads(RunDir(run_dir).requeues.read_text())["count"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 

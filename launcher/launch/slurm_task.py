@@ -13,18 +13,17 @@ import logging
 import os
 import signal
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from ..config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from ..env import DistEnv
 from ..files import write_json_atomic
+from ..run_dir import RunDir
 from ..secret import Secret
 from .mode import StartedMode
 from .ports import port_in_use
 
 log = logging.getLogger(__name__)
-STOP_FILE = "stop-requested.json"  # the head's stop (a signal to it): the ranks checkpoint, the job is not requeued
 
 
 class SlurmTaskMode(StartedMode):
@@ -83,8 +82,9 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
 
 def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
-    launcher's head asked for the stop (``STOP_FILE``: it was sent SIGTERM, SIGINT or SIGHUP): then the job ends."""
-    if (Path(job.run_dir) / STOP_FILE).exists():
+    launcher's head asked for the stop (``RunDir.stop_request``: it was sent SIGTERM, SIGINT or SIGHUP): then the job
+    ends."""
+    if RunDir(job.run_dir).stop_request.exists():
         if env.is_main:
             log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", exc)
         raise SystemExit(0)
@@ -105,7 +105,7 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
 
 
 def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
-    count_file = Path(job.run_dir) / "requeues.json"
+    count_file = RunDir(job.run_dir).requeues
     count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
     c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
     if count >= c.max_requeues:

@@ -57,6 +57,7 @@ from ..env import DistEnv
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..membership import Membership
+from ..run_dir import RunDir
 from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped, wait_nodes
 from .hosts import SSH_LOST, ready_hosts, resolve_hosts
@@ -170,13 +171,13 @@ def run_attempt(  # noqa: PLR0913
     if lost:  # the other ranks were ended by the launcher (ABORT): a report would blame them
         print(
             f"launcher: the ranks on the other hosts were ended (they waited for {', '.join(lost)} in collectives); "
-            f"their logs: {job.run_dir}/logs",
+            f"their logs: {RunDir(job.run_dir).logs}",
             file=sys.stderr,
         )
     elif not report_failures(job.run_dir, launch_id):
         print(
             f"launcher: node {first}'s agent on {hosts[first]} exited with code {codes[first]} (no rank recorded "
-            f"a failure; see {job.run_dir}/logs)",
+            f"a failure; see {RunDir(job.run_dir).logs})",
             file=sys.stderr,
         )
     return (codes[first] if codes[first] in STOP_CODES else 1), lost

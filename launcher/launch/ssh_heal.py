@@ -9,16 +9,15 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
 from ..failures import STOP_CODES, hang_ended
 from ..failures import report as report_failures
 from ..heal.head import KeeperClient, wait_healing
 from ..membership import Membership
+from ..run_dir import RunDir
 from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped
-from .host_check import token_path
 from .hosts import SSH_LOST, check_hosts
 from .ports import free_port
 from .ssh_nodes import SshNode, forwarding_stops, heartbeats, saying_if_slow
@@ -131,7 +130,7 @@ def run_healing_attempt(  # noqa: PLR0913
                 out = wait_healing([n.proc for n in nodes], hosts, keeper, members, stop, why, rejoin, hang)
     finally:
         keeper.close()
-        for marker in Path(job.run_dir).glob(token_path(".", "*").name):  # a rejoin check still in flight
+        for marker in RunDir(job.run_dir).host_checks():  # a rejoin check still in flight
             marker.unlink(missing_ok=True)
     for ssh_node in nodes:
         ssh_node.finish()
@@ -144,7 +143,7 @@ def run_healing_attempt(  # noqa: PLR0913
     if not out.keeper_ended and code not in STOP_CODES and not report_failures(job.run_dir, launch_id):
         print(
             f"launcher: node {out.first}'s process on {out.names[out.first]} exited with code {code} (no rank recorded "
-            f"a failure; see {job.run_dir}/logs)",
+            f"a failure; see {RunDir(job.run_dir).logs})",
             file=sys.stderr,
         )
     return (code if code in STOP_CODES else 1), []

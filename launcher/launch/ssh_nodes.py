@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from typing import IO
 
 from ..config import SshClusterConfig
+from ..liveness import HEAD_PING_S, SLOW_PHASE_S
 from ..secret import Secret
 from . import head
 from .head import Control
 from .hosts import handoff, remote_shell, ssh_command
-
-HEARTBEAT_S = 5.0  # the head writes PING to every node this often (cluster.heartbeat_timeout_s)
-SLOW_PHASE_S = 2.0  # a start-up phase that lasts longer says what it is doing (one line)
 
 
 @contextlib.contextmanager
@@ -108,12 +106,12 @@ def forwarding_stops(nodes: list[SshNode]) -> contextlib.AbstractContextManager[
 
 @contextlib.contextmanager
 def heartbeats(nodes: list[SshNode]) -> Iterator[None]:
-    """``PING`` to every node every ``HEARTBEAT_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
+    """``PING`` to every node every ``HEAD_PING_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
     stops its ranks (its host cannot reach us, so nobody else would stop them)."""
     done = threading.Event()
 
     def beat() -> None:
-        while not done.wait(HEARTBEAT_S):
+        while not done.wait(HEAD_PING_S):
             for node in nodes:
                 node.request(Control.PING)
 

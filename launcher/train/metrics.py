@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from ..run_dir import RunDir
+
 
 class MetricsWriter:
     """Appends JSON lines to ``run_dir/metrics.jsonl`` (a resumed run continues the same file)."""
 
     def __init__(self, run_dir: str | Path, enabled: bool) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         self._file: Optional[TextIO] = None
         if enabled:
             self.open()

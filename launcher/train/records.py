@@ -22,6 +22,7 @@ from ..config import JobConfig
 from ..dist_helpers import Peers
 from ..env import DistEnv
 from ..logs import take_the_console
+from ..run_dir import RunDir
 from ..summary import RunSummary
 from ..watch import stragglers
 from .metrics import MetricsWriter
@@ -117,7 +118,7 @@ class Records:
             self._tracing.close()
             events = self.peers.all_gather_object(self._tracer.trace_events())
             if env.is_main:
-                written = write_trace(self.run_dir / "trace.json", events)
+                written = write_trace(RunDir(self.run_dir).trace, events)
                 log.info("comm.trace: %s (open in https://ui.perfetto.dev)", written)
             self._tracer = None
 

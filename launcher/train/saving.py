@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -17,6 +16,7 @@ from ..config import JobConfig
 from ..devices import rng_state, seed_all, set_rng_state
 from ..dist_helpers import Peers
 from ..env import DistEnv
+from ..run_dir import RunDir
 from . import checkpoint as ckpt
 from .progress import Span
 from .state import TrainState
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, job: JobConfig, device: torch.device, peers: Peers, joins: bool) -> None:
         """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
-        self.dir = Path(job.run_dir) / "checkpoints"
+        self.dir = RunDir(job.run_dir).checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers = peers
         self.resume_path, self._resume_state = (

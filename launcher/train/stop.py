@@ -28,12 +28,9 @@ import torch
 import torch.distributed as dist
 
 from ..abort import Abort, wait
+from ..liveness import STOP_DEADLINE_S
 
 log = logging.getLogger(__name__)
-
-# a signalled rank's time to reach a step boundary; the elastic agent kills workers 30 s after passing a signal on:
-# dump the stacks before that
-STOP_DEADLINE_S = 25.0
 
 
 class Preempted(Exception):

@@ -7,7 +7,7 @@ ends them at ``comm.timeout_s``, names stragglers) with the pure rules of ``verd
 touched: no wrapper around its collectives, no hook in its loop (the trainer only tells the watch its step).
 
 Reading map: ``start_watch`` (from ``rank_work``) -> ``Watch.run``: ``Publisher.beat`` + ``Publisher.answer`` every
-``BEAT_S``, then ``Reporter.tick`` on rank 0 (rank 1 stands in while rank 0 is silent).
+``WATCH_BEAT_S``, then ``Reporter.tick`` on rank 0 (rank 1 stands in while rank 0 is silent).
 """
 
 from __future__ import annotations
@@ -20,20 +20,19 @@ from typing import Any, Optional
 
 from ..config import collective_timeout_s
 from ..env import DistEnv
+from ..liveness import WATCH_BACKSTOP_S, WATCH_BEAT_S
 from . import recorder
 from .publisher import Publisher
 from .reporter import Reporter
 
 log = logging.getLogger(__name__)
-BEAT_S = 1.0  # how often each rank publishes its progress and the reporter compares
-BACKSTOP_S = 10.0  # with the watch on, the trainer's process group times out this much after comm.timeout_s
 
 
 def backstop_s(comm: Any) -> float:
     """The trainer's process-group timeout: with the watch on, it ends a hang at ``comm.timeout_s`` (culprit
     named first); a timed-out collective counts as completed in the flight recorder, so torch's own timeout
-    comes ``BACKSTOP_S`` later, as a backstop for a watch that could not act."""
-    return collective_timeout_s(comm) + (BACKSTOP_S if comm.hang_warn_s > 0 else 0)
+    comes ``WATCH_BACKSTOP_S`` later, as a backstop for a watch that could not act."""
+    return collective_timeout_s(comm) + (WATCH_BACKSTOP_S if comm.hang_warn_s > 0 else 0)
 
 
 _current: Optional[Watch] = None
@@ -58,7 +57,7 @@ class Watch(threading.Thread):
         self.failed = False
 
     def run(self) -> None:
-        while not self.halt.wait(BEAT_S):
+        while not self.halt.wait(WATCH_BEAT_S):
             began = time.perf_counter()
             try:
                 self.publisher.beat(with_arrivals=True)

@@ -22,18 +22,12 @@ from typing import Any
 
 from ..env import DistEnv
 from ..files import write_atomic
+from ..liveness import ARRIVALS_EVERY_S, STEP_NOTE_S
+from ..run_dir import RunDir, arrivals_file, flight_record_file, progress_file, request_file, stack_file
 from ..tracebacks import WRAPPER_FRAMES
 from . import recorder
 
-ARRIVALS_EVERY_S = 8.0  # the whole buffer is read this often for the straggler score (~20 ms per 2000 entries)
 ARRIVALS_MAX = 512  # the newest entries handed out per read
-STEP_NOTE_S = 0.25  # the trainer's steps are noted this often (64 notes: 16 s, more than the straggler window)
-
-
-def watch_dir(run_dir: str | Path, env: DistEnv, round_: int = 0) -> Path:
-    """Where the ranks of one attempt (and one round of a job that heals in place) publish."""
-    where = Path(run_dir) / "watch" / (env.launch_id or "local") / f"attempt-{env.attempt}"
-    return where / f"round-{round_}" if round_ else where
 
 
 OWN_THREADS = (
@@ -61,9 +55,9 @@ def stacks(skip: int | None = None) -> str:
 class Publisher:
     def __init__(self, run_dir: str | Path, env: DistEnv, round_: int = 0, left: frozenset[str] = frozenset()) -> None:
         self.env = env
-        self.dir = watch_dir(run_dir, env, round_)
+        self.dir = RunDir(run_dir).watch(env.launch_id, env.attempt, round_)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"rank-{env.rank}.json"
+        self.path = progress_file(self.dir, env.rank)
         self.recorder = recorder.Recorder(ignored=set(left))  # a healed round: not the groups it left
         self.last: dict[str, tuple[int, int]] = {}
         self.progress_ns = time.time_ns()
@@ -108,7 +102,7 @@ class Publisher:
         if with_arrivals and time.monotonic() - self.arrivals_at >= ARRIVALS_EVERY_S:
             self.arrivals_at, self.batch = time.monotonic(), self.batch + 1
             batch = {"batch": self.batch, "arrivals": self.recorder.arrivals(ARRIVALS_MAX)}
-            write_atomic(self.dir / f"rank-{self.env.rank}.arrivals.json", json.dumps(batch), sync=False)
+            write_atomic(arrivals_file(self.dir, self.env.rank), json.dumps(batch), sync=False)
         progress = {
             "rank": self.env.rank,
             "host": self.env.hostname or socket.gethostname(),
@@ -128,7 +122,7 @@ class Publisher:
 
     def answer(self, skip_thread: int | None) -> None:
         """Answer the reporter's newest request: the flight recorder and the stacks into the hang's folder."""
-        request = self.dir / "request.json"
+        request = request_file(self.dir)
         try:
             changed = request.stat().st_mtime
         except FileNotFoundError:
@@ -144,6 +138,6 @@ class Publisher:
             return
         folder = Path(asked["dir"])
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / f"rank-{self.env.rank}.fr.json", recorder.dump_json())
-        write_atomic(folder / f"rank-{self.env.rank}.stack.txt", stacks(skip_thread) + "\n")
+        write_atomic(flight_record_file(folder, self.env.rank), recorder.dump_json())
+        write_atomic(stack_file(folder, self.env.rank), stacks(skip_thread) + "\n")
         self.answered = asked["id"]

@@ -28,15 +28,14 @@ from typing import Any, Optional
 
 from .. import logs
 from ..env import DistEnv
-from ..failures import Failure, attempt_dir, record_exits
+from ..failures import Failure, record_exits
 from ..files import write_json_atomic
+from ..liveness import ANSWER_WAIT_S, SILENT_MIN_S, STALE_S
+from ..run_dir import RunDir, progress_file, report_file, request_file, stack_file
 from .stragglers import Stragglers
 from .verdict import Hang, find_hang
 
 log = logging.getLogger("launcher.watch")
-STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen) ...
-SILENT_MIN_S = 3.0  # ... or older than comm.hang_warn_s, when that is shorter (three missed beats at least)
-ANSWER_WAIT_S = 6.0  # how long a hang report waits for the ranks' stacks
 
 
 def group_label(name: str, progress: dict[str, Any]) -> str:
@@ -72,10 +71,10 @@ class Reporter:
         timeout_s: Optional[float],
         round_: int = 0,
     ) -> None:
-        self.run_dir, self.env, self.dir = Path(run_dir), env, folder
+        self.run, self.env, self.dir = RunDir(run_dir), env, folder
         # each report's folder: the attempt's, and the round's after a heal (a round's first report must not find
         # the stacks of an earlier round's in a folder of the same name)
-        self.prefix = f"{env.launch_id or 'local'}-attempt-{env.attempt}" + (f"-round-{round_}" if round_ else "")
+        self.round = round_
         self.timeout_s = timeout_s  # None: a script's job, its own process group ends a hang (the watch names it)
         # a report (with stacks) always comes before the end
         self.warn_s = min(warn_s, 0.75 * timeout_s) if timeout_s is not None else warn_s
@@ -87,7 +86,7 @@ class Reporter:
         self.reported: tuple[Any, ...] | None = None
         self.stacks: dict[int, str] = {}
         self.asked = 0
-        self.stragglers = Stragglers(self.run_dir, self.say)
+        self.stragglers = Stragglers(self.run, self.say)
 
     # ------------------------------------------------------------------------------------------------ beat
     def active(self) -> bool:
@@ -126,7 +125,7 @@ class Reporter:
 
     def _read(self, rank: int) -> None:
         try:
-            self.ranks[rank] = json.loads((self.dir / f"rank-{rank}.json").read_text())
+            self.ranks[rank] = json.loads(progress_file(self.dir, rank).read_text())
         except (OSError, ValueError):
             pass  # not written yet, or being replaced: the previous read stands
 
@@ -138,20 +137,20 @@ class Reporter:
     # ------------------------------------------------------------------------------------------------ hangs
     def _ask(self, now_ns: int) -> None:
         self.asked += 1
-        folder = self.run_dir / "hangs" / f"{self.prefix}-{self.asked}"
+        folder = self.run.hang(self.env.launch_id, self.env.attempt, self.round, self.asked)
         folder.mkdir(parents=True, exist_ok=True)
         self.request = {"id": self.asked, "dir": str(folder), "at_ns": now_ns}
-        write_json_atomic(self.dir / "request.json", self.request)
+        write_json_atomic(request_file(self.dir), self.request)
 
     def _answered(self, hang: Hang, now_ns: int) -> bool:
         assert self.request is not None
         folder = Path(self.request["dir"])
         wanted = set(hang.culprits) | {r for _, side in hang.sides for r in side[:1]}
-        have = {r for r in wanted if (folder / f"rank-{r}.stack.txt").exists()}
+        have = {r for r in wanted if stack_file(folder, r).exists()}
         return have == wanted or (now_ns - self.request["at_ns"]) / 1e9 >= ANSWER_WAIT_S
 
     def _stack(self, rank: int, folder: Path) -> str:
-        path = folder / f"rank-{rank}.stack.txt"
+        path = stack_file(folder, rank)
         if path.exists():
             return path.read_text()
         return (
@@ -159,7 +158,7 @@ class Reporter:
         )
 
     def _report(self, hang: Hang, now_ns: int) -> None:
-        folder = Path(self.request["dir"]) if self.request else self.run_dir / "hangs"
+        folder = Path(self.request["dir"]) if self.request else self.run.hangs
         self.stacks = {r: self._stack(r, folder) for r in {*hang.culprits, *(s[1][0] for s in hang.sides)}}
         lines = [self.headline(hang)]
         for rank in hang.culprits:
@@ -179,7 +178,7 @@ class Reporter:
         lines.append(f"  report and every rank's flight recorder: {folder}; {end}")
         self.say("\n".join(lines))
         write_json_atomic(
-            folder / "report.json",
+            report_file(folder),
             {
                 "kind": hang.kind,
                 "headline": lines[0],
@@ -253,7 +252,7 @@ class Reporter:
             for r in hang.waiting
             if r not in hang.culprits
         ]
-        record_exits(attempt_dir(self.run_dir, self.env.launch_id, self.env.attempt), records)
+        record_exits(self.run.failure_attempt(self.env.launch_id, self.env.attempt), records)
         for rank in hang.culprits:  # a stopped process ignores the launcher's SIGTERM: end it here if it is ours
             if _state(self.ranks.get(rank, {})) == "T":
                 os.kill(self.ranks[rank]["pid"], signal.SIGKILL)

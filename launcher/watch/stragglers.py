@@ -10,16 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..liveness import KEEP_ARRIVALS_S, STRAGGLER_WINDOW_S
+from ..run_dir import RunDir, arrivals_file
 from .verdict import find_stragglers
 
-WINDOW_S = 15.0  # the newest seconds of collectives scored
 SHARE = 0.2  # a straggler is late by at least this share of the step time
-KEEP_ARRIVALS_S = 60.0
 
 
 class Stragglers:
-    def __init__(self, run_dir: Path, say: Callable[[str], None]) -> None:
-        self.run_dir, self.say = run_dir, say
+    def __init__(self, run_dir: RunDir, say: Callable[[str], None]) -> None:
+        self.run, self.say = run_dir, say
         self.ranks: dict[int, dict[str, Any]] = {}
         self.batches: dict[int, int] = {}
         self.arrivals: dict[str, dict[int, dict[int, tuple[int, str]]]] = {}
@@ -33,7 +33,7 @@ class Stragglers:
         for rank, p in self.ranks.items():
             if p.get("batch", 0) != self.batches.get(rank):
                 try:
-                    batch = json.loads((folder / f"rank-{rank}.arrivals.json").read_text())
+                    batch = json.loads(arrivals_file(folder, rank).read_text())
                 except (OSError, ValueError):
                     continue  # being replaced: read at the next beat
                 self.batches[rank], fresh = batch["batch"], True
@@ -48,7 +48,7 @@ class Stragglers:
             members = self._members(group)
             if not members or len(members) < 2 or any(m not in by_rank for m in members):
                 continue
-            for s in find_stragglers({m: by_rank[m] for m in members}, WINDOW_S, SHARE):
+            for s in find_stragglers({m: by_rank[m] for m in members}, STRAGGLER_WINDOW_S, SHARE):
                 if s.rank not in found or s.share > found[s.rank].share:
                     found[s.rank] = s
         self._changes(found)
@@ -92,5 +92,5 @@ class Stragglers:
         return steps[-1] + 1 if steps else None
 
     def _metric(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        with open(self.run.metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
