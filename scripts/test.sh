@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, lint, type-check and check the import contracts, then run the whole suite:
-#   ./scripts/test.sh [pytest args...]
+# Set up the environment if needed, lint, type-check and check the import contracts, then run the tests:
+#   ./scripts/test.sh [--fast] [pytest args...]
+# The suite is in four tiers (tests/README.md): rules/ (no process), ranks/ (real gloo ranks, no launcher), jobs/
+# (python -m launcher on this machine), beds/ (network namespaces, the ssh machines, the local Slurm: root).
+# --fast runs the first two (about a minute: run it before every commit); without it, the whole suite (CI's).
 source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/.." || exit 1
 ruff check . && ruff format --check . && mypy && lint-imports || { echo "lint/type/import check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
+if [ "${1:-}" = "--fast" ]; then shift; set -- tests/rules tests/ranks "$@"; fi
 # three workers (pytest-xdist; the beds' tests mostly wait on timeouts, daemons and heartbeats): the modules using one
 # of the host's test beds (network namespaces, the ssh machines, the local Slurm) run one after another on one worker,
 # every other module whole on any (tests/conftest.py: BED_OF_MODULE); LAUNCHER_TEST_WORKERS=0 runs everything in this

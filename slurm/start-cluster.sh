@@ -116,7 +116,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 JobRequeue=1
-# Slurm's default KillWait: the launcher's failure report must not wait for it (tests/test_slurm.py)
+# Slurm's default KillWait: the launcher's failure report must not wait for it (tests/beds/test_slurm.py)
 KillWait=30
 MinJobAge=600
 $NODE_LINES

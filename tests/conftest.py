@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # ``import harness`` from any test module, tier or fork server (tests/README.md)
 
 LINGER_S = 5.0  # a job's processes end with it; grace for the kernel to reap what was just killed
 
@@ -73,7 +74,7 @@ def pytest_runtest_makereport(item, call):
 
 def descendants(pid: int) -> list[str]:
     """``pid: command line`` of every live process below ``pid``, multiprocessing's own helpers (its resource
-    tracker and the fork server of ``helpers.spawn_ranks`` live as long as the test process; the ranks forked from
+    tracker and the fork server of ``harness.ranks.spawn_ranks`` live as long as the test process; the ranks forked from
     the server count) aside; zombies are not running."""
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
@@ -152,11 +153,27 @@ BED_OF_MODULE = {
 }
 
 
+# The suite's four tiers, one folder each (tests/README.md); each test is marked with its folder's name, so that
+# `pytest -m "rules or ranks"` selects what `pytest tests/rules tests/ranks` runs.
+TIERS = ("rules", "ranks", "jobs", "beds")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file: the folder under tests/ it sits in (None outside the four)."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in TIERS else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__ if item.module else "?"
         item.add_marker(pytest.mark.xdist_group(BED_OF_MODULE.get(module, module)))
+        if tier := tier_of(item.path):
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_sessionstart(session):
@@ -177,7 +194,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 OWN_TEMP = ("pytest-of-", "torchinductor_", "pymp-")  # pytest's base temp dir (it keeps the last runs); torch's cache
 # dir is removed once at the end of the session (torch_cache_dir_removed); multiprocessing's (the fork server's socket,
-# helpers.spawn_ranks) goes with the test process that made it
+# harness.ranks.spawn_ranks) goes with the test process that made it
 OURS = ("torchelastic_", "launcher-")  # what a job or a test of ours makes there: removed when left
 
 
@@ -191,15 +208,3 @@ def new_in_temp(temp: Path, before: set[str], basetemp: Path) -> None:
         if path.name.startswith(OURS) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
     assert not left, f"left in {temp} by the module's jobs: " + ", ".join(p.name for p in left)
-
-
-@pytest.fixture(scope="session")
-def one_process_heal_job(tmp_path_factory):
-    """The heal tests' reference (test_sim, test_ssh): ``HEAL_JOB`` trained by one process, the same global
-    batches; its run dir."""
-    from helpers import HEAL_JOB, run_launcher
-
-    run_dir = tmp_path_factory.mktemp("one-process")
-    alone = run_launcher(*HEAL_JOB, run_dir=run_dir)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    return run_dir

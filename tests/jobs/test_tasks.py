@@ -1,0 +1,112 @@
+"""Any task in the built-in trainer (issue 36): a language model with per-token targets (``models/charlm.py``, the
+README's example) trains through the launcher with cross-entropy on its logits, with its own loss
+(``train.loss=model``: forward(inputs, targets) returns an object with ``.loss``) and with a loss function
+(``train.loss=pkg.fn``); 2 ranks follow 1 process on the same global batch; what does not fit is named at step 1."""
+
+import json
+
+import pytest
+import torch
+
+from harness.checks import assert_same_trajectory, final_state
+from harness.run import run_launcher
+from launcher.train.task import Task, TaskError
+
+LM = ("model._target_=models.charlm.CharGRU", "data._target_=models.charlm.text_data", "train.batch_size=32")
+SHORT = ("train.max_steps=12", "train.checkpoint_every_steps=12", "train.log_every_steps=4")
+
+
+def train_lines(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if r.get("kind") == "train"], [r for r in lines if r.get("kind") == "eval"]
+
+
+def test_a_language_model_trains_on_two_simulated_nodes_as_in_one_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for run_dir, layout in ((one, ()), (two, ("+cluster=sim", "cluster.nodes=2"))):
+        result = run_launcher(*LM, *SHORT, *layout, "cluster.procs_per_node=1", run_dir=run_dir)
+        assert result.returncode == 0, result.stderr
+    assert final_state(two)["world_size"] == 2
+    assert_same_trajectory(final_state(one), final_state(two))
+    trained, evaluated = train_lines(two)
+    assert trained[-1]["loss"] < trained[0]["loss"] - 0.3  # from ~ln(32) = 3.47: it learns the text
+    accuracy = evaluated[-1]["test_accuracy"]  # per token: 256 test sequences x 32 positions
+    assert accuracy is not None and 0.15 < accuracy <= 1
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["loss"] == "cross_entropy" and summary["test_accuracy"] == accuracy
+
+
+def test_bf16_accumulation_clipping_and_a_resume_with_the_models_own_loss(tmp_path):
+    run_dir = tmp_path / "run"
+    own = ("+model.own_loss=true", "train.loss=model", "train.metric=models.charlm.token_accuracy")
+    extra = ("train.precision=bf16", "train.accumulate_steps=2", "optim.clip_grad_norm=1.0", "cluster.procs_per_node=2")
+    first = run_launcher(*LM, *own, *extra, "train.max_steps=8", "train.checkpoint_every_steps=4", run_dir=run_dir)
+    assert first.returncode == 0, first.stderr
+    again = run_launcher(*LM, *own, *extra, *SHORT, run_dir=run_dir)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stderr
+    assert "the LR schedule spans 12 steps now, 8 in the run that wrote" in again.stderr  # (no schedule_steps given)
+    trained, evaluated = train_lines(run_dir)
+    assert all(r["grad_norm"] > 0 for r in trained)  # logged with clipping
+    assert evaluated[-1]["test_accuracy"] > 0.15  # train.metric, reported in the accuracy's place
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["precision"], summary["accumulate_steps"], summary["clip_grad_norm"]) == ("bf16", 2, 1.0)
+    assert summary["loss"] == "model" and summary["steps"] == 12
+
+
+def test_a_loss_function_of_ones_own(tmp_path):
+    given = ("train.loss=models.charlm.token_loss", "cluster.procs_per_node=2")
+    result = run_launcher(*LM, *SHORT, *given, run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trained, evaluated = train_lines(tmp_path)
+    assert trained[-1]["loss"] < trained[0]["loss"] - 0.3
+    assert evaluated[-1]["test_accuracy"] is None and "test accuracy n/a" in result.stderr  # no metric given
+
+
+def test_a_model_returning_a_tuple_is_named_at_the_first_step(tmp_path):
+    result = run_launcher(*LM, "+model.own_loss=true", *SHORT, run_dir=tmp_path)
+    assert result.returncode == 1
+    assert "the model returned a Output, but train.loss=cross_entropy needs a tensor; HINT:" in result.stderr
+    assert "train.loss=model" in result.stderr
+
+
+LOGITS = torch.zeros(4, 5, 7)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "targets", "said"),
+    [
+        ((LOGITS, LOGITS), torch.zeros(4, 5, dtype=torch.int64), "the model returned a tuple, but train.loss="),
+        (LOGITS, torch.zeros(4, 5), "needs integer class labels; the data gives a (4, 5) float32 tensor"),
+        (
+            LOGITS,
+            torch.zeros(4, 6, dtype=torch.int64),
+            "outputs are a (4, 5, 7) float32 tensor and the labels a (4, 6)",
+        ),
+    ],
+    ids=["tuple", "float-labels", "shapes"],
+)
+def test_what_does_not_fit_cross_entropy_is_named(outputs, targets, said):
+    with pytest.raises(TaskError, match="HINT") as error:
+        Task("cross_entropy").loss(outputs, targets)
+    assert said in str(error.value)
+
+
+def test_the_models_own_loss_must_be_there():
+    assert Task("model").loss({"loss": torch.tensor(2.0)}, torch.zeros(1)) == 2.0
+    with pytest.raises(TaskError, match="returned a dict without a one-element loss"):
+        Task("model").loss({"logits": LOGITS}, torch.zeros(1))
+
+
+def test_max_steps_within_an_epoch_is_reported_as_run(tmp_path):
+    """train.max_steps=6 of 22 steps per epoch: the banner said "6 steps (10 epoch(s) of 22)", the end "0 epoch(s)",
+    the LR schedule spanned the 10 epochs (it barely decayed); the run ends with an evaluation."""
+    result = run_launcher("train.max_steps=6", "train.log_every_steps=3", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "6 steps (0.27 of an epoch of 22); lr cosine to 0 over 6 steps" in result.stderr
+    assert "done: 6 steps, 0.27 of an epoch of 22 on 2 rank(s)" in result.stderr
+    trained, evaluated = train_lines(tmp_path)
+    assert trained[-1]["step"] == 6
+    # cosine from 0.1 to 0 over the 6 steps: half way at step 3
+    assert trained[0]["lr"] == pytest.approx(0.05) and trained[-1]["lr"] < 1e-9, trained
+    assert len(evaluated) == 1 and evaluated[0]["step"] == 6  # the evaluation at the end

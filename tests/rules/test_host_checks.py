@@ -1,0 +1,58 @@
+"""The head's checks before anything starts that need no process: node 0 by hand must run on
+``cluster.master_addr``, too few machines left stops the job, a slow start-up phase says what the head waits for.
+Each host's checks over ssh (a stand-in ssh running the probe): tests/jobs/test_host_checks_processes.py."""
+
+import pytest
+
+from harness.config import plan
+from launcher.config import ConfigError
+from launcher.launch.local import launch_local
+from launcher.membership import Membership
+
+
+def test_node_0_by_hand_must_run_on_master_addr(tmp_path):
+    """README, "By hand": node 0 hosts the store, so it must run on the machine ``cluster.master_addr`` names; here
+    that address is none of this machine's (TEST-NET-3, never contacted): refused before anything starts."""
+    job, launch_plan = plan(
+        "cluster.nodes=2",
+        "cluster.node_rank=0",
+        "cluster.master_addr=203.0.113.7",
+        "cluster.master_port=29541",
+        run_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError, match=r"cluster.master_addr=203.0.113.7 is not an address of this machine"):
+        launch_local(launch_plan, job)
+    assert not (tmp_path / "logs").exists(), "something started"
+
+
+def test_fewer_than_min_nodes_left_stops_the_job(tmp_path, capsys):
+    """README, "Elastic": losing machines down to ``cluster.min_nodes`` goes on; one more lost and the job stops,
+    saying so, with no membership change recorded."""
+    members = Membership(tmp_path, ["a", "b", "c"], 2, 0)
+    assert members.again({"a": "its link went down"}, "host")
+    assert members.live == ["b", "c"]
+    assert not members.again({"b": "its link went down"}, "host")
+    err = capsys.readouterr().err
+    assert "launcher: lost b (its link went down): 1 node(s) left, fewer than cluster.min_nodes=2; the job stops" in err
+    assert members.live == ["b", "c"]
+    assert len((tmp_path / "membership.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_start_up_phase_over_2_s_says_what_the_head_waits_for(monkeypatch, capfd):
+    """One line per slow phase (issue 35: a head silent for 34 s between its plan and the first rank line); a fast
+    phase says nothing."""
+    import threading
+    import time
+
+    from launcher.launch import ssh_nodes
+
+    with ssh_nodes.saying_if_slow("checking 2 host(s) over ssh"):
+        pass  # fast: well under SLOW_PHASE_S
+    monkeypatch.setattr(ssh_nodes, "SLOW_PHASE_S", 0.01)
+    heard = threading.Event()
+    with ssh_nodes.saying_if_slow("connecting to vm1, vm2 over ssh", heard):
+        pass  # the wait for ``heard`` outlasts the block: said once it is over SLOW_PHASE_S
+    deadline = time.monotonic() + 10
+    while "connecting" not in (err := capfd.readouterr().err) and time.monotonic() < deadline:
+        heard.wait(0.05)
+    assert err == "[launcher] connecting to vm1, vm2 over ssh ...\n", err
