@@ -19,6 +19,7 @@ STEP_NOTE_S = 0.25  # the trainer's steps are noted this often (64 notes: 16 s, 
 ARRIVALS_EVERY_S = 8.0  # the flight recorder is read whole this often for the straggler score (~20 ms / 2000 entries)
 STRAGGLER_WINDOW_S = 15.0  # the newest seconds of collectives a straggler is scored on
 KEEP_ARRIVALS_S = 60.0  # arrivals older than this are dropped from the straggler score
+STRAGGLER_MIN_LATE_S = 0.015  # a straggler is this late at least, whatever the step (less: a loaded machine's noise)
 STALE_S = 10.0  # a rank whose progress file is older than this is silent (stopped or frozen) ...
 SILENT_MIN_S = 3.0  # ... or older than comm.hang_warn_s when that is shorter, but at least this (three missed beats)
 ANSWER_WAIT_S = 6.0  # a hang report waits this long for the ranks' stacks

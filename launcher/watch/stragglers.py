@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..liveness import KEEP_ARRIVALS_S, STRAGGLER_WINDOW_S
+from ..liveness import KEEP_ARRIVALS_S, STRAGGLER_MIN_LATE_S, STRAGGLER_WINDOW_S
 from ..run_dir import RunDir, arrivals_file
 from .verdict import find_stragglers
 
@@ -48,7 +48,7 @@ class Stragglers:
             members = self._members(group)
             if not members or len(members) < 2 or any(m not in by_rank for m in members):
                 continue
-            for s in find_stragglers({m: by_rank[m] for m in members}, STRAGGLER_WINDOW_S, SHARE):
+            for s in find_stragglers({m: by_rank[m] for m in members}, STRAGGLER_WINDOW_S, SHARE, STRAGGLER_MIN_LATE_S):
                 if s.rank not in found or s.share > found[s.rank].share:
                     found[s.rank] = s
         self._changes(found)

@@ -177,10 +177,11 @@ def _onset(rank: int, lagging: list[bool], blocks: list[list[int]], arrivals: Ma
 
 
 def find_stragglers(
-    arrivals: Mapping[int, Mapping[int, tuple[int, str]]], window_s: float, min_share: float
+    arrivals: Mapping[int, Mapping[int, tuple[int, str]]], window_s: float, min_share: float, min_late_s: float = 0.0
 ) -> list[Straggler]:
     """``arrivals``: rank -> {seq: (time_created_ns, signature)} in one group every rank belongs to. The ranks
-    last to enter nearly every step of the newest ``window_s``, by ``min_share`` of the step time or more."""
+    last to enter nearly every step of the newest ``window_s``, by ``min_share`` of the step time or more, and by
+    ``min_late_s`` at least (a few ms on a short step is a loaded machine's noise, nothing to act on)."""
     ranks = sorted(arrivals)
     if len(ranks) < 2:
         return []
@@ -206,7 +207,8 @@ def find_stragglers(
         tops.append(top)
     found = []
     for r in ranks:
-        if tops.count(r) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= min_share * step_s > 0:
-            lagging = [top == r and lag >= min_share * step_s for top, lag in zip(tops, late[r])]
+        bar = max(min_share * step_s, min_late_s)
+        if tops.count(r) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= bar and step_s > 0:
+            lagging = [top == r and lag >= bar for top, lag in zip(tops, late[r])]
             found.append(Straggler(r, statistics.median(late[r]), step_s, _onset(r, lagging, blocks, arrivals)))
     return found
