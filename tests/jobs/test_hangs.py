@@ -101,7 +101,7 @@ def test_straggler_named_with_its_share_and_a_clean_run_names_none():
     assert [s.rank for s in found] == [2] and 0.35 < found[0].share < 0.45
     assert find_stragglers(arrivals(4, 40, {}), window_s=15, min_share=0.2) == []
     assert find_stragglers(arrivals(4, 40, {2: 10_000_000}), window_s=15, min_share=0.2) == []  # 10 %: not enough
-    # 40 % of the step but 40 ms only, under a floor of 50 ms: noise, not named (the watch's floor: 15 ms)
+    # 40 % of the step but 40 ms only, under a floor of 50 ms: noise, not named (the watch's floor: 10 ms)
     assert find_stragglers(arrivals(4, 40, {2: 40_000_000}), window_s=15, min_share=0.2, min_late_s=0.05) == []
 
 
