@@ -46,6 +46,15 @@ def test_the_rank_that_has_not_entered_is_the_culprit():
     assert hang.seq == 6 and 69 < hang.stalled_s < 71 and "busy outside collectives" in hang.notes[1]
 
 
+def test_an_op_a_peer_completed_is_not_the_one_waited_in():
+    """Seen under load (the sim stall test): rank 0 enqueued #20 and #21 but its record shows #20 still open (gloo
+    marks an async op's end when it is waited on), rank 1 completed #20 and stalls before #21. Rank 1 is the culprit
+    for #21 (the empty culprit of a "deadlock" was printed)."""
+    ranks = {0: progress(0, {"0": ([0, 1], 21, 19, "ar")}), 1: progress(1, {"0": ([0, 1], 20, 20, "")})}
+    hang = find_hang(ranks, 2, NOW, stale_s=10)
+    assert hang is not None and hang.kind == "hang" and hang.culprits == (1,) and hang.seq == 21
+
+
 def test_the_culprit_is_followed_through_another_group():
     """Node-first hierarchy: rank 0 waits in the leader group for rank 2, which waits in its node group for 3."""
     ranks = {
