@@ -56,17 +56,22 @@ def _waits(progress: Progress) -> tuple[str, int, dict[str, Any]] | None:
     return name, seq, entry
 
 
-def _past_done(wait: tuple[str, int, dict[str, Any]], ranks: Mapping[int, Progress]) -> tuple[str, int, dict[str, Any]]:
+def _past_done(
+    wait: tuple[str, int, dict[str, Any]] | None, mine: Progress, ranks: Mapping[int, Progress]
+) -> tuple[str, int, dict[str, Any]] | None:
     """A collective that a member of its group completed had every member in it: where a rank's oldest open one is
     such (gloo records an async op's end only once it is waited on), the rank waits in the next one it enqueued
-    (its description unknown here)."""
+    (its description unknown here), or in none."""
+    if wait is None:
+        return None
     group, seq, entry = wait
     done = max((p.get("groups", {}).get(group, {}).get("completed", -1) for p in ranks.values()), default=-1)
-    enqueued = max((p.get("groups", {}).get(group, {}).get("enqueued", -1) for p in ranks.values()), default=-1)
     if seq > done:
         return wait
-    later = min(done + 1, enqueued)
-    return group, later, {**entry, "seq": later, "what": ""}
+    enqueued = mine["groups"][group]["enqueued"]
+    if enqueued <= done:
+        return None
+    return group, done + 1, {**entry, "seq": done + 1, "what": ""}
 
 
 def _blockers(rank: int, group: str, seq: int, ranks: Mapping[int, Progress], world: int) -> list[int]:
@@ -96,7 +101,9 @@ def _note(rank: int, ranks: Mapping[int, Progress], now_ns: int, stale_s: float,
 
 def find_hang(ranks: Mapping[int, Progress], world: int, now_ns: int, stale_s: float) -> Hang | None:
     """The hang holding the job up, when a rank waits in a collective (None when none waits)."""
-    waits = {r: _past_done(w, ranks) for r, p in ranks.items() if (w := _waits(p)) is not None and not p.get("ended")}
+    waits = {
+        r: w for r, p in ranks.items() if not p.get("ended") and (w := _past_done(_waits(p), p, ranks)) is not None
+    }
     if not waits:
         return None
     anchor = min(waits, key=lambda r: (waits[r][2].get("since_ns", now_ns), r))
