@@ -100,7 +100,7 @@ def start_head(ssh_args: list[str], run_dir: Path, *overrides: str, fault: str =
     )
 
 
-DELAY_S = 1.0  # the heal test's slowed rank, each step until the machine is back: it joins within 20 steps
+DELAY_S = 2.0  # the heal test's slowed rank, each step until the machine is back: it joins within 20 steps (40 s)
 LONG = ("cluster.procs_per_node=2", "train.epochs=200", "train.checkpoint_every_steps=20")
 
 

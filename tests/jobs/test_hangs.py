@@ -270,8 +270,9 @@ def test_trainer_straggler_in_summary(tmp_path):
     assert slowed, named
     # before the fault only: on a loaded machine rank 0 (the console, the metrics) may lag a few ms for a while
     assert all(e["from_step"] < 150 for e in named if e["rank"] != 1), named
-    slow = slowed[0]
-    assert slow["share"] >= 0.2 and 100 <= slow["from_step"] <= 300, slow  # steps are noted every 0.25 s
+    # the episode that holds the fault: on a loaded machine rank 1 may already lag before step 150 and stay named
+    covering = [e for e in slowed if e["from_step"] <= 300 and (e["until_step"] is None or e["until_step"] > 200)]
+    assert covering and covering[0]["share"] >= 0.2, named  # steps are noted every 0.25 s
     assert "straggler: rank 1 on " in result.stderr
 
 
