@@ -101,7 +101,7 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
             return EXIT_OK
         if not job.doctor:
             if finished:
-                print_summary(job.run_dir)  # no head prints it: rank 0 does, as the launcher would
+                print_summary(job.run_dir, job.train.plots)  # no head prints it: rank 0 does, as the launcher would
             return EXIT_OK
         code = print_doctor(job.run_dir)
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
@@ -119,23 +119,26 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     if code == EXIT_OK and job.doctor:
         code = print_doctor(job.run_dir)
     elif code == EXIT_OK:
-        print_summary(job.run_dir)
+        print_summary(job.run_dir, job.train.plots)
     if sweep is not None:
         sweep.add(job.run_dir, code=code)
     return code
 
 
-def print_summary(run_dir: str) -> None:
-    """The end-of-run table (what summary.json holds) and the curves, rendered next to it."""
+def print_summary(run_dir: str, plots: bool = True) -> None:
+    """The end-of-run table (what summary.json holds) and the curves, rendered next to it (``plots``)."""
     s = RunSummary.read(run_dir)
     if s is None:
         return
     seen = describe_span(s.steps, s.steps_per_epoch) if s.steps_per_epoch else f"{s.epochs} epoch(s)"
     rows = [("run dir", run_dir)]
     try:
-        rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(plot_all(run_dir))]
+        paths = plot_all(run_dir) if plots else []
+        rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(paths)]
     except Exception as exc:  # a plot is a convenience: never fail a finished run over it
         rows.append(("curves", f"not rendered ({exc})"))
+    if not plots:
+        rows.append(("curves", f"not rendered (train.plots=false): python -m launcher plot {run_dir}"))
     print(
         f"[launcher] done: {s.steps} steps, {seen} on {s.world_size} rank(s) in {s.wall_s:.1f} s\n"
         + summary_table(s, rows),

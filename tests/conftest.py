@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+# The suite runs three jobs at once on two cores: OpenMP's idle threads would spin (libgomp's default) on the cores
+# the other jobs need; passive waiting took a one-rank job from 20 to 12 CPU seconds beside a busy core. Every
+# process the tests start inherits it (before torch is imported here: libgomp reads it once).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(TESTS))  # ``import harness`` from any test module, tier or fork server (tests/README.md)
 
 LINGER_S = 5.0  # a job's processes end with it; grace for the kernel to reap what was just killed

@@ -44,6 +44,8 @@ class TrainConfig:
     loss: str = "cross_entropy"  # cross_entropy (classes last: (N, C) or per token (N, ..., C)) | model (forward(x,
     #                              targets) returns the loss, or .loss / ["loss"]) | pkg.module.fn(outputs, targets)
     metric: Optional[str] = None  # pkg.module.fn(outputs, targets) -> value, reported in place of the accuracy
+    plots: bool = True  # render run_dir/plots/curves.png at the end (false: skip matplotlib's ~1 s; render it
+    #                     later with python -m launcher plot RUN_DIR)
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")

@@ -20,7 +20,7 @@ from harness.beds import ALL, HOSTS, LEFT_S, SUBNET, command_line, job_processes
 from harness.checks import assert_same_trajectory, expect_root_cause, final_state
 from harness.jobs import HEAL_JOB, job_args
 from harness.probes import scanning_processes
-from harness.run import run_launcher, run_watched, wait_first_checkpoint
+from harness.run import launcher_argv, run_launcher, run_watched, wait_first_checkpoint
 from launcher.train.checkpoint import verify
 
 pytestmark = needs_ssh_machines
@@ -91,7 +91,7 @@ def start_head(ssh_args: list[str], run_dir: Path, *overrides: str, fault: str =
     if fault:
         env["LAUNCHER_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "launcher", f"hydra.run.dir={run_dir}", *ssh_args, *overrides],
+        launcher_argv(run_dir, *ssh_args, *overrides),
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ DOCTOR = ("-m", "launcher", "doctor")
 
 
 def test_banner_summary_table_curves_and_preflight(tmp_path):
-    result = run_launcher(*SHORT, "preflight=true", run_dir=tmp_path)
+    result = run_launcher(*SHORT, "preflight=true", "train.plots=true", run_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     err = result.stderr
     # the preflight report, then the banner, then the table
@@ -41,9 +41,10 @@ def plot(run_dir):
 
 
 def test_plot_command(tmp_path):
-    run = run_launcher(*SHORT, run_dir=tmp_path)
+    run = run_launcher(*SHORT, run_dir=tmp_path)  # the harness's train.plots=false: none at the end
     assert run.returncode == 0, run.stderr
-    (tmp_path / "plots" / "curves.png").unlink()
+    assert "curves         not rendered (train.plots=false): python -m launcher plot " in run.stderr, run.stderr
+    assert not (tmp_path / "plots").exists()
     result = plot(tmp_path)
     assert result.returncode == 0, result.stderr
     assert (

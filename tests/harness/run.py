@@ -28,6 +28,8 @@ from typing import Literal
 from harness import REPO
 
 LAUNCHER = ("-m", "launcher")
+# matplotlib's curves cost a CPU second a job: a test that looks at them asks (test_watch); the rest skip them
+NO_PLOTS = "train.plots=false"
 DEADLINE_S = 240  # a run still going then fails the test (each test may give its own)
 STOP_S = 20  # how long a run stopped at its deadline gets to end what it started (then its process group is killed)
 EOF_S = 10  # how long the console may stay open once the launcher exited (a process it left holding it)
@@ -51,6 +53,8 @@ def launcher_argv(run_dir: Path, *args: str, module: Sequence[str] = LAUNCHER) -
     wants them before the overrides."""
     flags = [a for a in args if a.startswith("-")]
     rest = [a for a in args if not a.startswith("-")]
+    if module[-1] == "launcher" and not any(a.startswith("train.plots=") for a in rest):
+        rest.append(NO_PLOTS)
     return [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest]
 
 
