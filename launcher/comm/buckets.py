@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.futures import Future
 
+from .compress import Matrix
 from .sizes import MB
 
 
@@ -52,6 +53,7 @@ class Bucket:
     sparse: bool = False  # one parameter with sparse gradients: reduced by a sparse allreduce, not in ``buffer``
     chunks: list[torch.Tensor] = field(default_factory=list)  # forward overlap: the buffer in ~chunk_mb pieces
     claimed: bool = False  # forward overlap: claimed by step(), this bucket's optimizer update is still to run
+    matrices: list[Matrix] = field(default_factory=list)  # each view with its parameter's index (compress.py)
 
 
 def build_buckets(
@@ -86,8 +88,24 @@ def build_buckets(
             where[id(p)] = (index, len(views))
             views.append(view)
             offset += p.numel()
-        buckets.append(Bucket(ps, views, buffer))
+        keys = [len(params) - 1 - i for i in members]  # the index in registration order, the same on every rank
+        buckets.append(Bucket(ps, views, buffer, matrices=[Matrix(v, k) for v, k in zip(views, keys)]))
     return buckets, where
+
+
+def whole_parameter_chunks(bucket: Bucket, chunk_bytes: int) -> list[torch.Tensor]:
+    """The bucket's buffer cut at parameter boundaries into pieces of about ``chunk_bytes`` (a larger parameter
+    alone): PowerSGD compresses whole matrices only."""
+    chunks: list[torch.Tensor] = []
+    start = end = 0
+    for view in bucket.views:
+        if end > start and (end - start + view.numel()) * bucket.buffer.element_size() > chunk_bytes:
+            chunks.append(bucket.buffer[start:end])
+            start = end
+        end += view.numel()
+    if end > start:
+        chunks.append(bucket.buffer[start:end])
+    return chunks
 
 
 def sparse_parameters(model: nn.Module) -> set[int]:

@@ -24,7 +24,7 @@ Under NCCL one thread issues every phase in one order instead (``in_launch_order
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from torch.futures import Future
 
 from ..abort import Abort
 from . import trace
+from .compress import Compression, Matrix, Stage
 from .sizes import MB, mb
 from .topology import Topology
 
@@ -59,6 +60,7 @@ def flat_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
 
 
 SEGMENT_BYTES = 4 * MB  # a large tensor moves through the three phases in segments of this size
+UNCOMPRESSED = Compression()
 
 
 class _Segments:
@@ -93,16 +95,16 @@ class _Pipeline:
         leader, leads = t.leader, t.is_leader
         self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
 
-        def reduce(segment: torch.Tensor) -> None:
+        def reduce(segment: torch.Tensor, _: Stage) -> None:
             with trace.span("reduce", "reduce (node)", mb=round(mb(segment), 3)):
                 dist.reduce(segment, dst=leader, group=t.intra)
 
-        def across(segment: torch.Tensor) -> None:
+        def across(segment: torch.Tensor, stage: Stage) -> None:
             if leads:
                 with trace.span("allreduce", "allreduce (leaders)", mb=round(mb(segment), 3)):
-                    dist.all_reduce(segment, group=t.inter)
+                    stage(segment, t.inter)
 
-        def share(segment: torch.Tensor) -> None:
+        def share(segment: torch.Tensor, _: Stage) -> None:
             with trace.span("broadcast", "broadcast (node)", mb=round(mb(segment), 3)):
                 dist.broadcast(segment, src=leader, group=t.intra_bcast)
 
@@ -114,24 +116,22 @@ class _Pipeline:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, tensor: torch.Tensor) -> Future:
-        flat = tensor.view(-1)
-        per_segment = max(1, SEGMENT_BYTES // max(1, flat.element_size()))
-        segments = flat.split(per_segment)
-        owner = _Segments(tensor, len(segments))
-        for segment in segments:
-            self._inboxes[0].put((segment, owner))
+    def submit(self, tensor: torch.Tensor, pieces: list[tuple[torch.Tensor, Stage]]) -> Future:
+        """``tensor`` in ``pieces`` (segments of it, each with its leaders' stage: ``Compression.plan``)."""
+        owner = _Segments(tensor, len(pieces))
+        for segment, stage in pieces:
+            self._inboxes[0].put((segment, stage, owner))
         return owner.result
 
-    def _run(self, index: int, stage: Callable[[Any], Any]) -> None:
+    def _run(self, index: int, stage: Callable[[Any, Any], Any]) -> None:
         inbox = self._inboxes[index]
         nxt = self._inboxes[index + 1] if index + 1 < len(self._inboxes) else None
         failed = None
         while (item := inbox.get()) is not None:
-            segment, owner = item
+            segment, leaders_stage, owner = item
             if failed is None:
                 try:
-                    stage(segment)
+                    stage(segment, leaders_stage)
                 except Exception as exc:  # collective error or timeout: the caller's wait() raises it
                     failed = exc
             if failed is not None:  # a group is broken: fail everything behind it instead of hanging
@@ -149,7 +149,7 @@ class _Pipeline:
             thread.join()
 
 
-def in_launch_order(tensor: torch.Tensor, t: Topology) -> Future:
+def in_launch_order(tensor: torch.Tensor, t: Topology, pieces: list[tuple[torch.Tensor, Stage]]) -> Future:
     """Node-first for NCCL (``Topology.launch_in_order``): the caller's thread issues each segment's three phases
     back to back, asynchronously, in bucket order: one launch order on every rank across the three communicators.
     NCCL needs that (kernels of communicators sharing a GPU, launched in different orders on different ranks, can
@@ -158,38 +158,51 @@ def in_launch_order(tensor: torch.Tensor, t: Topology) -> Future:
     is launched on a side stream that waits for the one before; the reduce itself waits for the stream that
     computed the gradients. Under gloo (tests) each wait blocks: correct, not overlapped."""
     side = t.side_stream(tensor.device) if tensor.is_cuda else None
-    flat = tensor.view(-1)
     work = None
-    for segment in flat.split(max(1, SEGMENT_BYTES // max(1, flat.element_size()))):
+    for segment, stage in pieces:
         reduced = dist.reduce(segment, dst=t.leader, group=t.intra, async_op=True)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             reduced.wait()
             if t.is_leader:
-                dist.all_reduce(segment, group=t.inter, async_op=True).wait()
+                stage(segment, t.inter)  # its collectives wait on the side stream, not the CPU
             work = dist.broadcast(segment, src=t.leader, group=t.intra_bcast, async_op=True)
     assert work is not None
     return work.get_future().then(lambda done: _checked(done, tensor))
 
 
-def hierarchical_allreduce(tensor: torch.Tensor, topology: Topology) -> Future:
-    """Async sum over the world, reducing inside each node before crossing nodes. Value: ``tensor``."""
+def hierarchical_allreduce(
+    tensor: torch.Tensor,
+    topology: Topology,
+    compression: Compression = UNCOMPRESSED,
+    matrices: Sequence[Matrix] = (),
+) -> Future:
+    """Async sum over the world, reducing inside each node before crossing nodes. Value: ``tensor``. The
+    leaders' stage is ``compression``'s (``matrices``: the parameters' gradients inside ``tensor``, for PowerSGD)."""
     if topology.world_size == 1:
         return _done(tensor)
-    if len(topology.node_ranks) == 1:  # alone on my node: the leaders' allreduce is the whole job
-        return flat_allreduce(tensor, topology.inter)
     if topology.num_nodes == 1:  # one node: nothing crosses nodes, a plain allreduce is the hierarchy
         return flat_allreduce(tensor, topology.intra)
+    if len(topology.node_ranks) == 1 and not compression.active:  # alone on my node: the leaders' stage is all
+        return flat_allreduce(tensor, topology.inter)
+    pieces = compression.plan(tensor, matrices, SEGMENT_BYTES // max(1, tensor.element_size()))
     if topology.launch_in_order:
-        return in_launch_order(tensor, topology)
-    return topology.comm_threads(_Pipeline).submit(tensor)
+        return in_launch_order(tensor, topology, pieces)
+    return topology.comm_threads(_Pipeline).submit(tensor, pieces)
 
 
-def start_allreduce(tensor: torch.Tensor, topology: Topology, hierarchical: bool) -> Future:
+def start_allreduce(
+    tensor: torch.Tensor,
+    topology: Topology,
+    hierarchical: bool,
+    compression: Compression = UNCOMPRESSED,
+    matrices: Sequence[Matrix] = (),
+) -> Future:
     """For callers that only ``wait()`` (the reducer): the flat path returns the backend's own future, with no
     Python callback to run on a comm thread. Measured in bench/reducer.py: that callback's GIL hand-off cost
-    a few percent of step time. The value of the returned future is unspecified."""
-    if hierarchical:
-        return hierarchical_allreduce(tensor, topology)
+    a few percent of step time. The value of the returned future is unspecified. A compression other than none
+    goes node-first (only the leaders' stage is compressed)."""
+    if hierarchical or compression.name != "none":
+        return hierarchical_allreduce(tensor, topology, compression, matrices)
     if topology.world_size == 1:
         return _done(tensor)
     return dist.all_reduce(tensor, group=topology.world, async_op=True).get_future()
@@ -215,11 +228,28 @@ class AbortableHook:
     first or not, and the ``abort`` signal that fails a bucket's Future at once, so DDP's backward ends instead of
     waiting for the dead. ``ddp.register_comm_hook(AbortableHook(...), abortable_hook)``"""
 
-    def __init__(self, topology: Topology, hierarchical: bool, abort: Abort) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        hierarchical: bool,
+        abort: Abort,
+        compression: Compression = UNCOMPRESSED,
+        keys: dict[int, int] | None = None,
+    ) -> None:
+        """``compression`` of what crosses nodes (not none: node-first); ``keys``: id(parameter) -> its index among
+        the model's trained parameters (PowerSGD's state is kept per parameter)."""
         self.topology, self.hierarchical, self.abort = topology, hierarchical, abort
+        self.compression, self.keys = compression, keys or {}
 
 
 def abortable_hook(state: AbortableHook, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """``hierarchical_hook`` or ``flat_hook``, left when ``state.abort`` trips."""
-    hook = hierarchical_hook if state.hierarchical else flat_hook
-    return state.abort.abortable(hook(state.topology, bucket))
+    """``hierarchical_hook`` or ``flat_hook`` (compressed across nodes if asked), left when ``state.abort`` trips."""
+    compression = state.compression
+    if compression.name == "none":
+        hook = hierarchical_hook if state.hierarchical else flat_hook
+        return state.abort.abortable(hook(state.topology, bucket))
+    if bucket.index() == 0:  # DDP hands its buckets over in index order: a new step
+        compression.begin_step()
+    tensor = bucket.buffer().div_(state.topology.world_size)
+    matrices = [Matrix(g, state.keys[id(p)]) for g, p in zip(bucket.gradients(), bucket.parameters())]
+    return state.abort.abortable(hierarchical_allreduce(tensor, state.topology, compression, matrices))

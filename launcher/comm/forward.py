@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .buckets import Bucket
+from .buckets import Bucket, whole_parameter_chunks
 from .schedule import WarmUp
 from .sizes import nbytes
 from .tail import TailLinear, tail_linear
@@ -70,12 +70,17 @@ class ForwardOverlap:
         names: dict[int, str],
         updates: BucketUpdates,
         chunk_bytes: int,
+        whole_parameters: bool = False,
     ) -> None:
+        """``whole_parameters``: chunks end at parameter boundaries and the tail is off (PowerSGD compresses whole
+        matrices only)."""
         self.core = core  # a weakref.proxy: the reducer owns this object, not the reverse
         self.buckets, self.where, self.names = buckets, where, names
         self.world_size = core.world_size
         for bucket in buckets:
-            if not bucket.sparse:
+            if whole_parameters and not bucket.sparse:
+                bucket.chunks = whole_parameter_chunks(bucket, chunk_bytes)
+            elif not bucket.sparse:
                 bucket.chunks = list(bucket.buffer.split(max(1, chunk_bytes // bucket.buffer.element_size())))
         self.warmup = WarmUp()  # measures the first passes; then its schedule says when chunks may be launched
         self.this_pass = _Pass()
@@ -83,7 +88,8 @@ class ForwardOverlap:
         self.updates = updates  # read only: whether a step() claimed the buckets in flight
         self.early_chunks = 0  # chunks sent before their bucket's gradients were complete, all passes
         last = buckets[-1] if buckets else None
-        layer = tail_linear(model, last.params) if last is not None and not last.sparse else None
+        tail = last is not None and not last.sparse and not whole_parameters
+        layer = tail_linear(model, last.params) if last is not None and tail else None
         self.tail = TailLinear(weakref.ref(self), layer, chunk_bytes) if layer is not None else None
 
     @property
@@ -99,7 +105,11 @@ class ForwardOverlap:
             self.tail.remove()
 
     # ------------------------------------------------------------------ the backward pass
-    def arm(self) -> None:
+    def arm(self, measure_again: bool = False) -> None:
+        """A backward pass begins. ``measure_again``: what crosses the link changed (compression begins): the
+        schedule is measured anew."""
+        if measure_again:
+            self.warmup = WarmUp()
         self.this_pass = _Pass()
         self.warmup.begin_pass()
 

@@ -69,3 +69,18 @@ def bucket_cap_mb(link: LinkFit, model_bytes: int) -> float:
     latency_bound = link.alpha_s * link.beta_bps * (1 - LATENCY_SHARE) / LATENCY_SHARE / MB
     ceiling = max(MIN_CAP_MB, min(MAX_CAP_MB, model_bytes / MB / MIN_BUCKETS))
     return min(max(latency_bound, MIN_CAP_MB), ceiling)
+
+
+# comm.compress=auto: the leaders' link (node-first allreduce rate) below these compresses (bench/compression.py)
+POWERSGD_BELOW_BPS = 300 * MB
+BF16_BELOW_BPS = 800 * MB
+
+
+def auto_compression(link: LinkFit) -> tuple[str, str]:
+    """(mode, why) for ``comm.compress=auto``: PowerSGD on a slow link, bf16 on a middling one, else none."""
+    rate = f"node-first allreduce at {link.beta_bps / MB:.0f} MB/s"
+    if link.beta_bps < POWERSGD_BELOW_BPS:
+        return "powersgd", f"comm.compress=auto: {rate} < {POWERSGD_BELOW_BPS / MB:.0f} MB/s"
+    if link.beta_bps < BF16_BELOW_BPS:
+        return "bf16", f"comm.compress=auto: {rate} < {BF16_BELOW_BPS / MB:.0f} MB/s"
+    return "none", f"comm.compress=auto: {rate}, fast enough: nothing compressed"

@@ -1,24 +1,20 @@
-"""Our gradient reducer: buckets whose allreduce overlaps the backward pass. This is its core; each other
-concern has a room of its own (read in this order):
-
-- ``buckets.py``: the bucket plan (reverse registration order, a small first bucket, then ``bucket_cap_mb``), the
-  buckets (one flat buffer each, gradients as views into it; a sparse parameter alone);
-- ``state.py``: the model's state across ranks (the same model checked, rank 0's state broadcast, buffers
-  before each forward, a model changed after construction refused), as torch DDP keeps it;
-- ``unused.py``: parameters without a gradient (an error naming them, or DDP's ``find_unused_parameters``);
-- ``forward.py``: the forward overlap's sending (chunks by priority; ``schedule.py``, its model of the link;
-  ``tail.py``, the first layer sent by row blocks); ``updates.py``, its optimizer step per bucket;
-- ``hooks.py``: hooks that hold the reducer weakly; ``collectives.py``: the allreduce every bucket goes through.
-The core: ``param.grad`` is a view into its bucket, where the optimiser reads the reduced gradient (nothing is
-copied back). After ``zero_grad()`` (``.grad`` None) autograd hands over the gradient it computed and the hook
-divides it by the world size straight into the bucket: one read, one write per element (letting autograd add into
-zeroed views, then dividing the bucket, costs twice the memory passes: bench/reducer.py;
-``zero_grad(set_to_none=False)`` keeps that mode). Under ``no_sync()`` autograd accumulates into the views. A
-post-accumulate-grad hook counts each bucket's gradients; once complete, its allreduce (flat, or node-first) is
-launched asynchronously, strictly in index order, the same on every rank whatever order gradients arrive in. One
-wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged gradients (the time waited is
-the exposed communication, ``last_wait_s``). Forward overlap (``optimizer=`` given, the default then): backward
-returns at once, ``step()`` replaces ``optimizer.step()``. README, "Our reducer vs torch DDP": the parity tests.
+"""Our gradient reducer: buckets whose allreduce overlaps the backward pass. This is its core; each other concern
+has a room of its own (read in this order): ``buckets.py``, the bucket plan (reverse registration order, a small
+first bucket, then ``bucket_cap_mb``) and the buckets (one flat buffer each, gradients as views into it; a sparse
+parameter alone); ``state.py``, the model's state across ranks, as torch DDP keeps it; ``unused.py``, parameters
+without a gradient; ``forward.py``, the forward overlap's sending (``schedule.py``, its model of the link;
+``tail.py``, the first layer sent by row blocks), ``updates.py``, its optimizer step per bucket; ``hooks.py``, hooks
+that hold the reducer weakly; ``collectives.py``, the allreduce every bucket goes through (``compress.py``, what
+crosses nodes). The core: ``param.grad`` is a view into its bucket, where the optimiser reads the reduced gradient
+(nothing is copied back). After ``zero_grad()`` (``.grad`` None) autograd hands over the gradient it computed and
+the hook divides it by the world size straight into the bucket: one read, one write per element (letting autograd
+add into zeroed views, then dividing the bucket, costs twice the memory passes: bench/reducer.py). Under
+``no_sync()`` autograd accumulates into the views. A post-accumulate-grad hook counts each bucket's gradients; once
+complete, its allreduce (flat, or node-first) is launched asynchronously, strictly in index order, the same on every
+rank whatever order gradients arrive in. One wait, queued to run when backward finishes: ``loss.backward()``
+returns with averaged gradients (the time waited is the exposed communication, ``last_wait_s``). Forward overlap
+(``optimizer=`` given, the default then): backward returns at once, ``step()`` replaces ``optimizer.step()``.
+README, "Our reducer vs torch DDP": the parity tests.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from ..dist_helpers import Peers
 from . import trace
 from .buckets import Bucket, build_buckets, sparse_allreduce
 from .collectives import start_allreduce
+from .compress import Compression
 from .forward import ForwardOverlap
 from .hooks import weak_hook
 from .sizes import DDP_BUCKET_CAP_MB, MB, mb
@@ -59,14 +56,17 @@ class BucketedReducer:
         overlap: str | None = None,
         chunk_mb: float = 1.0,
         peers: Peers | None = None,
+        compression: Compression | None = None,
     ) -> None:
         """``overlap``: None = "forward" where allowed (else "backward", why in ``overlap_reason``); "forward" asked
-        for where not is a ValueError. ``peers``: waits left when its abort trips, objects signed (healing, secret)."""
+        for where not is a ValueError. ``peers``: waits left when its abort trips, objects signed (healing, secret).
+        ``compression``: of what crosses nodes (compress.py; not none: node-first)."""
         if chunk_mb <= 0:
             raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
         self.overlap, self.overlap_reason = choose_overlap(overlap, optimizer, find_unused_parameters)
         self.optimizer, self.abort, self.model = optimizer, (peers or Peers()).abort, model
         self.topology, self.world_size, self.hierarchical = topology, topology.world_size, hierarchical
+        self.compression = compression or Compression()
         self.find_unused_parameters = find_unused_parameters
         self.state = ModelState(model, self.world_size, broadcast_buffers, peers)  # broadcasts rank 0's state
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -87,25 +87,23 @@ class BucketedReducer:
             assert optimizer is not None
             core = weakref.proxy(self)  # a proxy: they do not own the reducer
             self.updates = BucketUpdates(core, model, self.buckets, self.where, optimizer)
-            chunk_bytes = int(chunk_mb * MB)
-            self.forward = ForwardOverlap(core, model, self.buckets, self.where, self.names, self.updates, chunk_bytes)
+            whole = self.compression.name == "powersgd"
+            self.forward = ForwardOverlap(
+                core, model, self.buckets, self.where, self.names, self.updates, int(chunk_mb * MB), whole
+            )
 
     # ------------------------------------------------------------------ public
     @property
-    def early_chunks(self) -> int:
-        """Chunks sent before their bucket's gradients were complete (the tail), all passes so far."""
+    def early_chunks(self) -> int:  # chunks sent before their bucket's gradients were complete (the tail), so far
         return 0 if self.forward is None else self.forward.early_chunks
 
-    def layout(self) -> list[tuple[int, float]]:
-        """(parameters, MB) per bucket, in launch order."""
-        return [(len(b.params), mb(b.buffer)) for b in self.buckets]
-
     def describe(self) -> str:
-        sizes = ", ".join(f"{size:.2f}" for _, size in self.layout())
+        sizes = ", ".join(f"{mb(b.buffer):.2f}" for b in self.buckets)
         overlap = f"{self.overlap} overlap" + (f" ({self.overlap_reason})" if self.overlap_reason else "")
         if self.forward is not None and (tail := self.forward.tail_name()) is not None:
             overlap += f", {tail}'s gradient sent as its rows are computed"
-        path = "hierarchical" if self.hierarchical else "flat"
+        path = "hierarchical" if self.hierarchical or self.compression.name != "none" else "flat"
+        path += "" if self.compression.name == "none" else f", {self.compression.describe()}"
         return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {path}, {overlap}"
 
     def step(self) -> None:
@@ -161,8 +159,9 @@ class BucketedReducer:
             return
         self.armed = True
         self.next_bucket = 0
+        starts = self.compression.begin_step()  # True: compression begins, what crosses the link changes
         if self.forward is not None:
-            self.forward.arm()
+            self.forward.arm(measure_again=starts)
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             bucket.seen.clear()
@@ -185,7 +184,7 @@ class BucketedReducer:
             consume = self.forward is not None and self.forward.scheduled  # .grad the reducer's until updated
             future = sparse_allreduce(bucket.params[0], self.world_size, consume)
         else:
-            future = start_allreduce(tensor, self.topology, self.hierarchical)
+            future = start_allreduce(tensor, self.topology, self.hierarchical, self.compression, bucket.matrices)
         bucket.futures.append(future)
         if trace.active() is not None:  # comm.trace: the allreduce on the timeline
             extra = {} if chunk is None else {"chunk": chunk}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -67,7 +67,7 @@ class Layout:
 class CommThreads(Protocol):
     """Threads that run a topology's hierarchical allreduces (``collectives._Pipeline``)."""
 
-    def submit(self, tensor: torch.Tensor) -> Future: ...
+    def submit(self, tensor: torch.Tensor, pieces: list[tuple[torch.Tensor, Any]]) -> Future: ...
 
     def close(self) -> None: ...
 

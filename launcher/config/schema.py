@@ -127,6 +127,10 @@ class CommConfig:
     #                           the banner names what disables it) | backward: wait for every bucket in backward
     trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
     trace_steps: int = 5
+    compress: str = "none"  # what crosses nodes (the sum inside a node stays exact): none | bf16 (half the bytes) |
+    #                         powersgd (low rank, error feedback: launcher/comm/compress.py) | auto (by the link)
+    powersgd_rank: int = 4  # comm.compress=powersgd: the rank of each weight matrix's approximation
+    compress_warmup_steps: int = 10  # steps sent uncompressed before compression begins
 
     def __post_init__(self) -> None:
         self.hierarchical = str(self.hierarchical).lower()
@@ -153,6 +157,12 @@ class CommConfig:
             f"comm.flight_recorder_entries={self.flight_recorder_entries} must be >= 16; HINT: 2000 (torch's default)",
         )
         _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")
+        _check(
+            self.compress in ("none", "bf16", "powersgd", "auto"),
+            f"comm.compress={self.compress!r}; HINT: none, bf16, powersgd or auto",
+        )
+        _check(self.powersgd_rank >= 1, f"comm.powersgd_rank={self.powersgd_rank} must be >= 1; HINT: 4")
+        _check(self.compress_warmup_steps >= 0, f"comm.compress_warmup_steps={self.compress_warmup_steps} must be >= 0")
 
 
 DATASETS = ("digits", "synthetic", "idx")

@@ -6,7 +6,6 @@ holds is the Trainer's ``state_dict``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -20,6 +19,7 @@ from ..run_dir import RunDir
 from . import checkpoint as ckpt
 from .progress import Span
 from .state import TrainState
+from .sync import GradientSync
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,17 @@ class Checkpointer:
         self._resumed(saved, env, seed, state.span)
         return str(self.resume_path)
 
-    def save(self, state: Callable[[], dict[str, Any]], env: DistEnv, step: int) -> None:
-        """Collective (every rank hands rank 0 its RNG state); rank 0 writes atomically and prunes."""
-        rngs = self.peers.all_gather_object(rng_state())
+    def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int) -> None:
+        """Collective (every rank hands rank 0 its RNG state, and its compression state: each leader's error
+        feedback is its own); rank 0 writes atomically and prunes."""
+        mine = sync.compression_state()
+        gathered = self.peers.all_gather_object((rng_state(), mine))
         if not env.is_main:
             return
         path = checkpoint_path(self.dir, step)
+        own = {} if mine is None else {"compression": [c for _, c in gathered]}
         try:
-            ckpt.save_atomic(dict(state(), rng=rngs), path)
+            ckpt.save_atomic(dict(state.state_dict(env, sync), rng=[r for r, _ in gathered], **own), path)
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
             earlier = [p for p in list_checkpoints(self.dir) if p != path]
             kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"

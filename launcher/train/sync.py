@@ -7,15 +7,17 @@ from __future__ import annotations
 import logging
 import warnings
 from contextlib import AbstractContextManager
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..abort import Abort
 from ..comm import Topology, hierarchical_hook
 from ..comm.collectives import AbortableHook, abortable_hook
-from ..comm.policy import bucket_cap_mb, measure_link
+from ..comm.compress import Compression, build_compression
+from ..comm.policy import auto_compression, bucket_cap_mb, measure_link
 from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
 from ..comm.strategy import StrategyChoice, choose
@@ -34,6 +36,19 @@ def bucket_cap_for(topology: Topology, hierarchical: bool, device: torch.device,
     return bucket_cap_mb(link, model_bytes), f"sized from the link: {link.describe()}, model {model_bytes / MB:.1f} MB"
 
 
+def compression_for(cfg: CommConfig, topology: Topology, device: torch.device) -> tuple[Compression, str]:
+    """``comm.compress`` as it applies to this layout, and why (collective under ``auto``: the link is measured)."""
+    if cfg.compress == "none":
+        return Compression(), ""
+    if topology.num_nodes == 1:
+        return Compression(), f"comm.compress={cfg.compress}: one node, nothing crosses nodes: nothing compressed"
+    mode, why = cfg.compress, f"comm.compress={cfg.compress}"
+    if mode == "auto":
+        mode, why = auto_compression(measure_link(topology, True, device))
+    compression = build_compression(mode, cfg.powersgd_rank, cfg.compress_warmup_steps)
+    return compression, why if mode == "none" else f"{compression.describe()} ({why})"
+
+
 class GradientSync:
     def __init__(
         self,
@@ -44,13 +59,14 @@ class GradientSync:
         optimizer: torch.optim.Optimizer,
         resumed_hierarchical: Optional[bool] = None,
         resumed_cap_mb: Optional[float] = None,
+        resumed_compression: Optional[list[Any]] = None,
         whole_gradient: Optional[str] = None,
         peers: Optional[Peers] = None,
     ) -> None:
         """``whole_gradient``: why the optimizer step needs every synchronised gradient at once (clipping, the fp16
         scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer.
         ``peers``: the abort signal (healing in place: every bucket's wait is left when it trips) and the job's
-        secret (signed object collectives)."""
+        secret (signed object collectives). ``resumed_compression``: the checkpoint's compression state per rank."""
         self.model = model
         self.abort = abort = (peers or Peers()).abort
         self.topology = Topology.build(env, timeout_s=collective_timeout_s(cfg))
@@ -61,6 +77,8 @@ class GradientSync:
         else:
             forced = {"auto": None, "true": True, "false": False}[cfg.hierarchical]
             self.choice = choose(self.topology, forced, probe_numel, device)
+        self.compression, compressed = compression_for(cfg, self.topology, device)
+        self._restore_compression(resumed_compression, env)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
             cap, why = cfg.bucket_cap_mb, "comm.bucket_cap_mb"
@@ -80,6 +98,7 @@ class GradientSync:
                 optimizer=None if whole_gradient else optimizer,
                 overlap=None if cfg.overlap == "forward" and not whole_gradient else "backward",  # forward where it can
                 peers=peers,
+                compression=self.compression,
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"
@@ -96,8 +115,10 @@ class GradientSync:
                     find_unused_parameters=cfg.find_unused_parameters,
                     broadcast_buffers=cfg.broadcast_buffers,
                 )
-            if abort is not None:  # healing in place: DDP's buckets leave a lost machine behind
-                ddp.register_comm_hook(AbortableHook(self.topology, self.choice.hierarchical, abort), abortable_hook)
+            if abort is not None or self.compression.name != "none":  # a lost machine left behind; compression
+                keys = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
+                hook = AbortableHook(self.topology, self.choice.hierarchical, abort or Abort(), self.compression, keys)
+                ddp.register_comm_hook(hook, abortable_hook)
             elif self.choice.hierarchical:
                 ddp.register_comm_hook(self.topology, hierarchical_hook)
             self.module = ddp
@@ -105,7 +126,30 @@ class GradientSync:
             if cfg.overlap == "forward":
                 layout += ", backward overlap (comm.reducer=ddp: torch DDP waits for its buckets in backward)"
         self.description = f"{layout}; {self.choice.describe()}; topology {self.topology.describe()}"
+        if compressed:
+            self.description += f"; {compressed}"
         log.debug("gradient sync: %s", self.description)
+
+    def compression_state(self) -> Optional[dict[str, Any]]:
+        """This rank's compression state (a leader's error feedback and Qs: its own), with the layout it belongs
+        to; None uncompressed."""
+        if self.compression.name == "none":
+            return None
+        return {"layout": [list(node) for node in self.topology.layout.nodes], **self.compression.state_dict()}
+
+    def _restore_compression(self, saved: Optional[list[Any]], env: DistEnv) -> None:
+        """Each rank takes its own saved state on the same layout (a bit-identical continuation); else its errors
+        and Qs start anew, said once."""
+        if self.compression.name == "none" or not saved:
+            return
+        mine = saved[env.rank] if len(saved) == env.world_size else None
+        layout = [list(node) for node in self.topology.layout.nodes]
+        if mine is None or mine.get("layout") != layout:
+            why = "saved on another layout of nodes"
+        else:
+            why = self.compression.load_state_dict(mine)
+        if why and env.is_main:
+            log.info("compression: error feedback and Qs start anew (%s)", why)
 
     @property
     def hierarchical(self) -> bool:

@@ -241,7 +241,7 @@ class Trainer:
         self.phase = f"the checkpoint at step {self.state.pos.step}"
         sync = self._world().sync
         sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        self.checkpointer.save(lambda: self.state.state_dict(self.env, sync), self.env, self.state.pos.step)
+        self.checkpointer.save(self.state, sync, self.env, self.state.pos.step)
         self.totals.saved_step = self.state.pos.step
 
     def _finish(self, wall: float) -> RunSummary:

@@ -51,6 +51,7 @@ class World:
             optimizer,
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
+            resumed_compression=kept.get("compression"),
             whole_gradient=whole_gradient_reason(t, job.optim),
             peers=peers,
         )

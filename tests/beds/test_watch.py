@@ -64,6 +64,7 @@ def test_trace_shows_buckets_in_flight_into_the_next_forward(tmp_path, overlap):
     result = run_launcher(
         "train.max_steps=8",
         "train.checkpoint_every_steps=0",
+        "train.plots=true",
         "model=mlp",
         "model.hidden=2048",  # a 6 MB first layer: its allreduce outlasts the optimizer step
         "comm.reducer=bucketed",

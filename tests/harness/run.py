@@ -53,8 +53,8 @@ def launcher_argv(run_dir: Path, *args: str, module: Sequence[str] = LAUNCHER) -
     wants them before the overrides."""
     flags = [a for a in args if a.startswith("-")]
     rest = [a for a in args if not a.startswith("-")]
-    if module[-1] == "launcher" and not any(a.startswith("train.plots=") for a in rest):
-        rest.append(NO_PLOTS)
+    if module[-1] == "launcher" and rest and not any(a.startswith("train.plots=") for a in rest):
+        rest.append(NO_PLOTS)  # (a bare hydra.run.dir=X is the resume command the launcher prints: kept bare)
     return [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest]
 
 

@@ -11,7 +11,7 @@ from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.buckets import plan_buckets
 from launcher.comm.policy import LinkFit, bucket_cap_mb, measure_link
 from launcher.comm.reducer import BucketedReducer
-from launcher.comm.sizes import MB
+from launcher.comm.sizes import MB, mb
 
 
 def make_model():
@@ -212,7 +212,7 @@ def _policy_layouts(rank, world, out_dir):
         for name, cap in caps.items():
             model = wide_model()
             reducer = BucketedReducer(model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
-            layouts = dist_helpers.all_gather_object((cap, reducer.layout()))
+            layouts = dist_helpers.all_gather_object((cap, [(len(b.params), mb(b.buffer)) for b in reducer.buckets]))
             assert all(layout == layouts[0] for layout in layouts), layouts
             if name == "policy":  # several buckets, so "policy" is not the one-bucket layout under another name
                 assert len(reducer.buckets) >= 3, reducer.describe()
