@@ -159,29 +159,31 @@ class PowerSGD(Compression):
         return lambda piece, group: self._compress(piece, group, key, shape)
 
     def _start(self, key: int, shape: tuple[int, int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This matrix's error and Q: kept, or new (Q from a generator seeded by the key: the same on every leader)."""
+        """This matrix's error and Q (kept transposed, ``(r, m)``: the products below then run as fast row-major
+        ones, 4-8x the transposed ones on a CPU): kept, or new, from a generator seeded by the key (the same on every
+        leader)."""
         if key in self.qs and self.shapes.get(key) == shape:
             return self.errors[key], self.qs[key]
         n, m = shape
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + key)
-        q = torch.randn(m, min(self.rank, n, m), generator=generator).to(like.device)
-        return torch.zeros(n, m, dtype=like.dtype, device=like.device), q
+        q_t = torch.randn(min(self.rank, n, m), m, generator=generator).to(like.device)
+        return torch.zeros(n, m, dtype=like.dtype, device=like.device), q_t
 
     def _compress(self, piece: torch.Tensor, group: Any, key: int, shape: tuple[int, int]) -> None:
         with trace.span("compress", "powersgd", mb=round(mb(piece), 3)):
             with self.lock:
-                error, q = self._start(key, shape, piece)
+                error, q_t = self._start(key, shape, piece)
             matrix = piece.view(shape)
             matrix.add_(error)
-            p = matrix @ q
+            p = (q_t @ matrix.t()).t().contiguous()  # M Q
             dist.all_reduce(p, group=group)
             p = torch.linalg.qr(p).Q
-            mine = matrix.t() @ p  # this leader's share of Q'
-            error = matrix - p @ mine.t()  # what it does not send
-            dist.all_reduce(mine, group=group)
-            torch.mm(p, mine.t(), out=matrix)
+            mine_t = p.t() @ matrix  # this leader's share of Q'^T
+            torch.addmm(matrix, p, mine_t, alpha=-1, out=error)  # what it does not send: M - P (M^T P)^T
+            dist.all_reduce(mine_t, group=group)
+            torch.mm(p, mine_t, out=matrix)
             with self.lock:
-                self.errors[key], self.qs[key], self.shapes[key] = error, mine, shape
+                self.errors[key], self.qs[key], self.shapes[key] = error, mine_t, shape
 
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank} across nodes (after {self.warmup_steps} step(s) uncompressed)"

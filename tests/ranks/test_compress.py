@@ -74,9 +74,9 @@ def _powersgd(rank, world, out_dir, per_node):
             if topo.is_leader:
                 node_sum = _node_sums(inputs, per_node)[env.node_rank] + before
                 if q is None:
-                    q = torch.randn(16, 1, generator=torch.Generator().manual_seed(7))
+                    q = torch.randn(1, 16, generator=torch.Generator().manual_seed(7))  # kept transposed
                 p_all = sum(s + e for s, e in zip(_node_sums(inputs, per_node), errors))
-                p = torch.linalg.qr(p_all @ q).Q
+                p = torch.linalg.qr(p_all @ q.t()).Q
                 torch.testing.assert_close(low.errors[7], node_sum - p @ (node_sum.t() @ p).t(), rtol=1e-4, atol=1e-4)
                 torch.testing.assert_close(mine, p @ (p_all.t() @ p).t(), rtol=1e-4, atol=1e-4)
             sums.append(mine)
