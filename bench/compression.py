@@ -45,6 +45,7 @@ from launcher.comm.compress import build_compression
 from launcher.comm.policy import auto_compression, bucket_cap_mb, measure_link
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import MB
+from launcher.comm.strategy import choose
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork
 from launcher.rendezvous import process_group
@@ -76,16 +77,16 @@ def bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # no annotations:
     return default_hooks.bf16_compress_hook(state, bucket)  # type: ignore[arg-type]
 
 
-def build(name: str, topo: Topology, cap_mb: float, auto: str) -> tuple[nn.Module, Callable[[], None]]:
+def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> tuple[nn.Module, Callable[[], None]]:
     """(the module to call, the optimizer step) of variant ``name``."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     if name == "compute-only":
         return model, opt.step
     if name.startswith("ours-"):
-        mode = auto if name == "ours-auto" else name.split("-", 1)[1]
+        mode, hierarchical = auto if name == "ours-auto" else (name.split("-", 1)[1], True)
         compression = build_compression(mode, RANK, COMPRESS_WARMUP)
-        reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=True, optimizer=opt,
+        reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=hierarchical, optimizer=opt,
                                   compression=compression)  # fmt: skip
         return model, reducer.step
     ddp = DistributedDataParallel(model, bucket_cap_mb=64 if name == "ddp-torch-powersgd" else 25)
@@ -110,7 +111,10 @@ def worker(args: argparse.Namespace) -> None:
         link = measure_link(topo, True, torch.device("cpu"))
         model_bytes = WIDTH * (WIDTH + 1) * DEPTH * 4
         cap = bucket_cap_mb(link, model_bytes)
-        auto, why = auto_compression(link)
+        # ours-auto as the trainer decides: the strategy (flat or node-first, measured), then comm.compress=auto
+        choice = choose(topo, None, model_bytes // 4, torch.device("cpu"))  # the trainer probes min(model, cap)
+        mode, why = auto_compression(link, flat_chosen=not choice.hierarchical)
+        auto = (mode, choice.hierarchical or mode != "none")
         chosen = [name for name in VARIANTS if not args.only or name in args.only.split(",")]
         engines = {name: build(name, topo, cap, auto) for name in chosen}
         gen = torch.Generator().manual_seed(env.rank)

@@ -76,8 +76,12 @@ POWERSGD_BELOW_BPS = 300 * MB
 BF16_BELOW_BPS = 800 * MB
 
 
-def auto_compression(link: LinkFit) -> tuple[str, str]:
-    """(mode, why) for ``comm.compress=auto``: PowerSGD on a slow link, bf16 on a middling one, else none."""
+def auto_compression(link: LinkFit, flat_chosen: bool = False) -> tuple[str, str]:
+    """(mode, why) for ``comm.compress=auto``: PowerSGD on a slow link, bf16 on a middling one, else none; none
+    when the flat allreduce was measured faster than node-first (``flat_chosen``: the link is not the bottleneck,
+    and compression runs node-first; bench/compression.py at 10 Gbit)."""
+    if flat_chosen:
+        return "none", "comm.compress=auto: the flat allreduce measured faster than node-first: nothing compressed"
     rate = f"node-first allreduce at {link.beta_bps / MB:.0f} MB/s"
     if link.beta_bps < POWERSGD_BELOW_BPS:
         return "powersgd", f"comm.compress=auto: {rate} < {POWERSGD_BELOW_BPS / MB:.0f} MB/s"
