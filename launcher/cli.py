@@ -164,6 +164,7 @@ def print_doctor(run_dir: str) -> int:
 
 def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
     sync = f"{s.reducer}, {'hierarchical' if s.hierarchical else 'flat'}"
+    sync += "" if s.compression == "none" else f", {s.compression}"
     rows = [
         ("layout", f"{s.nodes} node(s) x {s.procs_per_node} rank(s), {s.backend} on {s.device}"),
         ("model / data", f"{s.model} / {s.data}, global batch {s.global_batch}"),

@@ -44,6 +44,7 @@ class RunSummary:
     loss: str = "cross_entropy"  # train.loss
     skipped_steps: int = 0  # fp16: steps the gradient scaler skipped (inf/nan gradients), this run
     steps_per_epoch: int = 0  # the optimiser steps of one epoch (with ``steps``: how much of the data was seen)
+    compression: str = "none"  # what crossed nodes compressed (comm.compress as it applied: one node, none)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

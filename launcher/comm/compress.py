@@ -8,8 +8,8 @@ that: the sum inside a node stays exact, and a one-node job has nothing to compr
   uncompressed. Per matrix M (this leader's node sum, plus its error): ``P = M Q`` summed over the leaders and
   orthonormalised, ``Q' = M^T P`` summed, and ``P Q'^T`` replaces M. What this leader did not send,
   ``M - P (M^T P)^T``, is its error, added to the next step's M (error feedback); ``Q'`` starts the next step
-  (warm start). Every collective is issued by the caller of ``across`` (the pipeline's leaders' thread), in launch
-  order: never from a completion callback, so several buckets and either overlap work on gloo and nccl.
+  (warm start). Every collective is issued by the stage, on the pipeline's leaders' thread (under NCCL the
+  caller's), in launch order: never from a completion callback, so several buckets and either overlap work.
 
 Every leader orthonormalises the same summed ``P`` with the same code: identical machines get identical results
 (as for any replica-computed update); the first ``warmup_steps`` steps go uncompressed. ``state_dict`` holds the

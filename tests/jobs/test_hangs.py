@@ -262,7 +262,7 @@ def test_script_straggler_named_and_clean_ranks_not(tmp_path):
 
 def test_trainer_straggler_in_summary(tmp_path):
     result = run_launcher(
-        "train.max_steps=600", "train.epochs=100", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=150,rank=1,slow=2"}
+        "train.max_steps=400", "train.epochs=100", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=150,rank=1,slow=2"}
     )
     assert result.returncode == 0, result.stderr
     named = json.loads((tmp_path / "summary.json").read_text())["stragglers"]

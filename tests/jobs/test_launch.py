@@ -304,7 +304,7 @@ def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path, tmp_path_factory):
     """The bucket cap measured at the first start is kept in the checkpoint: a resumed run reduces in the same
     buckets (the same summation order), however the link measures now. With the forward overlap (the default):
     the checkpoint holds the fully updated state, so the resumed run ends bit-identical to an uninterrupted one."""
-    job = ("model=mlp", "model.hidden=1024", "comm.reducer=bucketed", "train.checkpoint_every_steps=10")
+    job = ("model=mlp", "model.hidden=512", "comm.reducer=bucketed", "train.checkpoint_every_steps=10")
     job += ("optim.schedule_steps=20",)  # stopped at 10, extended to 20 along the 20-step schedule
     first = run_launcher(*job, "train.max_steps=10", run_dir=tmp_path)
     assert first.returncode == 0, first.stderr
