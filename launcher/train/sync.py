@@ -80,8 +80,7 @@ class GradientSync:
         else:
             forced = {"auto": None, "true": True, "false": False}[cfg.hierarchical]
             self.choice = choose(self.topology, forced, probe_numel, device)
-        flat_chosen = self.topology.useful and not self.choice.hierarchical  # several ranks a node, flat faster
-        self.compression, compressed = compression_for(cfg, self.topology, device, flat_chosen)
+        compressed = self._choose_compression(cfg, device)
         self._restore_compression(resumed_compression, env)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
@@ -133,6 +132,15 @@ class GradientSync:
         if compressed:
             self.description += f"; {compressed}"
         log.debug("gradient sync: %s", self.description)
+
+    def _choose_compression(self, cfg: CommConfig, device: torch.device) -> str:
+        """``self.compression`` and why; compressing, the strategy is node-first (what the banner and the checkpoint
+        say). Collective under ``comm.compress=auto``."""
+        flat_chosen = self.topology.useful and not self.choice.hierarchical  # several ranks a node, flat faster
+        self.compression, compressed = compression_for(cfg, self.topology, device, flat_chosen)
+        if self.compression.name != "none" and not self.choice.hierarchical:
+            self.choice = StrategyChoice(True, f"comm.compress={self.compression.name}: compression runs node-first")
+        return compressed
 
     def compression_state(self) -> Optional[dict[str, Any]]:
         """This rank's compression state (a leader's error feedback and Qs: its own), with the layout it belongs
