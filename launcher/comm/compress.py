@@ -188,10 +188,6 @@ class PowerSGD(Compression):
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank} across nodes (after {self.warmup_steps} step(s) uncompressed)"
 
-    def fingerprint(self) -> list[list[int]]:
-        with self.lock:
-            return [[key, *self.shapes[key]] for key in sorted(self.shapes)]
-
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
             return {

@@ -147,7 +147,11 @@ class GradientSync:
         to; None uncompressed."""
         if self.compression.name == "none":
             return None
-        return {"layout": [list(node) for node in self.topology.layout.nodes], **self.compression.state_dict()}
+        return {"layout": self._nodes(), **self.compression.state_dict()}
+
+    def _nodes(self) -> list[list[int]]:
+        """The layout of nodes (each node's global ranks) a compression state belongs to."""
+        return [list(node) for node in self.topology.layout.nodes]
 
     def _restore_compression(self, saved: Optional[list[Any]], env: DistEnv) -> None:
         """Each rank takes its own saved state on the same layout (a bit-identical continuation); else its errors
@@ -155,8 +159,7 @@ class GradientSync:
         if self.compression.name == "none" or not saved:
             return
         mine = saved[env.rank] if len(saved) == env.world_size else None
-        layout = [list(node) for node in self.topology.layout.nodes]
-        if mine is None or mine.get("layout") != layout:
+        if mine is None or mine.get("layout") != self._nodes():
             why = "saved on another layout of nodes"
         else:
             why = self.compression.load_state_dict(mine)
