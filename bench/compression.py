@@ -16,8 +16,8 @@ slowest rank's. Medians of the per-step times; ratios to ddp-flat measured in th
   ddp-torch-powersgd   torch DDP + torch's powerSGD_hook, rank 4, one bucket (it mismatches with several)
   ddp-ours-powersgd    torch DDP + our node-first hook with comm.compress=powersgd
   ours-none | ours-bf16 | ours-powersgd | ours-auto
-                       our reducer at the launcher's defaults (node-first, forward overlap, cap from the link)
-                       with each comm.compress
+                       our reducer at the launcher's defaults (node-first, forward overlap, cap from the link;
+                       under PowerSGD backward overlap and 25 MB buckets) with each comm.compress
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
 from launcher.comm.policy import auto_compression, bucket_cap_mb, measure_link
 from launcher.comm.reducer import BucketedReducer
-from launcher.comm.sizes import MB
+from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import choose
 from launcher.env import DistEnv
 from launcher.launch.netns import SimNetwork
@@ -86,6 +86,7 @@ def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> t
     if name.startswith("ours-"):
         mode, hierarchical = auto if name == "ours-auto" else (name.split("-", 1)[1], True)
         compression = build_compression(mode, RANK, COMPRESS_WARMUP)
+        cap_mb = DDP_BUCKET_CAP_MB if mode == "powersgd" else cap_mb  # as the launcher sizes them (train/sync.py)
         reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=hierarchical, optimizer=opt,
                                   compression=compression)  # fmt: skip
         return model, reducer.step

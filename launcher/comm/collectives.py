@@ -25,7 +25,6 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +32,7 @@ from torch.futures import Future
 
 from ..abort import Abort
 from . import trace
-from .compress import Compression, Matrix, Stage
+from .compress import Compression, Matrix, Piece
 from .sizes import MB, mb
 from .topology import Topology
 
@@ -86,55 +85,75 @@ class _Segments:
 
 
 class _Pipeline:
-    """Three daemon threads, one per phase and per group: reduce -> leaders' allreduce -> broadcast. Segments of
-    one tensor (and successive tensors) flow through like an assembly line, so the inter-node link is busy
-    while the node phases of neighbouring segments run."""
+    """Three daemon threads per lane (``Topology.lane``), one per phase and per group: reduce -> leaders'
+    allreduce -> broadcast. Segments of one tensor (and successive tensors) flow through like an assembly line, so
+    the inter-node link is busy while the node phases of neighbouring segments run. A piece goes down its own
+    lane (``Piece.lane``; the last lane there is if there are fewer): each lane's groups see its pieces in
+    submission order, the same on every rank, and a piece that waits for another's result in ``prepare`` holds up
+    only its own lane."""
 
     def __init__(self, topology: Topology) -> None:
-        t = topology
-        leader, leads = t.leader, t.is_leader
-        self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
+        self.topology = topology
+        self._inboxes: list[list[queue.SimpleQueue]] = []  # per lane, per phase
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
-        def reduce(segment: torch.Tensor, _: Stage) -> None:
-            with trace.span("reduce", "reduce (node)", mb=round(mb(segment), 3)):
-                dist.reduce(segment, dst=leader, group=t.intra)
+    def _start_lane(self) -> None:
+        lane = len(self._inboxes)
+        intra, intra_bcast, inter = self.topology.lane(lane)
+        leader, leads = self.topology.leader, self.topology.is_leader
+        inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
+        suffix = f" lane {lane}" if lane else ""  # the trace's tracks
 
-        def across(segment: torch.Tensor, stage: Stage) -> None:
+        def reduce(piece: Piece) -> None:
+            if piece.prepare is not None:
+                piece.prepare()
+            with trace.span("reduce", "reduce (node)" + suffix, mb=round(mb(piece.tensor), 3)):
+                dist.reduce(piece.tensor, dst=leader, group=intra)
+
+        def across(piece: Piece) -> None:
             if leads:
-                with trace.span("allreduce", "allreduce (leaders)", mb=round(mb(segment), 3)):
-                    stage(segment, t.inter)
+                with trace.span("allreduce", "allreduce (leaders)" + suffix, mb=round(mb(piece.tensor), 3)):
+                    piece.stage(piece.tensor, inter)
 
-        def share(segment: torch.Tensor, _: Stage) -> None:
-            with trace.span("broadcast", "broadcast (node)", mb=round(mb(segment), 3)):
-                dist.broadcast(segment, src=leader, group=t.intra_bcast)
+        def share(piece: Piece) -> None:
+            with trace.span("broadcast", "broadcast (node)" + suffix, mb=round(mb(piece.tensor), 3)):
+                dist.broadcast(piece.tensor, src=leader, group=intra_bcast)
+            if piece.finish is not None:
+                piece.finish()
 
-        stages = [reduce, across, share]
-        self._threads = [
-            threading.Thread(target=self._run, args=(i, stage), name=f"hier-{stage.__name__}", daemon=True)
-            for i, stage in enumerate(stages)
-        ]
-        for thread in self._threads:
+        for i, stage in enumerate([reduce, across, share]):
+            nxt = inboxes[i + 1] if i < 2 else None
+            name = f"hier-{stage.__name__}" + (f"-{lane}" if lane else "")
+            thread = threading.Thread(target=self._run, args=(stage, inboxes[i], nxt), name=name, daemon=True)
             thread.start()
+            self._threads.append(thread)
+        self._inboxes.append(inboxes)
 
-    def submit(self, tensor: torch.Tensor, pieces: list[tuple[torch.Tensor, Stage]]) -> Future:
-        """``tensor`` in ``pieces`` (segments of it, each with its leaders' stage: ``Compression.plan``)."""
+    def submit(self, tensor: torch.Tensor, pieces: list[Piece]) -> Future:
+        """``tensor`` in ``pieces`` (``Compression.plan``: segments of it, each with its leaders' stage)."""
         owner = _Segments(tensor, len(pieces))
-        for segment, stage in pieces:
-            self._inboxes[0].put((segment, stage, owner))
+        lanes = 1 + len(self.topology.lanes)
+        with self._lock:
+            while len(self._inboxes) < lanes:  # a lane added since (Topology.add_lane)
+                self._start_lane()
+        for piece in pieces:
+            self._inboxes[min(piece.lane, lanes - 1)][0].put((piece, owner))
         return owner.result
 
-    def _run(self, index: int, stage: Callable[[Any, Any], Any]) -> None:
-        inbox = self._inboxes[index]
-        nxt = self._inboxes[index + 1] if index + 1 < len(self._inboxes) else None
+    @staticmethod
+    def _run(stage: Callable[[Piece], None], inbox: queue.SimpleQueue, nxt: queue.SimpleQueue | None) -> None:
         failed = None
         while (item := inbox.get()) is not None:
-            segment, leaders_stage, owner = item
+            piece, owner = item
             if failed is None:
                 try:
-                    stage(segment, leaders_stage)
+                    stage(piece)
                 except Exception as exc:  # collective error or timeout: the caller's wait() raises it
                     failed = exc
             if failed is not None:  # a group is broken: fail everything behind it instead of hanging
+                if piece.abandon is not None:
+                    piece.abandon(failed)  # a piece waiting for this one's result fails too
                 owner.fail(failed)
             elif nxt is not None:
                 nxt.put(item)
@@ -144,30 +163,40 @@ class _Pipeline:
             nxt.put(None)
 
     def close(self) -> None:
-        self._inboxes[0].put(None)  # each stage passes the sentinel on when its queue is drained
+        for inboxes in self._inboxes:
+            inboxes[0].put(None)  # each stage passes the sentinel on when its queue is drained
         for thread in self._threads:
             thread.join()
 
 
-def in_launch_order(tensor: torch.Tensor, t: Topology, pieces: list[tuple[torch.Tensor, Stage]]) -> Future:
+def in_launch_order(tensor: torch.Tensor, t: Topology, pieces: list[Piece]) -> Future:
     """Node-first for NCCL (``Topology.launch_in_order``): the caller's thread issues each segment's three phases
     back to back, asynchronously, in bucket order: one launch order on every rank across the three communicators.
     NCCL needs that (kernels of communicators sharing a GPU, launched in different orders on different ranks, can
     wait for each other forever: the pipeline's three threads would interleave differently on each rank). The GPU
-    orders the phases: ``work.wait()`` makes the current stream wait for the work, never the CPU, so each phase
-    is launched on a side stream that waits for the one before; the reduce itself waits for the stream that
-    computed the gradients. Under gloo (tests) each wait blocks: correct, not overlapped."""
+    orders the phases: everything runs on a side stream that first waits for the stream that computed the
+    gradients, and ``work.wait()`` makes that stream (never the CPU) wait for a phase before the next; the
+    Future's ``wait()`` makes the waiter's stream wait for the side stream. Under gloo (tests) each wait
+    blocks: correct, not overlapped."""
     side = t.side_stream(tensor.device) if tensor.is_cuda else None
-    work = None
-    for segment, stage in pieces:
-        reduced = dist.reduce(segment, dst=t.leader, group=t.intra, async_op=True)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            reduced.wait()
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(tensor.device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for piece in pieces:
+            if side is not None:
+                piece.tensor.record_stream(side)  # a buffer of the plan's may be freed before the stream is done
+            if piece.prepare is not None:
+                piece.prepare()
+            dist.reduce(piece.tensor, dst=t.leader, group=t.intra, async_op=True).wait()
             if t.is_leader:
-                stage(segment, t.inter)  # its collectives wait on the side stream, not the CPU
-            work = dist.broadcast(segment, src=t.leader, group=t.intra_bcast, async_op=True)
-    assert work is not None
-    return work.get_future().then(lambda done: _checked(done, tensor))
+                piece.stage(piece.tensor, t.inter)  # its collectives are ordered on the side stream
+            shared = dist.broadcast(piece.tensor, src=t.leader, group=t.intra_bcast, async_op=True)
+            shared.wait()
+            if piece.finish is not None:
+                piece.finish()
+        done: Future = Future(devices=[tensor.device]) if side is not None else Future()
+        done.set_result(tensor)  # under CUDA it records the side stream: a waiter's stream waits for it
+    return done
 
 
 def hierarchical_allreduce(
@@ -237,9 +266,12 @@ class AbortableHook:
         keys: dict[int, int] | None = None,
     ) -> None:
         """``compression`` of what crosses nodes (not none: node-first); ``keys``: id(parameter) -> its index among
-        the model's trained parameters (PowerSGD's state is kept per parameter)."""
+        the model's trained parameters (PowerSGD's state is kept per parameter). Collective under PowerSGD (its Q's
+        own lane: ``Topology.add_lane``)."""
         self.topology, self.hierarchical, self.abort = topology, hierarchical, abort
         self.compression, self.keys = compression, keys or {}
+        if compression.name == "powersgd":
+            topology.add_lane()
 
 
 def abortable_hook(state: AbortableHook, bucket: dist.GradBucket) -> Future[torch.Tensor]:

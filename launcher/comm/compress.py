@@ -1,19 +1,21 @@
-"""What crosses nodes, compressed: the leaders' stage of a node-first allreduce (``collectives.py``), and only
-that: the sum inside a node stays exact, and a one-node job has nothing to compress.
+"""What crosses nodes, compressed, in a node-first allreduce (``collectives.py``): the sum inside a node stays
+exact (for PowerSGD: its linear image is summed exactly), and a one-node job has nothing to compress.
 
 - ``none``: the leaders' allreduce as it is, in segments of the pipeline's size.
 - ``bf16``: the leaders' allreduce in bfloat16 (half the bytes), rounded back into the fp32 bucket.
 - ``powersgd``: rank-``r`` PowerSGD (Vogels et al., 2019) on every whole weight matrix of a bucket (a conv kernel
-  reshaped to ``(out, in*kh*kw)``, as torch's hook does); vectors, and matrices too small to gain, travel
-  uncompressed. Per matrix M (this leader's node sum, plus its error): ``P = M Q`` summed over the leaders and
-  orthonormalised, ``Q' = M^T P`` summed, and ``P Q'^T`` replaces M. What this leader did not send,
-  ``M - P (M^T P)^T``, is its error, added to the next step's M (error feedback); ``Q'`` starts the next step
-  (warm start). Every collective is issued by the stage, on the pipeline's leaders' thread (under NCCL the
-  caller's), in launch order: never from a completion callback, so several buckets and either overlap work.
+  reshaped to ``(out, in*kh*kw)``, as torch's hook does); vectors, and matrices too small to gain, ride along
+  uncompressed. **Factor first**: the products are linear, so each rank multiplies its own gradient plus its own
+  error, ``M_r``: the node-first sum of the ``P_r = M_r Q`` (kilobytes: nothing large crosses even the node's own
+  wires) is orthonormalised into ``P``; the sum of the ``Q'_r = M_r^T P`` comes back on a second lane (its own
+  groups and threads, so the next bucket's P need not wait), and ``P Q'^T`` replaces the matrix on every rank:
+  PowerSGD of the node's sum, its error split over the node's ranks, each keeping ``M_r - P (M_r^T P)^T`` (error
+  feedback); ``Q'`` starts the next step (warm start). One P and one Q per tensor. Every collective is issued by
+  the pipeline's threads (under NCCL the caller's) in submission order, never from a completion callback.
 
-Every leader orthonormalises the same summed ``P`` with the same code: identical machines get identical results
-(as for any replica-computed update); the first ``warmup_steps`` steps go uncompressed. ``state_dict`` holds the
-errors and Qs of this leader with the layout they belong to (``fingerprint``); a different layout resets them.
+Every rank orthonormalises the same summed ``P`` with the same code (identical machines, identical results); the
+first ``warmup_steps`` steps go uncompressed. ``state_dict``: this rank's errors and Qs, with the layout they
+belong to (``fingerprint``); a different layout resets them.
 """
 
 from __future__ import annotations
@@ -46,13 +48,29 @@ class Matrix:
     key: int
 
 
-def segments(tensor: torch.Tensor, elements: int) -> list[torch.Tensor]:
-    return list(tensor.view(-1).split(max(1, elements)))
+@dataclass
+class Piece:
+    """What the node-first pipeline moves: ``tensor`` through the node's reduce, the leaders' ``stage`` and the
+    node's broadcast. ``prepare`` runs before the reduce (it fills ``tensor``), ``finish`` after the broadcast,
+    ``abandon`` instead of ``finish`` once the pipeline failed. ``lane``: which of the topology's node-first
+    lanes carries it (``Topology.add_lane``)."""
+
+    tensor: torch.Tensor
+    stage: Stage = plain_stage
+    prepare: Callable[[], None] | None = None
+    finish: Callable[[], None] | None = None
+    abandon: Callable[[BaseException], None] | None = None
+    lane: int = 0
+
+
+def plain_pieces(tensor: torch.Tensor, elements: int, stage: Stage = plain_stage) -> list[Piece]:
+    """``tensor`` in segments of ``elements``, each reduced by ``stage`` among the leaders."""
+    return [Piece(s, stage) for s in tensor.view(-1).split(max(1, elements))]
 
 
 class Compression:
-    """``none``: the base. ``plan(tensor, matrices, elements)`` cuts a tensor into the pieces the pipeline moves,
-    each with the leaders' stage that reduces it; ``begin_step()`` once per synchronised step (the warm-up)."""
+    """``none``: the base. ``plan(tensor, matrices, elements)`` cuts a tensor into the pieces the pipeline moves
+    (``Piece``); ``begin_step()`` once per synchronised step (the warm-up)."""
 
     name = "none"
 
@@ -70,8 +88,8 @@ class Compression:
         self.steps += 1
         return self.name != "none" and self.steps == self.warmup_steps + 1
 
-    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[tuple[torch.Tensor, Stage]]:
-        return [(s, plain_stage) for s in segments(tensor, elements)]
+    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[Piece]:
+        return plain_pieces(tensor, elements)
 
     def describe(self) -> str:
         return "uncompressed"
@@ -88,9 +106,8 @@ class Compression:
 class Bf16(Compression):
     name = "bf16"
 
-    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[tuple[torch.Tensor, Stage]]:
-        stage = _bf16_stage if self.active else plain_stage
-        return [(s, stage) for s in segments(tensor, elements)]
+    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[Piece]:
+        return plain_pieces(tensor, elements, _bf16_stage if self.active else plain_stage)
 
     def describe(self) -> str:
         return f"bf16 across nodes (after {self.warmup_steps} step(s) uncompressed)"
@@ -125,7 +142,7 @@ class PowerSGD(Compression):
         self.errors: dict[int, torch.Tensor] = {}
         self.qs: dict[int, torch.Tensor] = {}
         self.shapes: dict[int, tuple[int, int]] = {}
-        self.lock = threading.Lock()  # the leaders' thread writes the state; a checkpoint reads it
+        self.lock = threading.Lock()  # the pipeline's threads write the state; a checkpoint reads it
 
     def compresses(self, shape: tuple[int, int] | None) -> bool:
         if shape is None:
@@ -133,57 +150,46 @@ class PowerSGD(Compression):
         n, m = shape
         return min(self.rank, n, m) * (n + m) * self.min_gain <= n * m
 
-    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[tuple[torch.Tensor, Stage]]:
+    def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[Piece]:
+        """The tensor's whole compressible matrices as one ``P`` and one ``Q`` piece; the rest (biases, small
+        matrices) rides in P's buffer when it is at most a segment, else travels in plain segments between them."""
         if not self.active:
-            return [(s, plain_stage) for s in segments(tensor, elements)]
+            return plain_pieces(tensor, elements)
         flat = tensor.view(-1)
         base, size, end = flat.data_ptr(), flat.element_size(), flat.numel()
-        whole = []  # (offset, matrix) of each compressible matrix lying wholly in ``tensor``
+        whole = []  # (offset, key, matrix) of each compressible matrix lying wholly in ``tensor``
         for m in matrices:
-            offset = (m.view.data_ptr() - base) // size
-            if 0 <= offset and offset + m.view.numel() <= end and self.compresses(matrix_shape(m.view)):
-                whole.append((offset, m))
-        pieces: list[tuple[torch.Tensor, Stage]] = []
-        at = 0
-        for offset, m in sorted(whole, key=lambda item: item[0]):
-            if offset > at:
-                pieces += [(s, plain_stage) for s in segments(flat[at:offset], elements)]
-            piece = flat[offset : offset + m.view.numel()]
-            pieces.append((piece, self._stage(m.key, matrix_shape(m.view))))  # type: ignore[arg-type]
-            at = offset + m.view.numel()
-        if at < end:
-            pieces += [(s, plain_stage) for s in segments(flat[at:], elements)]
-        return pieces
+            offset, shape = (m.view.data_ptr() - base) // size, matrix_shape(m.view)
+            if 0 <= offset and offset + m.view.numel() <= end and shape is not None and self.compresses(shape):
+                whole.append((offset, m.key, flat[offset : offset + m.view.numel()].view(shape)))
+        whole.sort(key=lambda item: item[0])
+        gaps, at = [], 0
+        for offset, _, matrix in whole:
+            gaps += [flat[at:offset]] if offset > at else []
+            at = offset + matrix.numel()
+        gaps += [flat[at:]] if at < end else []
+        if not whole:
+            return plain_pieces(flat, elements)
+        riders = gaps if sum(g.numel() for g in gaps) <= elements else []  # one collective fewer per gap
+        rest = [piece for g in gaps for piece in plain_pieces(g, elements)] if not riders else []
+        factors = _Factors(self, [(key, matrix) for _, key, matrix in whole], riders)
+        return [factors.p_piece(), *rest, factors.q_piece()]
 
-    def _stage(self, key: int, shape: tuple[int, int]) -> Stage:
-        return lambda piece, group: self._compress(piece, group, key, shape)
-
-    def _start(self, key: int, shape: tuple[int, int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This matrix's error and Q (kept transposed, ``(r, m)``: the products below then run as fast row-major
-        ones, 4-8x the transposed ones on a CPU): kept, or new, from a generator seeded by the key (the same on every
-        leader)."""
-        if key in self.qs and self.shapes.get(key) == shape:
-            return self.errors[key], self.qs[key]
+    def start(self, key: int, shape: tuple[int, int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This matrix's error and Q (kept transposed, ``(r, m)``: the products then run as fast row-major ones,
+        4-8x the transposed ones on a CPU): kept, or new (a zero error; Q from a generator seeded by the key: the
+        same on every rank)."""
+        with self.lock:
+            if key in self.qs and self.shapes.get(key) == shape:
+                return self.errors[key], self.qs[key]
         n, m = shape
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + key)
         q_t = torch.randn(min(self.rank, n, m), m, generator=generator).to(like.device)
         return torch.zeros(n, m, dtype=like.dtype, device=like.device), q_t
 
-    def _compress(self, piece: torch.Tensor, group: Any, key: int, shape: tuple[int, int]) -> None:
-        with trace.span("compress", "powersgd", mb=round(mb(piece), 3)):
-            with self.lock:
-                error, q_t = self._start(key, shape, piece)
-            matrix = piece.view(shape)
-            matrix.add_(error)
-            p = (q_t @ matrix.t()).t().contiguous()  # M Q
-            dist.all_reduce(p, group=group)
-            p = torch.linalg.qr(p).Q
-            mine_t = p.t() @ matrix  # this leader's share of Q'^T
-            torch.addmm(matrix, p, mine_t, alpha=-1, out=error)  # what it does not send: M - P (M^T P)^T
-            dist.all_reduce(mine_t, group=group)
-            torch.mm(p, mine_t, out=matrix)
-            with self.lock:
-                self.errors[key], self.qs[key], self.shapes[key] = error, mine_t, shape
+    def keep(self, key: int, shape: tuple[int, int], error: torch.Tensor, q_t: torch.Tensor) -> None:
+        with self.lock:
+            self.errors[key], self.qs[key], self.shapes[key] = error, q_t, shape
 
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank} across nodes (after {self.warmup_steps} step(s) uncompressed)"
@@ -210,6 +216,77 @@ class PowerSGD(Compression):
                 self.errors[key], self.qs[key] = state["errors"][key], state["qs"][key]
                 self.shapes[key] = (n, m)
         return ""
+
+
+class _Factors:
+    """One tensor's compressed matrices, factor first: ``project`` (before the node's reduce) writes every
+    ``P_r = M_r Q`` into one buffer; ``orthonormalise`` (after its broadcast) makes each summed P orthonormal;
+    ``transpose`` (before the second reduce, once P is back) writes every ``Q'_r = M_r^T P`` into a second buffer
+    and keeps the error; ``rebuild`` (after its broadcast) writes ``P Q'^T`` over each matrix."""
+
+    def __init__(self, owner: PowerSGD, matrices: list[tuple[int, torch.Tensor]], riders: list[torch.Tensor]) -> None:
+        """``riders``: uncompressed parts of the tensor that travel summed behind the P factors."""
+        self.owner, self.matrices, self.riders = owner, matrices, riders
+        self.states = [owner.start(key, (m.shape[0], m.shape[1]), m) for key, m in matrices]
+        like = matrices[0][1]
+        factors = sum(m.shape[0] * q.shape[0] for (_, m), (_, q) in zip(matrices, self.states))
+        self.p = like.new_empty(factors + sum(r.numel() for r in riders))
+        self.tail = self.p[factors:]
+        self.q = like.new_empty(sum(q.numel() for _, q in self.states))
+        self.ready = threading.Event()  # P is summed and orthonormal (or failed: ``self.failed``)
+        self.failed: BaseException | None = None
+
+    def _views(self, buffer: torch.Tensor, transposed: bool) -> list[torch.Tensor]:
+        views, at = [], 0
+        for (_, m), (_, q_t) in zip(self.matrices, self.states):
+            rows, cols = (q_t.shape[0], m.shape[1]) if transposed else (m.shape[0], q_t.shape[0])
+            views.append(buffer[at : at + rows * cols].view(rows, cols))
+            at += rows * cols
+        return views
+
+    def p_piece(self) -> Piece:
+        return Piece(self.p, prepare=self.project, finish=self.orthonormalise, abandon=self.abandon)
+
+    def q_piece(self) -> Piece:
+        return Piece(self.q, prepare=self.transpose, finish=self.rebuild, abandon=self.abandon, lane=1)
+
+    def project(self) -> None:
+        with trace.span("compress", "powersgd P", mb=round(mb(self.p), 3)):
+            for (_, m), (error, q_t), p in zip(self.matrices, self.states, self._views(self.p, False)):
+                m.add_(error)
+                p.copy_(torch.mm(q_t, m.t()).t())
+            if self.riders:
+                torch.cat(self.riders, out=self.tail)
+
+    def orthonormalise(self) -> None:
+        for p in self._views(self.p, False):
+            p.copy_(torch.linalg.qr(p).Q)
+        for rider, summed in zip(self.riders, self.tail.split([r.numel() for r in self.riders])):
+            rider.copy_(summed)
+        self.ready.set()
+
+    def abandon(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.ready.set()
+
+    def transpose(self) -> None:
+        self.ready.wait()
+        if self.failed is not None:
+            raise RuntimeError("PowerSGD: the sum of P failed") from self.failed
+        with trace.span("compress", "powersgd Q", mb=round(mb(self.q), 3)):
+            for (_, m), (error, _), p, q_t in zip(
+                self.matrices, self.states, self._views(self.p, False), self._views(self.q, True)
+            ):
+                torch.mm(p.t(), m, out=q_t)  # this rank's share of Q'^T
+                torch.addmm(m, p, q_t, alpha=-1, out=error)  # what it does not send: M_r - P (M_r^T P)^T
+
+    def rebuild(self) -> None:
+        with trace.span("compress", "powersgd rebuild", mb=round(mb(self.q), 3)):
+            for (key, m), (error, _), p, q_t in zip(
+                self.matrices, self.states, self._views(self.p, False), self._views(self.q, True)
+            ):
+                torch.mm(p, q_t, out=m)
+                self.owner.keep(key, (m.shape[0], m.shape[1]), error, q_t.clone())
 
 
 def build_compression(mode: str, rank: int = 4, warmup_steps: int = 0, seed: int = 0) -> Compression:

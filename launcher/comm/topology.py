@@ -64,10 +64,13 @@ class Layout:
         return list(r for n in self.nodes for r in n) != list(range(self.world_size))
 
 
+Groups = tuple[Optional[dist.ProcessGroup], Optional[dist.ProcessGroup], Optional[dist.ProcessGroup]]
+
+
 class CommThreads(Protocol):
     """Threads that run a topology's hierarchical allreduces (``collectives._Pipeline``)."""
 
-    def submit(self, tensor: torch.Tensor, pieces: list[tuple[torch.Tensor, Any]]) -> Future: ...
+    def submit(self, tensor: torch.Tensor, pieces: list[Any]) -> Future: ...
 
     def close(self) -> None: ...
 
@@ -85,6 +88,8 @@ class Topology:
     node_ranks: tuple[int, ...] = field(default=())  # global ranks of my node
     inter_ranks: tuple[int, ...] = field(default=())  # global ranks of my inter-node group
     launch_in_order: bool = False  # NCCL: node-first phases issued by the caller, one order (collectives)
+    lanes: list[Groups] = field(default_factory=list)  # node-first groups beyond the first (``add_lane``)
+    timeout: Optional[timedelta] = None  # of the sub-groups' collectives
     _threads: Optional[CommThreads] = field(default=None, repr=False)  # started on first use
     _stream: Optional[torch.cuda.Stream] = field(default=None, repr=False)
 
@@ -94,6 +99,23 @@ class Topology:
         if self._threads is None:
             self._threads = start(self)
         return self._threads
+
+    def lane(self, index: int) -> Groups:
+        """(intra, intra_bcast, inter) of node-first lane ``index``: 0 the topology's own, then ``add_lane``'s."""
+        return (self.intra, self.intra_bcast, self.inter) if index == 0 else self.lanes[index - 1]
+
+    def add_lane(self) -> None:
+        """A second lane: another intra, intra_bcast and inter group, driven by their own comm threads, so that a
+        piece that must wait for an earlier one (PowerSGD's Q for its P) does not hold up the pieces behind it.
+        Collective over the default group (every rank, in program order); once; nothing to do on one node, or
+        under NCCL (one thread issues every phase there: ``collectives.in_launch_order``)."""
+        if self.lanes or self.num_nodes == 1 or self.launch_in_order:
+            return
+        nodes = [list(n) for n in self.layout.nodes]
+        intra = _groups(nodes, self.env.rank, None, self.timeout)
+        intra_bcast = _groups(nodes, self.env.rank, None, self.timeout)
+        inter = _groups([list(g) for g in self.layout.inter_groups()], self.env.rank, None, self.timeout)
+        self.lanes.append((intra, intra_bcast, inter))
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The CUDA stream the node-first phases are ordered on under NCCL (``collectives.in_launch_order``)."""
@@ -168,7 +190,7 @@ class Topology:
         intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
         inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend, timeout)
         nccl = dist.get_backend() == "nccl" if backend is None else backend == "nccl"
-        return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks, nccl)
+        return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks, nccl, [], timeout)
 
 
 def _groups(

@@ -84,11 +84,7 @@ class GradientSync:
         self._restore_compression(resumed_compression, env)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
-            cap, why = cfg.bucket_cap_mb, "comm.bucket_cap_mb"
-            if cap is None and resumed_cap_mb is not None:  # same layout, same summation order: exact resume
-                cap, why = resumed_cap_mb, "kept from the checkpoint this run resumes"
-            elif cap is None:
-                cap, why = bucket_cap_for(self.topology, self.choice.hierarchical, device, model_bytes)
+            cap, why = self._cap(cfg, resumed_cap_mb, device, model_bytes)
             self.bucket_cap_mb: Optional[float] = cap
             self.reducer = BucketedReducer(
                 model,
@@ -132,6 +128,18 @@ class GradientSync:
         if compressed:
             self.description += f"; {compressed}"
         log.debug("gradient sync: %s", self.description)
+
+    def _cap(
+        self, cfg: CommConfig, resumed_cap_mb: Optional[float], device: torch.device, model_bytes: int
+    ) -> tuple[float, str]:
+        """The bucketed reducer's cap and why (collective when measured)."""
+        if cfg.bucket_cap_mb is not None:
+            return cfg.bucket_cap_mb, "comm.bucket_cap_mb"
+        if resumed_cap_mb is not None:  # same layout, same summation order: exact resume
+            return resumed_cap_mb, "kept from the checkpoint this run resumes"
+        if self.compression.name == "powersgd":
+            return DDP_BUCKET_CAP_MB, "PowerSGD: two round trips a bucket, little wire: few buckets"
+        return bucket_cap_for(self.topology, self.choice.hierarchical, device, model_bytes)
 
     def _choose_compression(self, cfg: CommConfig, device: torch.device) -> str:
         """``self.compression`` and why; compressing, the strategy is node-first (what the banner and the checkpoint

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.ranks import spawn_ranks, virtual_env
 from launcher.abort import Abort
-from launcher.comm import Topology, hierarchical_allreduce
+from launcher.comm import Topology, collectives, hierarchical_allreduce
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import Bf16, Matrix, PowerSGD, build_compression
 from launcher.comm.reducer import BucketedReducer
@@ -46,21 +46,26 @@ def test_bf16_rounds_only_what_crosses_nodes(tmp_path, world, per_node):
     spawn_ranks(_bf16, world, tmp_path, per_node)
 
 
-def _powersgd(rank, world, out_dir, per_node):
+def _powersgd(rank, world, out_dir, per_node, in_order):
     env = virtual_env(rank, world, per_node)
     with Topology.build(env) as topo:
-        # full rank: the leaders' sum is exact (to float error), vectors and matrices alike
+        topo.launch_in_order = in_order  # NCCL's path (one thread issues everything), here on gloo
+        # full rank: the sum is exact (to float error), vectors and matrices alike; the vector rides in P's
+        # buffer, or (a segment smaller than the vector) travels in segments of its own
         full = PowerSGD(rank=48, min_gain=0)
-        full.begin_step()
-        weight, bias = _inputs(world, (64, 48)), _inputs(world, (64,), 1)
-        bucket = torch.cat([weight[rank].view(-1), bias[rank]])
-        matrices = [Matrix(bucket[: 64 * 48].view(64, 48), 0), Matrix(bucket[64 * 48 :], 1)]
-        hierarchical_allreduce(bucket, topo, full, matrices).wait()
-        torch.testing.assert_close(bucket[: 64 * 48].view(64, 48), sum(weight), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(bucket[64 * 48 :], sum(bias), rtol=0, atol=1e-5)
-        # leaders compress (the matrix: not the vector); the others only reduce and share inside their node
-        assert (0 in full.errors) == topo.is_leader and 1 not in full.errors, (topo.is_leader, list(full.errors))
-        # rank 1: the error feedback is what each leader did not send, by hand
+        for segment_bytes in (collectives.SEGMENT_BYTES, 128):
+            collectives.SEGMENT_BYTES = segment_bytes
+            full.begin_step()
+            weight, bias = _inputs(world, (64, 48)), _inputs(world, (64,), 1)
+            bucket = torch.cat([weight[rank].view(-1), bias[rank]])
+            matrices = [Matrix(bucket[: 64 * 48].view(64, 48), 0), Matrix(bucket[64 * 48 :], 1)]
+            hierarchical_allreduce(bucket, topo, full, matrices).wait()
+            torch.testing.assert_close(bucket[: 64 * 48].view(64, 48), sum(weight), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(bucket[64 * 48 :], sum(bias), rtol=0, atol=1e-5)
+        collectives.SEGMENT_BYTES = 4 * 2**20
+        # every rank keeps an error for the matrix (factor first: its own share), none for the vector
+        assert 0 in full.errors and 1 not in full.errors, list(full.errors)
+        # rank 1: the error feedback is what each rank did not send, by hand
         low = PowerSGD(rank=1, min_gain=0)
         sums = []
         for step in range(3):
@@ -68,17 +73,16 @@ def _powersgd(rank, world, out_dir, per_node):
             inputs = _inputs(world, (32, 16), step + 2)
             mine = inputs[rank].clone()
             before = low.errors.get(7, torch.zeros(32, 16)).clone()
-            errors = _leader_errors(before, world, per_node)
+            errors = _everyones(before, world)
             q = low.qs.get(7)
             hierarchical_allreduce(mine, topo, low, [Matrix(mine, 7)]).wait()
-            if topo.is_leader:
-                node_sum = _node_sums(inputs, per_node)[env.node_rank] + before
-                if q is None:
-                    q = torch.randn(1, 16, generator=torch.Generator().manual_seed(7))  # kept transposed
-                p_all = sum(s + e for s, e in zip(_node_sums(inputs, per_node), errors))
-                p = torch.linalg.qr(p_all @ q.t()).Q
-                torch.testing.assert_close(low.errors[7], node_sum - p @ (node_sum.t() @ p).t(), rtol=1e-4, atol=1e-4)
-                torch.testing.assert_close(mine, p @ (p_all.t() @ p).t(), rtol=1e-4, atol=1e-4)
+            if q is None:
+                q = torch.randn(1, 16, generator=torch.Generator().manual_seed(7))  # kept transposed
+            ms = [x + e for x, e in zip(inputs, errors)]  # each rank's gradient plus its own error
+            p = torch.linalg.qr(sum(ms) @ q.t()).Q
+            torch.testing.assert_close(low.errors[7], ms[rank] - p @ (ms[rank].t() @ p).t(), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(mine, p @ (sum(ms).t() @ p).t(), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(low.qs[7], (sum(ms).t() @ p).t(), rtol=1e-4, atol=1e-4)  # the warm start
             sums.append(mine)
         # every rank holds the same approximation
         for s in sums:
@@ -87,16 +91,18 @@ def _powersgd(rank, world, out_dir, per_node):
             assert all(torch.equal(g, s) for g in gathered)
 
 
-def _leader_errors(mine: torch.Tensor, world: int, per_node: int) -> list:
-    """Every leader's error before this step, gathered (each holds only its own). Collective."""
+def _everyones(mine: torch.Tensor, world: int) -> list:
+    """Every rank's error before this step, gathered (each holds only its own). Collective."""
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine.contiguous())
-    return gathered[::per_node]
+    return gathered
 
 
-@pytest.mark.parametrize("world, per_node", [(4, 2), (2, 1)], ids=["2x2", "2x1"])
-def test_powersgd_full_rank_is_exact_and_its_error_is_what_was_not_sent(tmp_path, world, per_node):
-    spawn_ranks(_powersgd, world, tmp_path, per_node)
+@pytest.mark.parametrize(
+    "world, per_node, in_order", [(4, 2, False), (2, 1, False), (4, 2, True)], ids=["2x2", "2x1", "2x2-in-order"]
+)
+def test_powersgd_full_rank_is_exact_and_its_error_is_what_was_not_sent(tmp_path, world, per_node, in_order):
+    spawn_ranks(_powersgd, world, tmp_path, per_node, in_order)
 
 
 class _Net(nn.Module):
@@ -164,7 +170,7 @@ def _engines(rank, world, out_dir, per_node):
             tol = 2e-2 if mode == "bf16" else 1e-4
             for (name, p), q in zip(model.named_parameters(), ref.parameters()):
                 torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=f"{mode} {overlap}: {name}")
-            kept = 0 if mode == "bf16" or not topo.is_leader else 3  # leaders keep an error per matrix
+            kept = 0 if mode == "bf16" else 3  # every rank keeps its own error per matrix
             assert compression.steps == steps and len(getattr(compression, "errors", {})) == kept
 
 
