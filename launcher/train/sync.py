@@ -65,11 +65,13 @@ class GradientSync:
         resumed_compression: Optional[list[Any]] = None,
         whole_gradient: Optional[str] = None,
         peers: Optional[Peers] = None,
+        healed: bool = False,
     ) -> None:
         """``whole_gradient``: why the optimizer step needs every synchronised gradient at once (clipping, the fp16
         scaler), or None: then the bucketed reducer runs the backward overlap and does not hold the optimizer.
         ``peers``: the abort signal (healing in place: every bucket's wait is left when it trips) and the job's
-        secret (signed object collectives). ``resumed_compression``: the checkpoint's compression state per rank."""
+        secret (signed object collectives). ``resumed_compression``: the checkpoint's compression state per rank;
+        ``healed``: built again after healing in place (a compression state starts anew on every rank alike)."""
         self.model = model
         self.abort = abort = (peers or Peers()).abort
         self.topology = Topology.build(env, timeout_s=collective_timeout_s(cfg))
@@ -81,7 +83,7 @@ class GradientSync:
             forced = {"auto": None, "true": True, "false": False}[cfg.hierarchical]
             self.choice = choose(self.topology, forced, probe_numel, device)
         compressed = self._choose_compression(cfg, device)
-        self._restore_compression(resumed_compression, env)
+        self._restore_compression(resumed_compression, env, healed)
         self.reducer: Optional[BucketedReducer] = None
         if cfg.reducer == "bucketed":
             cap, why = self._cap(cfg, resumed_cap_mb, device, model_bytes)
@@ -161,13 +163,15 @@ class GradientSync:
         """The layout of nodes (each node's global ranks) a compression state belongs to."""
         return [list(node) for node in self.topology.layout.nodes]
 
-    def _restore_compression(self, saved: Optional[list[Any]], env: DistEnv) -> None:
+    def _restore_compression(self, saved: Optional[list[Any]], env: DistEnv, healed: bool) -> None:
         """Each rank takes its own saved state on the same layout (a bit-identical continuation); else its errors
-        and Qs start anew, said once."""
-        if self.compression.name == "none" or not saved:
+        and Qs start anew, said once (after a heal too: a joiner has none, and every rank must start alike)."""
+        if self.compression.name == "none" or not (saved or healed):
             return
-        mine = saved[env.rank] if len(saved) == env.world_size else None
-        if mine is None or mine.get("layout") != self._nodes():
+        mine = saved[env.rank] if saved and len(saved) == env.world_size else None
+        if healed:
+            why = f"healed in place: the ranks changed; {self.compression.warmup_steps} step(s) uncompressed first"
+        elif mine is None or mine.get("layout") != self._nodes():
             why = "saved on another layout of nodes"
         else:
             why = self.compression.load_state_dict(mine)

@@ -295,6 +295,6 @@ class Trainer:
             self.state.load_state_dict(sent)
             self.has_state = True
         self.totals.take_highest([f[1] for f in facts])
-        self.world = self._build_world(self.state.span.global_batch, {})  # measured again: the ranks and links changed
+        self.world = self._build_world(self.state.span.global_batch, {"healed": True})  # measured again: ranks changed
         self.hosts = node_hosts([f[2:] for f in facts])
         self.seam.went_on(env, left, step, behind, sent is not None)

@@ -41,7 +41,8 @@ class World:
         kept: dict[str, Any],
     ) -> World:
         """Collective (the sync measures the links). ``kept``: the checkpoint's strategy and bucket cap, which a
-        resumed run keeps (the same summation order, bit for bit); empty on another world size or after a heal."""
+        resumed run keeps (the same summation order, bit for bit); empty on another world size; ``healed`` after a
+        heal."""
         t = job.train
         sync = GradientSync(
             model,
@@ -52,6 +53,7 @@ class World:
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
             resumed_compression=kept.get("compression"),
+            healed=kept.get("healed", False),
             whole_gradient=whole_gradient_reason(t, job.optim),
             peers=peers,
         )
