@@ -47,6 +47,8 @@ def run(seed: int, name: str, run_dir: Path) -> float:
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if result.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
+    if extra and "powerSGD_hook registered" not in (run_dir / "logs" / "rank-1.log").read_text():
+        raise SystemExit(f"{name}: torch's hook was not registered (bench/torch_hook/sitecustomize.py not loaded)")
     summary = json.loads((run_dir / "summary.json").read_text())
     if name != "none" and "PowerSGD" not in summary["compression"] and "bf16" not in summary["compression"]:
         raise SystemExit(f"{name}: the run says it compressed nothing: {summary['compression']!r}")

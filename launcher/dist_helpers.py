@@ -57,19 +57,42 @@ def all_gather_object(obj: object, abort: Optional[Abort] = None, secret: Option
     """Every rank's ``obj``, in rank order (a one-element list when alone). With the job's ``secret`` (every job
     the launcher's head starts) the pickles are signed and a peer's is unpickled only if it verifies; with an
     ``abort`` signal, a lost machine cannot hold it up. With neither: torch's own."""
+    return _gather_object(obj, None, abort, secret)  # type: ignore[return-value]
+
+
+def gather_object(
+    obj: object, dst: int = 0, abort: Optional[Abort] = None, secret: Optional[Secret] = None
+) -> Optional[list]:
+    """Every rank's ``obj`` on rank ``dst`` only (None on the others): what only it needs (a checkpoint's
+    per-rank states) costs the others nothing to receive. Signed and abortable as ``all_gather_object``."""
+    return _gather_object(obj, dst, abort, secret)
+
+
+def _gather_object(obj: object, dst: Optional[int], abort: Optional[Abort], secret: Optional[Secret]) -> Optional[list]:
+    """To every rank (``dst`` None) or to ``dst``."""
     if not (is_initialized() and get_world_size() > 1):
         return [obj]
-    out: list = [None] * get_world_size()
+    receives = dst is None or get_rank() == dst
+    out: Optional[list] = [None] * get_world_size() if receives else None
     if abort is None and secret is None:
-        dist.all_gather_object(out, obj)
+        if dst is None:
+            dist.all_gather_object(out, obj)
+        else:
+            dist.gather_object(obj, out, dst=dst)
         return out
     at = _device()
     data = torch.frombuffer(bytearray(signed.dumps(obj, secret)), dtype=torch.uint8).to(at)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=at) for _ in out]
+    sizes = [torch.zeros(1, dtype=torch.int64, device=at) for _ in range(get_world_size())]
     wait(dist.all_gather(sizes, torch.tensor([data.numel()], device=at), async_op=True), abort)
     longest = int(max(s.item() for s in sizes))
-    parts = [torch.empty(longest, dtype=torch.uint8, device=at) for _ in out]
-    wait(dist.all_gather(parts, torch.nn.functional.pad(data, (0, longest - data.numel())), async_op=True), abort)
+    padded = torch.nn.functional.pad(data, (0, longest - data.numel()))
+    parts = [torch.empty(longest, dtype=torch.uint8, device=at) for _ in sizes] if receives else None
+    if dst is None:
+        wait(dist.all_gather(parts, padded, async_op=True), abort)
+    else:
+        wait(dist.gather(padded, parts, dst=dst, async_op=True), abort)
+    if parts is None:
+        return None
     return [
         signed.loads(part[: int(size.item())].cpu().numpy().tobytes(), secret, f"rank {rank}")
         for rank, (part, size) in enumerate(zip(parts, sizes))
@@ -120,6 +143,9 @@ class Peers:
 
     def all_gather_object(self, obj: object) -> list:
         return all_gather_object(obj, self.abort, self.secret)
+
+    def gather_object(self, obj: object, dst: int = 0) -> Optional[list]:
+        return gather_object(obj, dst, self.abort, self.secret)
 
     def broadcast_object(self, obj: object, src: int = 0) -> object:
         return broadcast_object(obj, src, self.abort, self.secret)

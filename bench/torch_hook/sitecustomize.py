@@ -4,6 +4,7 @@ error feedback and warm start) where the launcher registers its node-first hook:
 Put on PYTHONPATH by the benchmark; does nothing otherwise."""
 
 import os
+import sys
 
 if os.environ.get("LAUNCHER_BENCH_TORCH_POWERSGD") == "1":
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
@@ -18,6 +19,7 @@ if os.environ.get("LAUNCHER_BENCH_TORCH_POWERSGD") == "1":
                 None, matrix_approximation_rank=compression.rank, start_powerSGD_iter=max(2, compression.warmup_steps)
             )
             hook = powerSGD_hook.powerSGD_hook
+            print("bench/torch_hook: torch's powerSGD_hook registered", file=sys.stderr, flush=True)
         return _register(self, state, hook)
 
     DistributedDataParallel.register_comm_hook = _torch_powersgd

@@ -51,11 +51,11 @@ class Checkpointer:
         return str(self.resume_path)
 
     def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int) -> None:
-        """Collective (every rank hands rank 0 its RNG state, and its compression state: each leader's error
+        """Collective (every rank hands rank 0 its RNG state, and its compression state: each rank's error
         feedback is its own); rank 0 writes atomically and prunes."""
         mine = sync.compression_state()
-        gathered = self.peers.all_gather_object((rng_state(), mine))
-        if not env.is_main:
+        gathered = self.peers.gather_object((rng_state(), mine))
+        if gathered is None:  # not rank 0
             return
         path = checkpoint_path(self.dir, step)
         own = {} if mine is None else {"compression": [c for _, c in gathered]}

@@ -32,6 +32,7 @@ def _seeds_allreduce(rank, world, out_dir, healing=False):
     torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
     assert dist_helpers.get_rank() == rank and dist_helpers.get_world_size() == world
     assert peers.all_gather_object(f"r{rank}") == ["r0", "r1"]
+    assert peers.gather_object("x" * (3 + rank), dst=1) == (["xxx", "xxxx"] if rank == 1 else None)
     assert peers.broadcast_object({"from": rank}) == {"from": 0}
     assert peers.broadcast_object(list(range(rank, 300)), src=1) == list(range(1, 300))
     module = torch.nn.BatchNorm1d(2)
@@ -65,6 +66,7 @@ def _forged_objects(rank, world, out_dir):
     for call in (
         lambda: dist_helpers.all_gather_object(Planted(planted), secret=mine),
         lambda: dist_helpers.broadcast_object(Planted(planted), src=1, secret=mine),
+        lambda: dist_helpers.gather_object(Planted(planted), dst=0, secret=mine),
     ):
         if rank == 0:
             with pytest.raises(Forged, match="from rank 1 do not verify with the job's secret: not unpickled"):
@@ -87,6 +89,7 @@ def test_helpers_without_process_group():
     assert dist_helpers.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
     assert (dist_helpers.get_rank(), dist_helpers.get_world_size(), dist_helpers.is_main_process()) == (0, 1, True)
     assert dist_helpers.all_gather_object(7) == [7] and dist_helpers.broadcast_object(7) == 7
+    assert dist_helpers.gather_object(7) == [7]
     dist_helpers.barrier()
 
 
