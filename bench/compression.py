@@ -16,8 +16,8 @@ slowest rank's. Medians of the per-step times; ratios to ddp-flat measured in th
   ddp-torch-powersgd   torch DDP + torch's powerSGD_hook, rank 4, one bucket (it mismatches with several)
   ddp-ours-powersgd    torch DDP + our node-first hook with comm.compress=powersgd
   ours-none | ours-bf16 | ours-powersgd | ours-auto
-                       our reducer at the launcher's defaults (node-first, forward overlap, cap from the link;
-                       under PowerSGD backward overlap and 25 MB buckets) with each comm.compress
+                       our reducer at the launcher's defaults (node-first, forward overlap, cap and chunks sized
+                       from the link; under PowerSGD backward overlap, 25 MB buckets) with each comm.compress
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> t
         compression = build_compression(mode, RANK, COMPRESS_WARMUP)
         cap_mb = DDP_BUCKET_CAP_MB if mode == "powersgd" else cap_mb  # as the launcher sizes them (train/sync.py)
         reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=hierarchical, optimizer=opt,
-                                  compression=compression)  # fmt: skip
+                                  compression=compression, chunk_mb=cap_mb)  # fmt: skip
         return model, reducer.step
     ddp = DistributedDataParallel(model, bucket_cap_mb=64 if name == "ddp-torch-powersgd" else 25)
     keys = {id(p): i for i, p in enumerate(model.parameters())}

@@ -98,6 +98,7 @@ class GradientSync:
                 broadcast_buffers=cfg.broadcast_buffers,
                 optimizer=None if whole_gradient else optimizer,
                 overlap=None if cfg.overlap == "forward" and not whole_gradient else "backward",  # forward where it can
+                chunk_mb=cap,  # the forward overlap's chunks sized as buckets: latency a small share of each
                 peers=peers,
                 compression=self.compression,
             )
