@@ -55,7 +55,7 @@ def _explain_stall(group: Group, where: str, grace_s: float) -> str:
     stuck = [r for r in range(env.world_size) if not store.check([keys[r]])]
     if not stuck:
         return "every rank was waiting: a network or backend problem, not a stuck rank"
-    hosts = {r: store.get(f"joined/{r}").decode() for r in stuck}
+    hosts = {r: store.get(f"joined/{r}").decode() if store.check([f"joined/{r}"]) else "?" for r in stuck}
     named = ", ".join(f"rank {r} on {hosts[r]}" for r in stuck)
     return (
         f"stuck: {named} never reached it (the ranks waiting for it reported within {grace_s:.0f} s); see "

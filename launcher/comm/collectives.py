@@ -104,12 +104,14 @@ class _Pipeline:
         leader, leads = self.topology.leader, self.topology.is_leader
         inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
         suffix = f" lane {lane}" if lane else ""  # the trace's tracks
+        alone = len(self.topology.node_ranks) == 1  # no node phases (a collective of one would count as progress)
 
         def reduce(piece: Piece) -> None:
             if piece.prepare is not None:
                 piece.prepare()
-            with trace.span("reduce", "reduce (node)" + suffix, mb=round(mb(piece.tensor), 3)):
-                dist.reduce(piece.tensor, dst=leader, group=intra)
+            if not alone:
+                with trace.span("reduce", "reduce (node)" + suffix, mb=round(mb(piece.tensor), 3)):
+                    dist.reduce(piece.tensor, dst=leader, group=intra)
 
         def across(piece: Piece) -> None:
             if leads:
@@ -117,8 +119,9 @@ class _Pipeline:
                     piece.stage(piece.tensor, inter)
 
         def share(piece: Piece) -> None:
-            with trace.span("broadcast", "broadcast (node)" + suffix, mb=round(mb(piece.tensor), 3)):
-                dist.broadcast(piece.tensor, src=leader, group=intra_bcast)
+            if not alone:
+                with trace.span("broadcast", "broadcast (node)" + suffix, mb=round(mb(piece.tensor), 3)):
+                    dist.broadcast(piece.tensor, src=leader, group=intra_bcast)
             if piece.finish is not None:
                 piece.finish()
 
@@ -187,11 +190,13 @@ def in_launch_order(tensor: torch.Tensor, t: Topology, pieces: list[Piece]) -> F
                 piece.tensor.record_stream(side)  # a buffer of the plan's may be freed before the stream is done
             if piece.prepare is not None:
                 piece.prepare()
-            dist.reduce(piece.tensor, dst=t.leader, group=t.intra, async_op=True).wait()
+            alone = len(t.node_ranks) == 1
+            if not alone:
+                dist.reduce(piece.tensor, dst=t.leader, group=t.intra, async_op=True).wait()
             if t.is_leader:
                 piece.stage(piece.tensor, t.inter)  # its collectives are ordered on the side stream
-            shared = dist.broadcast(piece.tensor, src=t.leader, group=t.intra_bcast, async_op=True)
-            shared.wait()
+            if not alone:
+                dist.broadcast(piece.tensor, src=t.leader, group=t.intra_bcast, async_op=True).wait()
             if piece.finish is not None:
                 piece.finish()
         done: Future = Future(devices=[tensor.device]) if side is not None else Future()

@@ -217,6 +217,7 @@ class Healer:
         self.abort.next_round()
         assert self.store is not None
         store = dist.PrefixStore(f"round-{self.number}", self.store)  # one root for every round
+        store.set(f"joined/{env.rank}", env.hostname or "?")  # who holds each rank (stall.explain_stall reads it)
         init_group(store, env, self.backend, self.timeout_s)
         log.info("process group round %d: %s", self.number, env.describe())
         return Group(store, env, self.timeout_s)
