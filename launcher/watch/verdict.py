@@ -56,16 +56,25 @@ def _waits(progress: Progress) -> tuple[str, int, dict[str, Any]] | None:
     return name, seq, entry
 
 
+def _completed(ranks: Mapping[int, Progress]) -> dict[str, int]:
+    """Per group, the newest collective any member completed (one pass over the ranks)."""
+    done: dict[str, int] = {}
+    for p in ranks.values():
+        for group, g in p.get("groups", {}).items():
+            done[group] = max(done.get(group, -1), g.get("completed", -1))
+    return done
+
+
 def _past_done(
-    wait: tuple[str, int, dict[str, Any]] | None, mine: Progress, ranks: Mapping[int, Progress]
+    wait: tuple[str, int, dict[str, Any]] | None, mine: Progress, completed: Mapping[str, int]
 ) -> tuple[str, int, dict[str, Any]] | None:
     """A collective that a member of its group completed had every member in it: where a rank's oldest open one is
     such (gloo records an async op's end only once it is waited on), the rank waits in the next one it enqueued
-    (its description unknown here), or in none."""
+    (its description unknown here), or in none. ``completed``: ``_completed(ranks)``."""
     if wait is None:
         return None
     group, seq, entry = wait
-    done = max((p.get("groups", {}).get(group, {}).get("completed", -1) for p in ranks.values()), default=-1)
+    done = completed.get(group, -1)
     if seq > done:
         return wait
     enqueued = mine["groups"][group]["enqueued"]
@@ -101,8 +110,9 @@ def _note(rank: int, ranks: Mapping[int, Progress], now_ns: int, stale_s: float,
 
 def find_hang(ranks: Mapping[int, Progress], world: int, now_ns: int, stale_s: float) -> Hang | None:
     """The hang holding the job up, when a rank waits in a collective (None when none waits)."""
+    completed = _completed(ranks)  # once: per waiting rank it made the verdict O(waiting x ranks)
     waits = {
-        r: w for r, p in ranks.items() if not p.get("ended") and (w := _past_done(_waits(p), p, ranks)) is not None
+        r: w for r, p in ranks.items() if not p.get("ended") and (w := _past_done(_waits(p), p, completed)) is not None
     }
     if not waits:
         return None
