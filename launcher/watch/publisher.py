@@ -85,6 +85,7 @@ class Publisher:
         self.waiting = {k: v for k, v in self.waiting.items() if k[1] > status.get(k[0], (0, k[1]))[1]}  # still open
         groups = {}
         names = recorder.members()
+        everyone = list(range(self.env.world_size))  # written as None: 1,024 ranks made every file 7 KB
         for group, (enqueued, completed) in status.items():
             waiting = None
             if enqueued > completed:
@@ -93,7 +94,7 @@ class Publisher:
                     self.waiting[key] = self.recorder.waiting(group, completed + 1)
                 waiting = self.waiting.get(key)
             groups[group] = {
-                "members": names.get(group),
+                "members": None if names.get(group) == everyone else names.get(group),  # None: every rank
                 "desc": self.recorder.descs.get(group, ""),
                 "enqueued": enqueued,
                 "completed": completed,

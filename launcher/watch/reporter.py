@@ -42,7 +42,9 @@ def group_label(name: str, progress: dict[str, Any]) -> str:
     group = progress.get("groups", {}).get(name, {})
     if group.get("desc") == "default_pg" or name == "0":
         return "the default group"
-    members = group.get("members") or []
+    members = group.get("members")
+    if members is None:  # every rank of the job (the publisher leaves them out)
+        return f"group {name[:12]} (every rank)"
     ranks = ",".join(map(str, members)) if len(members) <= 8 else f"{len(members)} ranks"
     return f"group {name[:12]} (ranks {ranks})"
 
@@ -86,7 +88,7 @@ class Reporter:
         self.reported: tuple[Any, ...] | None = None
         self.stacks: dict[int, str] = {}
         self.asked = 0
-        self.stragglers = Stragglers(self.run, self.say)
+        self.stragglers = Stragglers(self.run, self.say, env.world_size)
 
     # ------------------------------------------------------------------------------------------------ beat
     def active(self) -> bool:

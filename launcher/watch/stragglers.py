@@ -18,8 +18,8 @@ SHARE = 0.2  # a straggler is late by at least this share of the step time
 
 
 class Stragglers:
-    def __init__(self, run_dir: RunDir, say: Callable[[str], None]) -> None:
-        self.run, self.say = run_dir, say
+    def __init__(self, run_dir: RunDir, say: Callable[[str], None], world: int) -> None:
+        self.run, self.say, self.world = run_dir, say, world
         self.ranks: dict[int, dict[str, Any]] = {}
         self.batches: dict[int, int] = {}
         self.arrivals: dict[str, dict[int, dict[int, tuple[int, str]]]] = {}
@@ -56,7 +56,7 @@ class Stragglers:
     def _members(self, group: str) -> list[int] | None:
         for p in self.ranks.values():
             if group in p.get("groups", {}):
-                return p["groups"][group].get("members")
+                return p["groups"][group].get("members") or list(range(self.world))  # None: every rank
         return None
 
     def _changes(self, found: dict[int, Any]) -> None:
