@@ -143,7 +143,10 @@ def watch_run(ranks: int, nodes: int, warn_s: float, clean_s: float, hosts: int,
         for proc in procs:
             proc.kill()
             proc.wait()
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    watched = json.loads(out.stdout.strip().splitlines()[-1])
+    if watched["named_s"] is None:  # a stall at this size must be named, and with the right rank
+        raise SystemExit(f"{ranks} ranks: the watch did not name rank {culprit} (it said: {watched['other']})")
+    return watched
 
 
 def main() -> None:
