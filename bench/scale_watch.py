@@ -97,6 +97,7 @@ def host(run: str, t0: float, ranks: int, nodes: int, first: int, last: int, sta
 def zero(
     run: str, t0: float, ranks: int, nodes: int, warn_s: float, clean_s: float, stall_at: int, culprit: int
 ) -> None:
+    """Rank 0's real watch; prints {"cpu": its share of a core in the clean window, "named_s": from the stall}."""
     _fake_torch_side(ranks)
     said: list[tuple[float, str]] = []
     handler = logging.Handler()

@@ -122,7 +122,7 @@ def time_links(
 
     with Topology.build(env, timeout_s=timeout_s) as topo:
         nodes = topo.layout.nodes
-        intra = time_allreduce(topo.intra, device) if len(topo.node_ranks) > 1 else None
+        intra = time_allreduce(topo.intra, device) if not topo.alone else None
         pairs = node_pairs(len(nodes))
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
         groups = [dist.new_group([nodes[a][0], nodes[b][0]], timeout=timeout) for a, b in pairs]  # collective

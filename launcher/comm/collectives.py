@@ -104,7 +104,7 @@ class _Pipeline:
         leader, leads = self.topology.leader, self.topology.is_leader
         inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(3)]
         suffix = f" lane {lane}" if lane else ""  # the trace's tracks
-        alone = len(self.topology.node_ranks) == 1  # no node phases (a collective of one would count as progress)
+        alone = self.topology.alone
 
         def reduce(piece: Piece) -> None:
             if piece.prepare is not None:
@@ -184,13 +184,13 @@ def in_launch_order(tensor: torch.Tensor, t: Topology, pieces: list[Piece]) -> F
     side = t.side_stream(tensor.device) if tensor.is_cuda else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(tensor.device))
+    alone = t.alone
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         for piece in pieces:
             if side is not None:
                 piece.tensor.record_stream(side)  # a buffer of the plan's may be freed before the stream is done
             if piece.prepare is not None:
                 piece.prepare()
-            alone = len(t.node_ranks) == 1
             if not alone:
                 dist.reduce(piece.tensor, dst=t.leader, group=t.intra, async_op=True).wait()
             if t.is_leader:
@@ -216,7 +216,7 @@ def hierarchical_allreduce(
         return _done(tensor)
     if topology.num_nodes == 1:  # one node: nothing crosses nodes, a plain allreduce is the hierarchy
         return flat_allreduce(tensor, topology.intra)
-    if len(topology.node_ranks) == 1 and not compression.active:  # alone on my node: the leaders' stage is all
+    if topology.alone and not compression.active:  # alone on my node: the leaders' stage is all
         return flat_allreduce(tensor, topology.inter)
     pieces = compression.plan(tensor, matrices, SEGMENT_BYTES // max(1, tensor.element_size()))
     if topology.launch_in_order:

@@ -162,14 +162,14 @@ class PowerSGD(Compression):
             offset, shape = (m.view.data_ptr() - base) // size, matrix_shape(m.view)
             if 0 <= offset and offset + m.view.numel() <= end and shape is not None and self.compresses(shape):
                 whole.append((offset, m.key, flat[offset : offset + m.view.numel()].view(shape)))
+        if not whole:
+            return plain_pieces(flat, elements)
         whole.sort(key=lambda item: item[0])
         gaps, at = [], 0
         for offset, _, matrix in whole:
             gaps += [flat[at:offset]] if offset > at else []
             at = offset + matrix.numel()
         gaps += [flat[at:]] if at < end else []
-        if not whole:
-            return plain_pieces(flat, elements)
         riders = gaps if sum(g.numel() for g in gaps) <= elements else []  # one collective fewer per gap
         rest = [piece for g in gaps for piece in plain_pieces(g, elements)] if not riders else []
         factors = _Factors(self, [(key, matrix) for _, key, matrix in whole], riders)

@@ -149,6 +149,12 @@ class Topology:
         return self.env.rank == self.leader
 
     @property
+    def alone(self) -> bool:
+        """The only rank of my node: node-first has no node phases (a collective of one would only look like
+        progress to the watch)."""
+        return len(self.node_ranks) == 1
+
+    @property
     def world_size(self) -> int:
         return self.layout.world_size
 

@@ -94,7 +94,7 @@ class Publisher:
                     self.waiting[key] = self.recorder.waiting(group, completed + 1)
                 waiting = self.waiting.get(key)
             groups[group] = {
-                "members": None if names.get(group) == everyone else names.get(group),  # None: every rank
+                "members": None if (members := names.get(group)) == everyone else members,  # None: every rank
                 "desc": self.recorder.descs.get(group, ""),
                 "enqueued": enqueued,
                 "completed": completed,
