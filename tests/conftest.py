@@ -76,10 +76,13 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (path, line, f"{reason}; HINT: {HOW_TO_RUN}")
 
 
+HEADS = "tests/harness/heads.py"  # (its command line)
+
+
 def descendants(pid: int) -> list[str]:
-    """``pid: command line`` of every live process below ``pid``, multiprocessing's own helpers (its resource
-    tracker and the fork server of ``harness.ranks.spawn_ranks`` live as long as the test process; the ranks forked from
-    the server count) aside; zombies are not running."""
+    """``pid: command line`` of every live process below ``pid``, the long-lived helpers aside (multiprocessing's
+    resource tracker, the fork server of ``harness.ranks.spawn_ranks`` and harness.heads' server of preloaded
+    heads live as long as the test process; the ranks and heads forked from them count); zombies are not running."""
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -98,7 +101,7 @@ def descendants(pid: int) -> list[str]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        helper = "multiprocessing.resource_tracker" in cmdline or "multiprocessing.forkserver" in cmdline
+        helper = any(h in cmdline for h in ("multiprocessing.resource_tracker", "multiprocessing.forkserver", HEADS))
         if not (helper and child in children.get(pid, [])):  # the fork server's own children (ranks) count
             found.append(f"{child}: {cmdline[:160]}")
     return found

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO
+from harness import REPO, heads
 from harness.beds import ALL, HOSTS, LEFT_S, SUBNET, command_line, job_processes, needs_ssh_machines, wait_nothing_left
 from harness.checks import assert_same_trajectory, expect_root_cause, final_state
 from harness.jobs import HEAL_JOB, job_args
 from harness.probes import scanning_processes
-from harness.run import launcher_argv, run_launcher, run_watched, wait_first_checkpoint
+from harness.run import launcher_argv, run_launcher, run_watched, user_env, wait_first_checkpoint
 from launcher.train.checkpoint import verify
 
 pytestmark = needs_ssh_machines
@@ -35,7 +35,7 @@ def ranks_on(hosts: list[str]) -> list[str]:
     return [p for p in pids if "launcher.rank_entry" in command_line(p)]
 
 
-def ssh_client(head: subprocess.Popen, host: str) -> str:
+def ssh_client(head: heads.Process, host: str) -> str:
     """The pid of the head's ssh connection to ``host``'s agent."""
     for proc in Path("/proc").iterdir():
         try:
@@ -86,18 +86,15 @@ def test_failing_rank_on_the_second_machine_is_named(ssh_args, tmp_path, kind, w
     assert time.monotonic() - started < 60
 
 
-def start_head(ssh_args: list[str], run_dir: Path, *overrides: str, fault: str = "") -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_"))}
-    if fault:
-        env["LAUNCHER_FAULT"] = fault
-    return subprocess.Popen(
-        launcher_argv(run_dir, *ssh_args, *overrides),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(run_dir.parent / f"{run_dir.name}-head.log", "w"),
-        start_new_session=True,  # its own process group, as a shell gives a foreground job
-    )
+def start_head(ssh_args: list[str], run_dir: Path, *overrides: str, fault: str = "") -> heads.Process:
+    """The ssh head in the background, in its own process group (as a shell gives a foreground job), its stderr in
+    ``<run>-head.log``."""
+    with open(run_dir.parent / f"{run_dir.name}-head.log", "w") as log:
+        argv = launcher_argv(run_dir, *ssh_args, *overrides)
+        return heads.popen(
+            argv, cwd=REPO, env=user_env({"LAUNCHER_FAULT": fault} if fault else {}),
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
 
 
 DELAY_S = 2.0  # the heal test's slowed rank, each step until the machine is back: it joins within 20 steps (40 s)

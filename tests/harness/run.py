@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from harness import REPO
+from harness import REPO, heads
 
 LAUNCHER = ("-m", "launcher")
 # matplotlib's curves cost a CPU second a job: a test that looks at them asks (test_watch); the rest skip them
@@ -126,9 +126,7 @@ def run_job(
     err = subprocess.STDOUT if stdout == "merge" else subprocess.PIPE
     run = Run(argv)
     started = time.monotonic()
-    proc = subprocess.Popen(
-        argv, cwd=REPO, env=user_env(env, drop), stdout=out, stderr=err, text=True, start_new_session=True
-    )
+    proc = heads.popen(argv, cwd=REPO, env=user_env(env, drop), stdout=out, stderr=err)
     arrived: queue.SimpleQueue = queue.SimpleQueue()  # (monotonic, wall clock, stream, line); None at each end
     streams = [(name, pipe) for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)) if pipe is not None]
     readers = [threading.Thread(target=_read, args=(pipe, name, arrived), daemon=True) for name, pipe in streams]
@@ -182,7 +180,7 @@ def _drain(arrived: queue.SimpleQueue) -> list[tuple[float, float, str, str]]:
     return items
 
 
-def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+def _signal_group(proc: heads.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
 
@@ -248,17 +246,15 @@ def run_watched(
     return run.code, run.stderr, head.wall if head is not None else 0.0
 
 
-def start_head(run_dir: Path, *overrides: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+def start_head(run_dir: Path, *overrides: str, log: Path, env: dict | None = None) -> heads.Process:
     """``python -m launcher`` in the background, in its own process group (as a shell gives a foreground job),
     stderr to ``log``."""
     with open(log, "w") as stderr:
-        return subprocess.Popen(
-            launcher_argv(run_dir, *overrides), cwd=REPO, env=user_env(env), stdout=subprocess.DEVNULL,
-            stderr=stderr, start_new_session=True,
-        )  # fmt: skip
+        argv = launcher_argv(run_dir, *overrides)
+        return heads.popen(argv, cwd=REPO, env=user_env(env), stdout=subprocess.DEVNULL, stderr=stderr)
 
 
-def wait_first_checkpoint(head: subprocess.Popen, run_dir: Path, log: Path, timeout: float = 120) -> list[Path]:
+def wait_first_checkpoint(head: heads.Process, run_dir: Path, log: Path, timeout: float = 120) -> list[Path]:
     """Until the job wrote a checkpoint (the head must still run); the checkpoints then."""
     deadline = time.monotonic() + timeout
     while not list(run_dir.glob("checkpoints/step-*.pt")):
