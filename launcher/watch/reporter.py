@@ -29,7 +29,7 @@ from typing import Any, Optional
 from .. import logs
 from ..env import DistEnv
 from ..failures import Failure, record_exits
-from ..files import write_json_atomic
+from ..files import read_bytes, write_json_atomic
 from ..liveness import ANSWER_WAIT_S, SILENT_MIN_S, STALE_S
 from ..run_dir import RunDir, progress_file, report_file, request_file, stack_file
 from .stragglers import Stragglers
@@ -84,6 +84,7 @@ class Reporter:
         # a stopped rank is named silent by the time its hang is reported, however short comm.timeout_s is
         self.stale_s = max(SILENT_MIN_S, min(STALE_S, self.warn_s))
         self.ranks: dict[int, dict[str, Any]] = {}
+        self.paths: dict[int, str] = {}  # each rank's progress file (1,024 reads a second: no Path objects)
         self.request: dict[str, Any] | None = None
         self.reported: tuple[Any, ...] | None = None
         self.stacks: dict[int, str] = {}
@@ -126,8 +127,11 @@ class Reporter:
             self._ask(now_ns)  # reported again, with fresh stacks, at twice the stall of the last report
 
     def _read(self, rank: int) -> None:
+        path = self.paths.get(rank)
+        if path is None:
+            path = self.paths[rank] = str(progress_file(self.dir, rank))
         try:
-            self.ranks[rank] = json.loads(progress_file(self.dir, rank).read_text())
+            self.ranks[rank] = json.loads(read_bytes(path))
         except (OSError, ValueError):
             pass  # not written yet, or being replaced: the previous read stands
 

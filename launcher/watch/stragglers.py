@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..files import read_bytes
 from ..liveness import KEEP_ARRIVALS_S, STRAGGLER_MIN_LATE_S, STRAGGLER_WINDOW_S
 from ..run_dir import RunDir, arrivals_file
 from .verdict import find_stragglers
@@ -33,7 +34,7 @@ class Stragglers:
         for rank, p in self.ranks.items():
             if p.get("batch", 0) != self.batches.get(rank):
                 try:
-                    batch = json.loads(arrivals_file(folder, rank).read_text())
+                    batch = json.loads(read_bytes(str(arrivals_file(folder, rank))))
                 except (OSError, ValueError):
                     continue  # being replaced: read at the next beat
                 self.batches[rank], fresh = batch["batch"], True

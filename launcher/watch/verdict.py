@@ -20,11 +20,12 @@ newest sequence numbers) and ``waiting`` (the collective it waits in: ``seq what
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 Progress = Mapping[str, Any]
 
@@ -175,14 +176,20 @@ MIN_STEPS = 5  # steps in a window before anyone is named
 CONSISTENT = 0.75  # the share of the window's steps a straggler must be the last in
 
 
-def _median_without(ordered: list[int], value: int) -> float:
-    """The median of ``ordered`` (sorted) without one occurrence of ``value``: the others' median, in O(1)."""
-    i, n = bisect_left(ordered, value), len(ordered) - 1
+def _behind(times: torch.Tensor) -> torch.Tensor:
+    """``times``: [ranks, collectives] (ns). Each rank's lateness in each collective against the others' median
+    (itself left out), doubled so that it stays an exact integer: O(ranks log ranks) per collective, in C."""
+    n = times.shape[0]
+    ordered, order = times.sort(dim=0, stable=True)
+    place = torch.empty_like(order)
+    place.scatter_(0, order, torch.arange(n).unsqueeze(1).expand_as(order))  # each rank's place in the order
 
-    def at(k: int) -> int:
-        return ordered[k if k < i else k + 1]
+    def at(k: int) -> torch.Tensor:  # the k-th of the others: the k-th, or the next one from the rank's place on
+        return torch.where(place > k, ordered[k], ordered[min(k + 1, n - 1)])
 
-    return float(at(n // 2)) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+    others = n - 1
+    median2 = 2 * at(others // 2) if others % 2 else at(others // 2 - 1) + at(others // 2)
+    return 2 * times - median2
 
 
 def _steps(seqs: list[int], signature: Mapping[int, str]) -> list[list[int]]:
@@ -218,27 +225,29 @@ def find_stragglers(
     seqs = sorted(set.intersection(*(set(arrivals[r]) for r in ranks)))
     if not seqs:
         return []
-    middle = {s: statistics.median(arrivals[r][s][0] for r in ranks) for s in seqs}
-    newest = middle[seqs[-1]]
-    seqs = [s for s in seqs if newest - middle[s] <= window_s * 1e9]
-    blocks = _steps(seqs, {s: arrivals[ranks[0]][s][1] for s in seqs}) if seqs else []
+    # [ranks, collectives], relative to the earliest (exact in float64), and each collective's median arrival
+    times = torch.tensor([[arrivals[r][seq][0] for seq in seqs] for r in ranks], dtype=torch.int64)
+    times -= times.min()
+    ordered = times.sort(dim=0).values
+    medians = ((ordered[(len(ranks) - 1) // 2] + ordered[len(ranks) // 2]).double() / 2).tolist()
+    keep = [i for i, m in enumerate(medians) if medians[-1] - m <= window_s * 1e9]
+    seqs, times = [seqs[i] for i in keep], times[:, keep]
+    middle = {seq: medians[i] for seq, i in zip(seqs, keep)}
+    blocks = _steps(seqs, {s: arrivals[ranks[0]][s][1] for s in seqs})
     if len(blocks) < MIN_STEPS:
         return []
     step_s = statistics.median((middle[b[0]] - middle[a[0]]) / 1e9 for a, b in zip(blocks, blocks[1:]))
-    late: dict[int, list[float]] = {r: [] for r in ranks}
-    tops: list[int] = []
-    for block in blocks:
-        behind = {}
-        ordered = {s: sorted(arrivals[r][s][0] for r in ranks) for s in block}
-        for r in ranks:
-            behind[r] = max(arrivals[r][s][0] - _median_without(ordered[s], arrivals[r][s][0]) for s in block)
-            late[r].append(behind[r] / 1e9)
-        top = max(ranks, key=lambda r: behind[r])
-        tops.append(top)
+    column = {seq: i for i, seq in enumerate(seqs)}
+    behind2 = _behind(times)
+    late2 = torch.stack([behind2[:, [column[s] for s in block]].amax(dim=1) for block in blocks])  # [blocks, ranks]
+    tops = [ranks[i] for i in late2.argmax(dim=1).tolist()]  # each step's latest (the first of a tie)
     found = []
-    for r in ranks:
-        bar = max(min_share * step_s, min_late_s)
-        if tops.count(r) >= CONSISTENT * len(blocks) and statistics.median(late[r]) >= bar and step_s > 0:
-            lagging = [top == r and lag >= bar for top, lag in zip(tops, late[r])]
-            found.append(Straggler(r, statistics.median(late[r]), step_s, _onset(r, lagging, blocks, arrivals)))
+    bar = max(min_share * step_s, min_late_s)
+    for i, r in enumerate(ranks):
+        if tops.count(r) < CONSISTENT * len(blocks) or step_s <= 0:
+            continue
+        late = (late2[:, i].double() / 2e9).tolist()
+        if statistics.median(late) >= bar:
+            lagging = [top == r and lag >= bar for top, lag in zip(tops, late)]
+            found.append(Straggler(r, statistics.median(late), step_s, _onset(r, lagging, blocks, arrivals)))
     return found
