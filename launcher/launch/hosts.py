@@ -262,3 +262,26 @@ def check_hosts(
             file=sys.stderr,
         )
     return results
+
+
+# The head's open files per machine while a job runs: its ssh client's three pipes, and the host check's three while
+# the hosts are checked in parallel (with headroom for the store's clients and the run dir's files)
+FILES_PER_HOST, FILES_BASE = 6, 256
+
+
+def open_files_for(hosts: int) -> None:
+    """Raise this head's soft limit on open files to what ``hosts`` machines need (up to the hard limit; a default
+    soft limit of 1,024 holds about 130 machines); a ``ConfigError`` naming the limit when the hard one is lower."""
+    import resource
+
+    need = FILES_BASE + FILES_PER_HOST * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ConfigError(
+            f"cluster.hosts: {hosts} machines need about {need} open files on this head, over its hard limit of "
+            f"{hard}; HINT: raise it (`ulimit -Hn {need}` as root, or nofile in /etc/security/limits.conf), or "
+            "start the job from a head with a higher limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

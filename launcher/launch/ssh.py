@@ -60,7 +60,7 @@ from ..membership import Membership
 from ..run_dir import RunDir
 from ..secret import Secret
 from .head import Control, NodeArgs, print_stopped, wait_nodes
-from .hosts import SSH_LOST, ready_hosts, resolve_hosts
+from .hosts import SSH_LOST, open_files_for, ready_hosts, resolve_hosts
 from .mode import BaseMode, LaunchPlan
 from .ssh_heal import run_healing_attempt
 from .ssh_nodes import SshNode, forwarding_stops, heartbeats, saying_if_slow
@@ -91,6 +91,7 @@ class SshMode(BaseMode):
 
 
 def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
+    open_files_for(len(c.hosts))
     members = Membership(job.run_dir, list(c.hosts), plan.min_nodes, c.max_restarts)
     secret = Secret.new()  # the job's: each host gets it as the first line of its connection's stdin
     lost: list[str] = []

@@ -56,3 +56,22 @@ def test_a_start_up_phase_over_2_s_says_what_the_head_waits_for(monkeypatch, cap
     while "connecting" not in (err := capfd.readouterr().err) and time.monotonic() < deadline:
         heard.wait(0.05)
     assert err == "[launcher] connecting to vm1, vm2 over ssh ...\n", err
+
+
+def test_the_head_raises_its_open_files_limit_for_many_machines_or_names_it(monkeypatch):
+    """1,000 machines hold ~6,000 descriptors on the head, over a default soft limit of 1,024: the head raises its
+    soft limit up to the hard one, or refuses before anything starts, naming the limit and the fix."""
+    import resource
+
+    from launcher.launch.hosts import open_files_for
+
+    set_to: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 4096))
+    monkeypatch.setattr(resource, "setrlimit", lambda what, limits: set_to.append(limits))
+    open_files_for(100)  # 856 files: within the soft limit
+    assert set_to == []
+    open_files_for(500)  # 3,256
+    assert set_to == [(3256, 4096)]
+    with pytest.raises(ConfigError, match=r"cluster.hosts: 1000 machines need about 6256 open files on this head, "
+                       r"over its hard limit of 4096; HINT: raise it \(`ulimit -Hn 6256`"):  # fmt: skip
+        open_files_for(1000)
