@@ -58,10 +58,12 @@ def no_world_writable_files() -> None:
 
 def remove_empty_dirs(root: str | Path) -> None:
     """Every empty directory under ``root`` (and ``root`` when it ends up empty), deepest first: torch elastic makes
-    a folder per rank and attempt for logs the launcher redirects elsewhere; a run leaves none of them empty."""
-    for path in sorted(Path(root).glob("**/"), key=lambda p: len(p.parts), reverse=True):
+    a folder per rank and attempt for logs the launcher redirects elsewhere; a run leaves none of them empty. Another
+    node's agent may clean the same shared folder meanwhile (machines started by hand): what vanishes mid-walk is
+    skipped (``os.walk`` ignores it; a glob raised FileNotFoundError and failed a finished job)."""
+    for path, _, _ in os.walk(root, topdown=False):
         try:
-            path.rmdir()
+            os.rmdir(path)
         except OSError:  # not empty (an error file a failed rank left), or gone
             pass
 

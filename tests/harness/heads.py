@@ -33,6 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 FRESH_PREFIXES = ("TORCH", "OMP_", "MKL_", "KMP_", "PYTHON", "LD_", "CUDA", "NCCL", "GLOO", "HYDRA")
 _server: subprocess.Popen | None = None
+_server_environ: dict[str, str] = {}  # the environment the server imported under
 _control: socket.socket | None = None
 _lock = threading.Lock()
 
@@ -47,6 +48,11 @@ class Head:
         self.returncode: int | None = None
         self.pid = int(self._line(None).split()[1])
 
+    def _exited(self, line: str) -> int:
+        self.returncode = int(line.split()[1])
+        self._reply.close()
+        return self.returncode
+
     def _line(self, timeout: float | None) -> str:
         self._reply.settimeout(timeout)
         while b"\n" not in self._buffer:
@@ -60,7 +66,7 @@ class Head:
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                self.returncode = int(self._line(0).split()[1])
+                return self._exited(self._line(0))
             except (BlockingIOError, TimeoutError):
                 return None
         return self.returncode
@@ -68,7 +74,7 @@ class Head:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                self.returncode = int(self._line(timeout).split()[1])
+                return self._exited(self._line(timeout))
             except TimeoutError:
                 raise subprocess.TimeoutExpired(f"head {self.pid}", timeout or 0) from None
         return self.returncode
@@ -132,7 +138,7 @@ def popen(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Any, stder
 def _forkable(argv: list[str], env: dict[str, str]) -> bool:
     if os.environ.get("LAUNCHER_TEST_FRESH_HEADS") == "1" or argv[:3] != [sys.executable, "-m", "launcher"]:
         return False
-    base = _server_env()
+    base = _server_environ if _server is not None and _server.poll() is None else _server_env()
     keys = {k for k in {*env, *base} if k.startswith(FRESH_PREFIXES)}
     return all(env.get(k) == base.get(k) for k in keys)
 
@@ -142,11 +148,12 @@ def _server_env() -> dict[str, str]:
 
 
 def _connect() -> socket.socket:
-    global _server, _control
+    global _server, _server_environ, _control
     if _server is None or _server.poll() is not None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _server_environ = _server_env()
         _server = subprocess.Popen(
-            [sys.executable, __file__, str(theirs.fileno())], cwd=REPO, env=_server_env(), pass_fds=[theirs.fileno()],
+            [sys.executable, __file__, str(theirs.fileno())], cwd=REPO, env=_server_environ, pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         theirs.close()
