@@ -1,6 +1,6 @@
 """Scale benchmark (issue 39): the launcher's control plane at many ranks and nodes, simulated on one machine.
 
-    python bench/scale.py [--sizes 8:2,64:16,256:64,1024:256] [--lost-after-s 3] [--json PATH]
+    python bench/scale.py [--sizes 8:2,64:16,256:64,1024:256 | --ranks 1024] [--lost-after-s 3] [--json PATH]
 
 Drives the launcher's real code, not a model of it, with lightweight stand-ins for the ranks and nodes:
 
@@ -156,8 +156,11 @@ def main() -> None:
     parser.add_argument("--warn-s", type=float, default=10.0, help="comm.hang_warn_s for the watch")
     parser.add_argument("--clean-s", type=float, default=20.0, help="seconds of clean run before the stall")
     parser.add_argument("--hosts", type=int, default=3, help="processes hosting the simulated ranks")
+    parser.add_argument("--ranks", help="RANKS[,RANKS...]: the sizes with 4 ranks a node (instead of --sizes)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.ranks:
+        args.sizes = ",".join(f"{r}:{max(1, int(r) // 4)}" for r in args.ranks.split(","))
     sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
     result: dict[str, list] = {k: [] for k in ("ranks", "nodes", "watch_name_s", "rank0_watch_cpu")}
     result.update(keeper_decide_s=[], report_s=[])
