@@ -55,6 +55,7 @@ from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit, settle_exit_code
 from .files import no_world_writable_files
+from .help import CONF_DIR
 from .launch.plan import plan_job
 from .plot import plot_all
 from .run_dir import RunDir
@@ -63,7 +64,6 @@ from .sweep import Sweep
 from .train.banner import describe_span
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:

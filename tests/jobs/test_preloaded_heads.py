@@ -26,7 +26,7 @@ def both(*args: str, env: dict[str, str] | None = None) -> list[tuple[int, str, 
 
 def test_a_forked_head_prints_and_ends_as_a_fresh_one():
     forked, fresh = both("--help")
-    assert forked == fresh and forked[0] == 0 and "== Configuration groups ==" in forked[1], (forked, fresh)
+    assert forked == fresh and forked[0] == 0 and "== Exit codes ==" in forked[1], (forked, fresh)
     forked, fresh = both("cluster.procs_per_node=0", "hydra.run.dir=/nonexistent/never")
     assert forked == fresh and forked[0] != 0 and "cluster.procs_per_node" in forked[2], (forked, fresh)
 
