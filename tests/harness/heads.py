@@ -138,9 +138,12 @@ def popen(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Any, stder
 def _forkable(argv: list[str], env: dict[str, str]) -> bool:
     if os.environ.get("LAUNCHER_TEST_FRESH_HEADS") == "1" or argv[:3] != [sys.executable, "-m", "launcher"]:
         return False
-    base = _server_environ if _server is not None and _server.poll() is None else _server_env()
-    keys = {k for k in {*env, *base} if k.startswith(FRESH_PREFIXES)}
-    return all(env.get(k) == base.get(k) for k in keys)
+    return _import_time(env) == _import_time(_server_env())
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    """The variables torch or Python may read at import time (the server must have imported under the same)."""
+    return {k: v for k, v in env.items() if k.startswith(FRESH_PREFIXES)}
 
 
 def _server_env() -> dict[str, str]:
@@ -149,6 +152,10 @@ def _server_env() -> dict[str, str]:
 
 def _connect() -> socket.socket:
     global _server, _server_environ, _control
+    drifted = _import_time(_server_environ) != _import_time(_server_env())
+    if _server is not None and _server.poll() is None and drifted and _control is not None:
+        _control.close()  # the old server ends once its running heads have ended (it still reports their exits)
+        _server = None
     if _server is None or _server.poll() is not None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         _server_environ = _server_env()
@@ -170,12 +177,13 @@ def _serve(control: socket.socket) -> None:
 
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, None)
-    while True:
+    while selector.get_map():
         for key, _ in selector.select():
             if key.data is None:
                 message, fds, _, _ = socket.recv_fds(control, 1 << 22, 4)
-                if not message:
-                    return  # the test process ended
+                if not message:  # the test process ended or replaced this server: report the running heads' ends
+                    selector.unregister(control)
+                    continue
                 reply = socket.socket(fileno=fds[0])
                 pid = os.fork()
                 if pid == 0:  # the child keeps none of the server's descriptors

@@ -39,3 +39,16 @@ def test_a_forked_head_has_its_own_session_environment_and_directory(tmp_path):
     forked, fresh = both(*args, env={"PROBE": "yes"})
     line = f"{REPO} True yes {probe}"
     assert forked[0] == fresh[0] == 0 and line in forked[1] and line in fresh[1], (forked, fresh)
+
+
+def test_an_environment_changed_at_import_time_gets_a_server_of_its_own(monkeypatch):
+    """A variable torch may read at import, set in this process after the server imported (an in-process launch
+    sets one): the next head is forked from a new server that imported under it; the old one ends."""
+    argv = [sys.executable, "-m", "launcher", "--help"]
+    first = heads.popen(argv, cwd=REPO, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert first.wait(timeout=60) == 0
+    old = heads._server
+    monkeypatch.setenv("TORCH_LAUNCHER_TEST_DRIFT", "1")
+    second = heads.popen(argv, cwd=REPO, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert isinstance(second, heads.Head) and second.wait(timeout=60) == 0
+    assert heads._server is not old and old is not None and old.wait(timeout=30) == 0
