@@ -21,6 +21,7 @@ from harness.probes import stranger_writing
 from harness.run import run_launcher, start_head, wait_first_checkpoint
 from launcher.config import ConfigError
 from launcher.launch.netns import RECORDS, SimNetwork
+from launcher.liveness import STOP_DEADLINE_S
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 
@@ -339,7 +340,8 @@ def job_processes(run_dir) -> list[str]:
 def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, sig, group, code):
     """Issue 36: SIGTERM to a sim head's PID alone ended the head (143, nothing said) and left both node processes
     and their ranks training headless under init. Now the head passes the stop on: the ranks agree on a step and
-    checkpoint, the head exits 143 / 130 with the stop line, and no process of the job is left within 15 s; Ctrl-C
+    checkpoint, the head exits 143 / 130 with the stop line (within STOP_DEADLINE_S + 10 s on a loaded machine: ~0.5 s
+    alone), and no process of the job is left 15 s later; Ctrl-C
     (SIGINT to the group, as a terminal sends it) prints no traceback."""
     run_dir, log = tmp_path / "run", tmp_path / "head.log"
     job = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1", "train.epochs=200")
@@ -348,10 +350,17 @@ def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, 
         first = wait_first_checkpoint(head, run_dir, log)
         (os.killpg if group else os.kill)(head.pid, sig)
         stopped = time.monotonic()
-        assert head.wait(timeout=15) == code, log.read_text()[-3000:]
-        while (left := job_processes(run_dir)) and time.monotonic() - stopped < 15:
+        try:  # STOP_DEADLINE_S (25 s) bounds a rank that cannot reach a step boundary; a stop takes ~0.5 s alone
+            assert head.wait(timeout=STOP_DEADLINE_S + 10) == code, log.read_text()[-3000:]
+        except subprocess.TimeoutExpired:
+            ranks = "".join(f"\n--- {p.name}:\n{p.read_text()[-1500:]}" for p in sorted(run_dir.glob("logs/*.log")))
+            pytest.fail(
+                f"the head still runs {STOP_DEADLINE_S + 10:.0f} s after {sig.name}:\n{log.read_text()[-3000:]}{ranks}"
+            )
+        took, ended = time.monotonic() - stopped, time.monotonic()
+        while (left := job_processes(run_dir)) and time.monotonic() - ended < 15:
             time.sleep(0.2)
-        assert not left, "still running 15 s after the stop:\n" + "\n".join(left)
+        assert not left, f"still running 15 s after the head ended ({took:.1f} s after the stop):\n" + "\n".join(left)
     finally:
         if head.poll() is None:
             os.killpg(head.pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 with open(os.path.join(sys.argv[1], f"threads-{dist.get_rank()}.json"), "w") as f:
     json.dump({"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}, f)
+dist.barrier()  # without one collective, rank 0 may leave while rank 1 still connects: "Connection closed by peer"
 dist.destroy_process_group()
 """
 
