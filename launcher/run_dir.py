@@ -11,6 +11,8 @@ file system in every multi-node mode). What it holds (who writes it):
   checkpoints/step-<N>.pt (+ .sha256)  the training state, names in ``checkpoint_names`` (rank 0)
   metrics.jsonl                        one JSON line per logged step and evaluation (rank 0); straggler lines
                                        (rank 0's watch)
+  tensorboard/events.out.tfevents.*    metrics.jsonl's train and eval numbers as TensorBoard scalars,
+                                       ``train.tensorboard=true`` (rank 0; one file per process that wrote)
   summary.json                         the run's summary, at the end (rank 0)
   membership.jsonl                     one JSON line per change of machines (the head; rank 0 when healing
                                        in place)
@@ -93,6 +95,11 @@ class RunDir:
     def metrics(self) -> Path:
         """One JSON line per logged step and evaluation: rank 0 (``train.metrics``); straggler lines: the watch."""
         return self.path / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's event files: rank 0 (``train.tensorboard=true``, ``train.metrics.TensorBoardWriter``)."""
+        return self.path / "tensorboard"
 
     @property
     def summary(self) -> Path:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, lint, type-check and check the import contracts, then run the tests:
+# Set up the environment if needed, lint, type-check, check the import contracts, build the docs, then run the tests:
 #   ./scripts/test.sh [--fast] [pytest args...]
 # The suite is in four tiers (tests/README.md): rules/ (no process), ranks/ (real gloo ranks, no launcher), jobs/
 # (python -m launcher on this machine), beds/ (network namespaces, the ssh machines, the local Slurm: root).
@@ -7,6 +7,11 @@
 source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/.." || exit 1
 ruff check . && ruff format --check . && mypy && lint-imports || { echo "lint/type/import check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
+# the docs site (docs/, mkdocs.yml), warnings as errors: a broken link, a missing page or a stale snippet fails
+site="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$site"; built=$?
+rm -rf "$site"
+[ "$built" = 0 ] || { echo "docs build failed (mkdocs build --strict): fix the page it names" >&2; exit 1; }
 if [ "${1:-}" = "--fast" ]; then shift; set -- tests/rules tests/ranks "$@"; fi
 # three workers (pytest-xdist; the beds' tests mostly wait on timeouts, daemons and heartbeats): the modules using one
 # of the host's test beds (network namespaces, the ssh machines, the local Slurm) run one after another on one worker,

@@ -130,18 +130,18 @@ class SlurmClusterConfig(ClusterConfig):
 
     kind: str = "slurm"
     partition: Optional[str] = None  # null = the cluster's default partition
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    account: Optional[str] = None  # sbatch --account (null: your default)
+    qos: Optional[str] = None  # sbatch --qos
     time_min: int = 60  # time limit; > 10 so a preemption signal is not mistaken for a timeout
-    cpus_per_task: int = 1
+    cpus_per_task: int = 1  # CPUs of each task (one task per rank)
     mem_gb: Optional[float] = None  # memory per node
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
+    constraint: Optional[str] = None  # sbatch --constraint: node features, e.g. a100
+    exclude: Optional[str] = None  # sbatch --exclude: nodes not to use, e.g. node[3-4]
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # any other #SBATCH option: {key: value}
     setup: list[str] = field(default_factory=list)  # shell lines run before the tasks start (module load ...)
     signal_delay_s: int = 120  # Slurm sends SIGUSR2 this long before the time limit: checkpoint and requeue
     max_requeues: int = 3  # preemptions/timeouts survived (each resumes from the checkpoint)
-    job_name: str = "launcher"
+    job_name: str = "launcher"  # the Slurm job's name (squeue)
     folder: str = "submitit"  # submitit's files, inside the run dir
     wait: bool = True  # wait for the job, streaming rank 0's log; false returns after submission
 

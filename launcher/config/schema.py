@@ -46,6 +46,8 @@ class TrainConfig:
     metric: Optional[str] = None  # pkg.module.fn(outputs, targets) -> value, reported in place of the accuracy
     plots: bool = True  # render run_dir/plots/curves.png at the end (false: skip matplotlib's ~1 s; render it
     #                     later with python -m launcher plot RUN_DIR)
+    tensorboard: bool = False  # rank 0 also writes metrics.jsonl's numbers as TensorBoard scalars into
+    #                            run_dir/tensorboard/ (pip install 'launcher[tensorboard]')
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
@@ -85,7 +87,7 @@ class OptimConfig:
     name: str = "sgd"  # sgd | adamw
     lr: float = 0.1  # for one rank's batch when lr_scaling=linear, else for the global batch
     momentum: float = 0.9  # sgd only
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # L2 penalty (sgd) / decoupled weight decay (adamw)
     lr_scaling: str = "none"  # none | linear (lr x world size: more GPUs, larger batch, larger lr)
     scheduler: str = "cosine"  # none | cosine (to 0 over the run)
     warmup_steps: int = 0  # linear warm-up before the schedule
@@ -126,7 +128,7 @@ class CommConfig:
     #                           communication behind the optimizer and the next forward (where the run allows it:
     #                           the banner names what disables it) | backward: wait for every bucket in backward
     trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
-    trace_steps: int = 5
+    trace_steps: int = 5  # comm.trace: how many steps the timeline covers
     compress: str = "none"  # what crosses nodes (the sum inside a node stays exact): none | bf16 (half the bytes) |
     #                         powersgd (low rank, error feedback: launcher/comm/compress.py) | auto (by the link)
     powersgd_rank: int = 4  # comm.compress=powersgd: the rank of each weight matrix's approximation
@@ -172,8 +174,8 @@ DATASETS = ("digits", "synthetic", "idx")
 class DataConfig:
     name: str = "digits"  # digits (bundled with scikit-learn) | synthetic | idx (MNIST/Fashion-MNIST files)
     image_size: int = 28  # images are resized to image_size x image_size
-    channels: int = 1
-    num_classes: int = 10
+    channels: int = 1  # image channels (1 grey, 3 colour), given to the model as in_channels
+    num_classes: int = 10  # label classes, given to the model
     path: Optional[str] = None  # idx: directory holding train-images-idx3-ubyte[.gz] and friends
     test_fraction: float = 0.2  # digits: held-out share (stratified, fixed split)
     train_samples: int = 4096  # synthetic
@@ -221,7 +223,7 @@ class JobConfig:
     doctor: bool = False  # check the cluster (reachability, interfaces, GPUs, link speeds) instead of training
     preflight: bool = False  # run the doctor's checks at the start of training and log them
     script: Optional[str] = None  # run this torchrun-compatible script instead of the built-in trainer
-    script_args: list[str] = field(default_factory=list)
+    script_args: list[str] = field(default_factory=list)  # the script's own arguments: script_args=[--lr,0.1]
     run_dir: str = "."  # filled from Hydra's run dir; every file of the run goes there
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, to_job
 from ..config.keys import check_model_keys
-from ..config.rules import heals_in_place
+from ..config.rules import check_tensorboard, heals_in_place
 from ..env import DistEnv
 from ..gpus import backend_for
 from ..threads import plan_line
@@ -45,6 +45,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         cfg.cluster.min_nodes = cfg.cluster.nodes
     job = to_job(cfg)
     check_model_keys(job.model)
+    check_tensorboard(job.train)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
     procs, gpus = int(c.procs_per_node or 0), int(c.gpus_per_node or 0)

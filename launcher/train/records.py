@@ -49,11 +49,12 @@ def progress_bar(total: int, initial: int, main: bool) -> Iterator[tqdm]:
 
 
 class Records:
-    def __init__(self, job: JobConfig, env: DistEnv, peers: Peers, state: TrainState) -> None:
-        """``state``: the training state recorded (its position, span, schedule and stepper)."""
+    def __init__(self, job: JobConfig, env: DistEnv, peers: Peers, state: TrainState, start_step: int = 0) -> None:
+        """``state``: the training state recorded (its position, span, schedule and stepper); ``start_step``: the
+        step the run resumes from (0: a fresh start)."""
         self.job, self.peers, self.state = job, peers, state
         self.run_dir = Path(job.run_dir)
-        self.metrics = MetricsWriter(self.run_dir, enabled=env.is_main)
+        self.metrics = MetricsWriter(self.run_dir, env.is_main, job.train.tensorboard, start_step)
         self.exposed_s = 0.0  # communication waited for since the last log
         self._tracer: Optional[Tracer] = Tracer(env.rank, env.hostname) if job.comm.trace else None
         self._tracing = ExitStack()

@@ -33,6 +33,7 @@ class Checkpointer:
         self.resume_path, self._resume_state = (
             (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
         )
+        self.start_step = int((self._resume_state or {}).get("step", 0))  # the run starts from (0: fresh, joining)
 
     def kept(self, world_size: int) -> dict[str, Any]:
         """The resumed checkpoint's measured choices a run keeps (strategy, bucket cap): not on another world size,

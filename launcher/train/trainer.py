@@ -101,7 +101,7 @@ class Trainer:
         self.state = TrainState(job, model, build_optimizer(job.optim, model, env.world_size), device)
         self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)
         self.totals, self.resumed_from = Totals.on(device), None
-        self.records = Records(job, env, self.peers, self.state)
+        self.records = Records(job, env, self.peers, self.state, self.checkpointer.start_step)
         self.world, self.hosts = None, []
         if joins:
             return  # the world, the span and the state once the keeper lets it in (``_go_on``), from a live peer

@@ -43,7 +43,8 @@ def test_dry_run_prints_plan_and_starts_nothing(tmp_path):
 
 def test_help_is_a_manual_on_one_screen_without_torch():
     """``python -m launcher --help``: the modes, the most used overrides (each a real key), the config groups as
-    conf/ has them (no internal ``*_schema`` entry), the exit codes; printed without importing torch."""
+    conf/ has them (no internal ``*_schema`` entry), the exit codes, where the docs are; printed without importing
+    torch."""
     probe = (
         "import runpy, sys\ntry:\n    runpy.run_module('launcher', run_name='__main__')\nexcept SystemExit:\n    pass\n"
     )
@@ -66,3 +67,5 @@ def test_help_is_a_manual_on_one_screen_without_torch():
     unknown = [k for k in named if OmegaConf.select(config, k, default=absent) is absent]
     assert not unknown, unknown
     assert re.search(r"== Exit codes ==\n  0 .*; 1 .*; 2 .*\n.*130 / 143", out), out
+    named_pages = re.findall(r"(docs/[\w-]+\.md)", out)
+    assert "docs/" in out and all((REPO / page).is_file() for page in named_pages), named_pages  # where the docs are

@@ -1,7 +1,7 @@
 """The house rules that keep launcher/ readable, read from the code: no module over 300 lines, no function over
 80 (a longer one is split by concern, as comm/reducer.py was); no path under a run dir built outside
 launcher/run_dir.py; every heartbeat, poll and timeout named in launcher/liveness.py; a Trainer of declared
-components, no mixins; the README's layout names every module. And the tests' own: every test module in one of
+components, no mixins; docs/layout.md names every module. And the tests' own: every test module in one of
 the four tier folders, none importing another (what they share is in tests/harness/ or a conftest.py)."""
 
 import ast
@@ -160,15 +160,32 @@ def test_the_trainer_is_a_class_of_owned_components_not_of_mixins():
     assert "getattr(self" not in ast.unparse(trainer)
 
 
-README = PACKAGE.parent / "README.md"
+LAYOUT = PACKAGE.parent / "docs" / "layout.md"
+
+
+def layout_lines() -> dict[str, str]:
+    """docs/layout.md's module lines: ``launcher/...py`` -> its line."""
+    found = re.findall(r"^- `(launcher/[\w/]+\.py)`: (.+)$", LAYOUT.read_text(), flags=re.MULTILINE)
+    return dict(found)
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_the_readme_layout_names_every_module(path):
-    """The README's layout block names every module of the package (issue 37: it left out 14)."""
-    layout = README.read_text().split("## Layout", 1)[-1].split("\n## ", 1)[0]
-    name = path.stem if path.name != "__init__.py" else path.parent.name
-    assert re.search(rf"\b{re.escape(name)}\b", layout), f"README's Layout section does not name {name} ({path})"
+def test_the_layout_page_names_every_module_with_a_line(path):
+    """docs/layout.md lists every module of the package with one line (issue 37: the README's layout left out 14;
+    issue 40: one line each)."""
+    line = layout_lines().get(str(path.relative_to(PACKAGE.parent)))
+    assert line, f"docs/layout.md has no line '- `{path.relative_to(PACKAGE.parent)}`: what it is'"
+
+
+def test_the_readme_is_a_front_page():
+    """Issue 40: the README was a 1,300-line wall; now at most 250 lines, the manual is docs/ (mkdocs)."""
+    lines = (PACKAGE.parent / "README.md").read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; HINT: move the detail to a page in docs/"
+
+
+def test_the_layout_page_names_only_modules_that_exist():
+    gone = [name for name in layout_lines() if not (PACKAGE.parent / name).is_file()]
+    assert not gone, f"docs/layout.md names modules that do not exist: {gone}"
 
 
 # ------------------------------------------------------------------------------------------------ the tests' own
