@@ -18,6 +18,7 @@ slowest rank's. Medians of the per-step times; ratios to ddp-flat measured in th
   ours-none | ours-bf16 | ours-powersgd | ours-auto
                        our reducer at the launcher's defaults (node-first, forward overlap, cap and chunks sized
                        from the link; under PowerSGD backward overlap, 25 MB buckets) with each comm.compress
+                       (ours-auto as the trainer decides: on a link where nothing is compressed, backward overlap)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from launcher.abort import Abort
 from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
-from launcher.comm.policy import auto_compression, bucket_cap_mb, measure_link
+from launcher.comm.policy import auto_compression, bucket_cap_mb, fast_link_overlap, measure_link
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import choose
@@ -87,8 +88,9 @@ def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> t
         mode, hierarchical = auto if name == "ours-auto" else (name.split("-", 1)[1], True)
         compression = build_compression(mode, RANK, COMPRESS_WARMUP)
         cap_mb = DDP_BUCKET_CAP_MB if mode == "powersgd" else cap_mb  # as the launcher sizes them (train/sync.py)
+        backward = fast_link_overlap("auto", mode, topo.num_nodes) if name == "ours-auto" else None  # as the trainer
         reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=hierarchical, optimizer=opt,
-                                  compression=compression, chunk_mb=cap_mb)  # fmt: skip
+                                  compression=compression, chunk_mb=cap_mb, prefer_backward=backward)  # fmt: skip
         return model, reducer.step
     ddp = DistributedDataParallel(model, bucket_cap_mb=64 if name == "ddp-torch-powersgd" else 25)
     keys = {id(p): i for i, p in enumerate(model.parameters())}

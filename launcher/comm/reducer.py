@@ -1,20 +1,19 @@
-"""Our gradient reducer (parity tests: README, "Our reducer vs torch DDP"): buckets whose allreduce overlaps the
-backward pass. This is its core; each other concern has a room of its own (read in this order): ``buckets.py``, the
-bucket plan (reverse registration order, a small first bucket, then ``bucket_cap_mb``) and the buckets (one flat
-buffer each, gradients as views into it; a sparse parameter alone); ``state.py``, the model's state across ranks, as
-torch DDP keeps it; ``unused.py``, parameters without a gradient; ``forward.py``, the forward overlap's sending
-(``schedule.py``, its model of the link; ``tail.py``, the first layer sent by row blocks), ``updates.py``, its
-optimizer step per bucket; ``hooks.py``, hooks that hold the reducer weakly; ``collectives.py``, the allreduce every
-bucket goes through (``compress.py``, what crosses nodes). The core: ``param.grad`` is a view into its bucket, where
-the optimiser reads the reduced gradient (nothing is copied back). After ``zero_grad()`` (``.grad`` None) autograd
-hands over the gradient it computed and the hook divides it by the world size straight into the bucket: one read, one
-write per element (letting autograd add into zeroed views, then dividing the bucket, costs twice the memory passes:
+"""Our gradient reducer (parity tests: docs/performance.md, "Our reducer vs torch DDP"): buckets whose allreduce
+overlaps the backward pass. This is its core; each other concern has a room of its own (read in this order):
+``buckets.py``, the bucket plan (reverse registration order, a small first bucket, then ``bucket_cap_mb``) and the
+buckets (one flat buffer each, gradients as views into it; a sparse parameter alone); ``state.py``, the model's state
+across ranks, as torch DDP keeps it; ``unused.py``, parameters without a gradient; ``forward.py``, the forward
+overlap's sending (``schedule.py``, its model of the link; ``tail.py``, the first layer sent by row blocks),
+``updates.py``, its optimizer step per bucket; ``hooks.py``, hooks that hold the reducer weakly; ``collectives.py``,
+the allreduce every bucket goes through (``compress.py``, what crosses nodes). The core: ``param.grad`` is a view
+into its bucket, where the optimiser reads the reduced gradient (nothing is copied back). After ``zero_grad()``
+autograd hands over the gradient it computed and the hook divides it by the world size straight into the bucket: one
+read, one write per element (adding into zeroed views, then dividing, costs twice the memory passes:
 bench/reducer.py). Under ``no_sync()`` autograd accumulates into the views. A post-accumulate-grad hook counts each
-bucket's gradients; once complete, its allreduce (flat, or node-first) is launched asynchronously, strictly in index
-order, the same on every rank whatever order gradients arrive in. One wait, queued to run when backward finishes:
-``loss.backward()`` returns with averaged gradients (``last_wait_s``: the exposed communication). Forward overlap
-(``optimizer=`` given, the default then): backward returns at once, ``step()`` replaces ``optimizer.step()``.
-"""
+bucket's gradients; once complete, its allreduce (flat, or node-first) is launched asynchronously, in index order,
+the same on every rank. One wait, queued to run when backward finishes: ``loss.backward()`` returns with averaged
+gradients (``last_wait_s``: the exposed communication). Forward overlap (``optimizer=`` given, the default then):
+backward returns at once, ``step()`` replaces ``optimizer.step()``."""
 
 from __future__ import annotations
 
@@ -56,14 +55,17 @@ class BucketedReducer:
         chunk_mb: float = 1.0,
         peers: Peers | None = None,
         compression: Compression | None = None,
+        prefer_backward: str | None = None,
     ) -> None:
-        """``overlap``: None = "forward" where allowed (else "backward", why in ``overlap_reason``); "forward" asked
-        for where not is a ValueError. ``peers``: waits left when its abort trips, objects signed (healing, secret).
-        ``compression``: of what crosses nodes (compress.py; not none: node-first)."""
+        """``overlap``: None = "forward" where allowed, else "backward" (why: ``overlap_reason``; ``prefer_backward``:
+        the caller's reason); "forward" where not allowed is a ValueError. ``peers``: waits left when its abort trips,
+        objects signed. ``compression``: of what crosses nodes (compress.py; not none: node-first)."""
         if chunk_mb <= 0:
             raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
         self.compression = compression = compression or Compression()
-        self.overlap, self.overlap_reason = choose_overlap(overlap, optimizer, find_unused_parameters, compression.name)
+        self.overlap, self.overlap_reason = choose_overlap(
+            overlap, optimizer, find_unused_parameters, compression.name, prefer_backward
+        )
         self.optimizer, self.abort, self.model = optimizer, (peers or Peers()).abort, model
         self.topology, self.world_size, self.hierarchical = topology, topology.world_size, hierarchical
         if compression.name == "powersgd":
@@ -207,11 +209,9 @@ class BucketedReducer:
             bucket.futures = []  # no reference to the backend's work outlives the step
 
     def bind_grads(self, indices: Sequence[int]) -> None:
-        for index in indices:
-            bucket = self.buckets[index]
-            if not bucket.sparse:
-                for slot, p in enumerate(bucket.params):
-                    p.grad = bucket.views[slot]
+        for bucket in (self.buckets[i] for i in indices if not self.buckets[i].sparse):
+            for p, view in zip(bucket.params, bucket.views):
+                p.grad = view
 
     # ------------------------------------------------------------------ hooks
     def _before_forward(self, *_: object) -> None:

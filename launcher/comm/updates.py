@@ -43,10 +43,14 @@ PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
 
 
 def choose_overlap(
-    asked: str | None, optimizer: torch.optim.Optimizer | None, find_unused_parameters: bool, compress: str = "none"
+    asked: str | None,
+    optimizer: torch.optim.Optimizer | None,
+    find_unused_parameters: bool,
+    compress: str = "none",
+    prefer_backward: str | None = None,
 ) -> tuple[str, str | None]:
-    """The overlap that runs and, when None asked for "forward" where it cannot run (or should not: PowerSGD),
-    why it is "backward"."""
+    """The overlap that runs and, when None asked for "forward" where it cannot run (or should not: PowerSGD, or
+    the caller's ``prefer_backward`` reason), why it is "backward"."""
     if asked not in (None, *OVERLAPS):
         raise ValueError(f"overlap={asked!r}; HINT: 'forward', 'backward' or None (forward where possible)")
     refusal = forward_overlap_refusal(optimizer, find_unused_parameters)
@@ -59,6 +63,8 @@ def choose_overlap(
         return "backward", refusal
     if asked is None and compress == "powersgd":  # measured in bench/compression.py: backward 10-20 % faster
         return "backward", "PowerSGD: little wire time to hide behind the next forward"
+    if asked is None and prefer_backward is not None:
+        return "backward", prefer_backward
     return asked or "forward", None
 
 

@@ -17,7 +17,7 @@ from ..abort import Abort
 from ..comm import Topology, hierarchical_hook
 from ..comm.collectives import AbortableHook, abortable_hook
 from ..comm.compress import Compression, build_compression
-from ..comm.policy import auto_compression, bucket_cap_mb, measure_link
+from ..comm.policy import auto_compression, bucket_cap_mb, fast_link_overlap, measure_link
 from ..comm.reducer import BucketedReducer
 from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
 from ..comm.strategy import StrategyChoice, choose
@@ -101,6 +101,7 @@ class GradientSync:
                 chunk_mb=cap,  # the forward overlap's chunks sized as buckets: latency a small share of each
                 peers=peers,
                 compression=self.compression,
+                prefer_backward=fast_link_overlap(cfg.compress, self.compression.name, self.topology.num_nodes),
             )
             self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({why}): {self.reducer.describe()}"

@@ -98,7 +98,8 @@ class Trainer:
         seed_all(job.train.seed + env.rank)
         # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
         self.checkpointer = Checkpointer(job, device, self.peers, joins)
-        self.state = TrainState(job, model, build_optimizer(job.optim, model, env.world_size), device)
+        optimizer = build_optimizer(job.optim, model, env.world_size, job.train.precision)  # fused where it applies
+        self.state = TrainState(job, model, optimizer, device)
         self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)
         self.totals, self.resumed_from = Totals.on(device), None
         self.records = Records(job, env, self.peers, self.state, self.checkpointer.start_step)
@@ -106,8 +107,7 @@ class Trainer:
         if joins:
             return  # the world, the span and the state once the keeper lets it in (``_go_on``), from a live peer
         # 5. this round's world (the resumed run's measured choices kept), the span and LR schedule, the banner
-        t = job.train
-        global_batch = (t.batch_size_per_rank or t.batch_size // env.world_size) * env.world_size
+        global_batch = (job.train.batch_size_per_rank or job.train.batch_size // env.world_size) * env.world_size
         self.world = self._build_world(global_batch, self.checkpointer.kept(env.world_size))
         self.state.shape(global_batch, len(self.world.train_loader))
         self.hosts = show_banner(self.job, self.env, self.backend, self.device, self.world, self.state.span, self.peers)
