@@ -77,7 +77,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
 
     backend = job_backend(job)
     device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
-    signed = "signed with the job's secret" if secret else "unsigned (no LAUNCHER_SECRET: README, Security)"
+    signed = "signed with the job's secret" if secret else "unsigned (no LAUNCHER_SECRET: docs/security.md)"
     log.info("%s, device %s, backend %s, %d thread(s), store %s", env.describe(), device, backend, threads, signed)
     log.debug("threads per rank: %s", why)
     if env.is_main and job.cluster.may_shrink:  # sim, ssh after a loss; Slurm's --nodes=MIN-MAX

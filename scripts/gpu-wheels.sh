@@ -2,7 +2,7 @@
 # The Python packages a GPU machine with its own torch may lack (Hydra, OmegaConf, submitit and their needs), as
 # wheels in .whl/ (ignored by git), for a machine that cannot reach PyPI. There, from the repo root:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
-#   python3 -m pytest -m gpu tests/jobs/test_gpu.py        # the GPU tests (README "GPU tests")
+#   python3 -m pytest -m gpu tests/jobs/test_gpu.py        # the GPU tests (docs/gpus.md, "GPU tests")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"

@@ -4,7 +4,7 @@
 #   LAUNCHER_SMOKE_KEEP=1 scripts/torch_smoke.sh 2.8.0   # keep the environment (printed) to look into a failure
 # 1. the README's first command (the default job on 2 gloo ranks), 2. a 2-rank torchrun-style script (script=),
 # 3. a hang named by the progress watch (the culprit first). pyproject's torch floor is the oldest version that
-# passed; the README ("Supported torch versions") lists what was run and when.
+# passed; the README ("Supported torch versions", in its first-run section) lists what was run and when.
 set -euo pipefail
 VERSION=${1:?usage: scripts/torch_smoke.sh TORCH_VERSION}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,4 +1,4 @@
-"""The checks every host of a ``+cluster=ssh`` job passes before anything starts (README, "Several machines",
+"""The checks every host of a ``+cluster=ssh`` job passes before anything starts (docs/machines.md,
 step 1), each failure named with its host, cause and fix. The head's check code and the probe run for real; only
 ssh is replaced by a stand-in on PATH that runs the remote shell script here, as the named host would (one whose
 run dir is another directory, one whose python lacks the launcher's imports, one that never answers, ...). What

@@ -1,4 +1,4 @@
-"""Our reducer vs torch DDP, behaviour by behaviour (README: "Our reducer vs torch DDP").
+"""Our reducer vs torch DDP, behaviour by behaviour (docs/performance.md: "Our reducer vs torch DDP").
 
 Every scenario runs the same steps twice in the same gloo ranks (4 ranks as 2 nodes x 2): under torch DDP and
 under our ``BucketedReducer`` (flat, and node-first), from the same per-rank model construction and data. Where DDP

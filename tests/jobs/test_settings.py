@@ -1,5 +1,5 @@
-"""Settings the README documents, each exercised for real: linear lr scaling, IDX data files, the initial-weights
-check, refused sbatch keys."""
+"""Settings docs/configuration.md documents, each exercised for real: linear lr scaling, IDX data files, the
+initial-weights check, refused sbatch keys."""
 
 import gzip
 import struct

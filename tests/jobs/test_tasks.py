@@ -1,5 +1,5 @@
 """Any task in the built-in trainer (issue 36): a language model with per-token targets (``models/charlm.py``, the
-README's example) trains through the launcher with cross-entropy on its logits, with its own loss
+docs' example, docs/configuration.md) trains through the launcher with cross-entropy on its logits, with its own loss
 (``train.loss=model``: forward(inputs, targets) returns an object with ``.loss``) and with a loss function
 (``train.loss=pkg.fn``); 2 ranks follow 1 process on the same global batch; what does not fit is named at step 1."""
 

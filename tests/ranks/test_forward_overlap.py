@@ -1,6 +1,6 @@
-"""What README promises of the forward overlap beyond the contract table: the order chunks leave in, ``flush()``,
-``close()`` and the fallback's reason. One spawn of 2 gloo ranks runs every check and writes what it saw; each
-test reads its part.
+"""What docs/performance.md promises of the forward overlap beyond the contract table: the order chunks leave
+in, ``flush()``, ``close()`` and the fallback's reason. One spawn of 2 gloo ranks runs every check and writes what
+it saw; each test reads its part.
 
 - Chunk order: every rank launches the same chunks in the same order, and from a bucket's event on its chunks go
   before any chunk still pooled of a bucket that became ready before it (its layers come earlier in the model,

@@ -11,8 +11,8 @@ from launcher.membership import Membership
 
 
 def test_node_0_by_hand_must_run_on_master_addr(tmp_path):
-    """README, "By hand": node 0 hosts the store, so it must run on the machine ``cluster.master_addr`` names; here
-    that address is none of this machine's (TEST-NET-3, never contacted): refused before anything starts."""
+    """docs/machines.md, "By hand": node 0 hosts the store, so it must run on the machine ``cluster.master_addr``
+    names; here that address is none of this machine's (TEST-NET-3, never contacted): refused before anything starts."""
     job, launch_plan = plan(
         "cluster.nodes=2",
         "cluster.node_rank=0",
@@ -26,7 +26,7 @@ def test_node_0_by_hand_must_run_on_master_addr(tmp_path):
 
 
 def test_fewer_than_min_nodes_left_stops_the_job(tmp_path, capsys):
-    """README, "Elastic": losing machines down to ``cluster.min_nodes`` goes on; one more lost and the job stops,
+    """docs/healing.md: losing machines down to ``cluster.min_nodes`` goes on; one more lost and the job stops,
     saying so, with no membership change recorded."""
     members = Membership(tmp_path, ["a", "b", "c"], 2, 0)
     assert members.again({"a": "its link went down"}, "host")
