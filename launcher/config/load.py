@@ -41,10 +41,16 @@ def freeze(job: JobConfig, run_dir: str | Path) -> Path:
 
 
 def load_frozen(run_dir: str | Path) -> JobConfig:
+    """The job frozen into ``run_dir`` (``freeze``), validated again: an edited or damaged file is a ConfigError
+    naming it, not an assertion."""
     path = RunDir(run_dir).config
     raw = OmegaConf.load(path)
-    assert isinstance(raw, DictConfig), f"{path} holds no job (a YAML mapping)"
+    hint = f"HINT: the launcher writes {path} once, before the ranks start; start the job again to write it anew"
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path} holds no job (a YAML mapping of cluster, train, ...); {hint}")
     kind = raw.get("cluster", {}).get("kind", "local")
+    if kind not in CLUSTER_SCHEMAS:
+        raise ConfigError(f"{path}: cluster.kind={kind!r} is not one of {', '.join(CLUSTER_SCHEMAS)}; {hint}")
     schema = OmegaConf.structured(JobConfig)
     schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
     merged = OmegaConf.merge(schema, raw)

@@ -2,6 +2,7 @@
 ``python -m launcher`` shows it: tests/jobs/test_config_processes.py.)"""
 
 import os
+import re
 
 import pytest
 
@@ -247,3 +248,16 @@ def test_by_hand_default_run_dir_is_the_same_on_every_machine():
             cfg = compose("config", overrides=by_hand, return_hydra_config=True)
             dirs.add(OmegaConf.select(cfg, "hydra.run.dir"))
     assert dirs == {"runs/nodes-n0-5"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("- a list\n", "holds no job (a YAML mapping of cluster, train, ...)"), ("cluster:\n  kind: k8s\n", "kind='k8s'")],
+)
+def test_a_damaged_frozen_config_is_named_not_asserted(tmp_path, text, message):
+    """A rank reads the job frozen into the run dir; an edited or damaged file is a ConfigError naming it."""
+    from launcher.config import load_frozen
+
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=rf"{tmp_path}/config.yaml.*{re.escape(message)}.*HINT: the launcher writes"):
+        load_frozen(tmp_path)
