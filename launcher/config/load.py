@@ -48,7 +48,8 @@ def load_frozen(run_dir: str | Path) -> JobConfig:
     hint = f"HINT: the launcher writes {path} once, before the ranks start; start the job again to write it anew"
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{path} holds no job (a YAML mapping of cluster, train, ...); {hint}")
-    kind = raw.get("cluster", {}).get("kind", "local")
+    cluster = raw.get("cluster", {})
+    kind = cluster.get("kind", "local") if isinstance(cluster, (DictConfig, dict)) else cluster
     if kind not in CLUSTER_SCHEMAS:
         raise ConfigError(f"{path}: cluster.kind={kind!r} is not one of {', '.join(CLUSTER_SCHEMAS)}; {hint}")
     schema = OmegaConf.structured(JobConfig)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -117,6 +118,8 @@ def _default(f: dataclasses.Field[Any]) -> str:
         return "(required)"
     if value is MISSING:
         return "(a group)"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)  # one line, as on the command line
     return OmegaConf.to_yaml({"v": value}).strip()[3:].strip() or "''"
 
 
@@ -154,8 +157,15 @@ def model_groups() -> list[tuple[str, str, list[tuple[str, str, str, str]]]]:
 def _table(rows_: list[tuple[str, str, str, str]]) -> str:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key, kind, default, said in rows_:
-        lines.append(f"| `{key}` | {kind} | `{default}` | {said.replace('|', '&#124;')} |")
+        lines.append(f"| `{key}` | {_text(kind)} | `{default}` | {_text(said)} |")
     return "\n".join(lines)
+
+
+def _text(said: str) -> str:
+    """A comment as table text: nothing in it read as HTML (``<subnet>``), emphasis (``_target_``) or a cell end."""
+    for raw, shown in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "&#124;"), ("_", "\\_"), ("*", "\\*")):
+        said = said.replace(raw, shown)
+    return said
 
 
 def render() -> str:

@@ -10,7 +10,7 @@ from typing import Optional
 from .errors import ConfigError
 from .schema import JobConfig, OptimConfig, TrainConfig
 
-TENSORBOARD_HINT = "pip install 'launcher[tensorboard]'"
+TENSORBOARD_HINT = "pip install tensorboard (in this checkout: pip install -e '.[tensorboard]')"
 
 
 def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:
@@ -22,10 +22,13 @@ def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[st
     return None
 
 
-def check_tensorboard(train: TrainConfig) -> None:
+def check_tensorboard(job: JobConfig) -> None:
     """``train.tensorboard=true`` needs the tensorboard package (torch's SummaryWriter imports it): a ConfigError
-    before any rank starts, not an ImportError on rank 0 once training began. Looked up, not imported (~0.1 s)."""
-    if train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+    before any rank starts, not an ImportError on rank 0 once training began. Looked up, not imported (~0.1 s).
+    A ``script=`` or doctor job writes no TensorBoard events: nothing to check."""
+    if job.script is not None or job.doctor:
+        return
+    if job.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
             "train.tensorboard=true, but the tensorboard package is not installed (torch's SummaryWriter needs it); "
             f"HINT: {TENSORBOARD_HINT}, or train.tensorboard=false"

@@ -47,7 +47,7 @@ class TrainConfig:
     plots: bool = True  # render run_dir/plots/curves.png at the end (false: skip matplotlib's ~1 s; render it
     #                     later with python -m launcher plot RUN_DIR)
     tensorboard: bool = False  # rank 0 also writes metrics.jsonl's numbers as TensorBoard scalars into
-    #                            run_dir/tensorboard/ (pip install 'launcher[tensorboard]')
+    #                            run_dir/tensorboard/ (needs the tensorboard package: pip install tensorboard)
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")

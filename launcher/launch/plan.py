@@ -45,7 +45,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         cfg.cluster.min_nodes = cfg.cluster.nodes
     job = to_job(cfg)
     check_model_keys(job.model)
-    check_tensorboard(job.train)
+    check_tensorboard(job)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
     procs, gpus = int(c.procs_per_node or 0), int(c.gpus_per_node or 0)

@@ -4,13 +4,17 @@ batch does when each rank's batch is fixed."""
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..config import OptimConfig
+
+log = logging.getLogger(__name__)
 
 
 def effective_lr(cfg: OptimConfig, world_size: int) -> float:
@@ -20,33 +24,67 @@ def effective_lr(cfg: OptimConfig, world_size: int) -> float:
 def fusable(model: nn.Module, precision: str) -> bool:
     """Whether torch's fused optimizer kernels apply: one pass over each parameter's tensors instead of one per
     operation (bench/optimizer.py: SGD's step 2.15x, AdamW's 3.6x the plain loop's on the CPU; the compressed job of
-    bench/end_to_end.py 3.2x torch DDP flat instead of 3.0x). Floating-point parameters on the CPU or a GPU, no
-    sparse gradients (an ``nn.Embedding(sparse=True)``: the fused kernels refuse them) and no fp16 gradient scaler
-    (its skip of a step with inf gradients stays the plain optimizer's)."""
+    bench/end_to_end.py 3.2x torch DDP flat instead of 3.0x). Floating-point, contiguous parameters on the CPU or a
+    GPU (the kernels walk memory in order, and our reducer's gradients are contiguous views: a ``channels_last``
+    weight would be updated from the wrong elements), no sparse gradients (an ``nn.Embedding(sparse=True)``: the
+    kernels refuse them) and no fp16 gradient scaler (its skip of a step with inf gradients stays the plain
+    optimizer's)."""
     params = [p for p in model.parameters() if p.requires_grad]
     sparse = any(getattr(m, "sparse", False) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)))
-    on = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    on = all(p.is_floating_point() and p.is_contiguous() and p.device.type in ("cpu", "cuda") for p in params)
     return bool(params) and on and not sparse and precision != "fp16"
 
 
 def build_optimizer(
     cfg: OptimConfig, model: nn.Module, world_size: int, precision: str = "fp32"
 ) -> torch.optim.Optimizer:
-    """SGD (with momentum) or AdamW over the model's parameters, fused where ``fusable``. A fused SGD's momentum
-    buffers exist from the start (zeros): its kernel takes every buffer or none, and a parameter first used after
-    the others would be the one without; with no dampening the first step gives ``0.9 * 0 + g = g``, exactly what
-    the unfused SGD's first step sets."""
+    """SGD (with momentum) or AdamW over the model's parameters, fused where ``fusable``."""
     lr, fused = effective_lr(cfg, world_size), fusable(model, precision)
+    optimizer: torch.optim.Optimizer
     if cfg.name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay, fused=fused or None)
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused or None
-    )
-    if fused and cfg.momentum:
-        for p in model.parameters():
-            if p.requires_grad:
-                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay, fused=fused or None)
+    else:
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused or None
+        )
+    _momentum_buffers(optimizer)
+    if fused:
+        optimizer.register_step_pre_hook(_unfuse_on_sparse)
     return optimizer
+
+
+def _unfuse_on_sparse(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    """A sparse gradient ``fusable`` could not foresee (a functional embedding's): the fused kernels refuse it, so
+    the optimizer steps unfused from then on (the same steps, one warning)."""
+    groups = optimizer.param_groups
+    if any(g.get("fused") for g in groups) and any(
+        p.grad is not None and p.grad.is_sparse for g in groups for p in g["params"]
+    ):
+        for group in groups:
+            group["fused"] = None
+        log.warning("a sparse gradient: the optimizer steps without torch's fused kernel from here on")
+
+
+def _momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """A fused SGD's momentum buffers, each a zero one where it has none yet: its kernel takes every buffer or none,
+    and a parameter first used after the others would be the one without. With no dampening the first step then
+    gives ``momentum * 0 + g = g``, exactly what the unfused SGD's first step sets."""
+    for group in optimizer.param_groups:
+        if isinstance(optimizer, torch.optim.SGD) and group.get("fused") and group["momentum"]:
+            for p in group["params"]:
+                if p.requires_grad and optimizer.state[p].get("momentum_buffer") is None:
+                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, keeping how this run built it: torch takes each saved group's flags
+    over the built ones, so a checkpoint written unfused (before the fused kernels, or where they did not apply)
+    would decide for this run and every later checkpoint, and a fused one would pass over ``fusable``."""
+    built = [group.get("fused") for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, fused in zip(optimizer.param_groups, built):
+        group["fused"] = fused
+    _momentum_buffers(optimizer)
 
 
 def build_scheduler(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:

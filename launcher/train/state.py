@@ -14,7 +14,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..config import JobConfig
 from ..env import DistEnv
 from . import checkpoint as ckpt
-from .optim import build_scheduler
+from .optim import build_scheduler, load_optimizer_state
 from .progress import Position, Span
 from .step import Stepper
 from .sync import GradientSync
@@ -57,7 +57,7 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ckpt.load_model_state(self.model, state)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]

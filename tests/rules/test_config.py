@@ -252,7 +252,11 @@ def test_by_hand_default_run_dir_is_the_same_on_every_machine():
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("- a list\n", "holds no job (a YAML mapping of cluster, train, ...)"), ("cluster:\n  kind: k8s\n", "kind='k8s'")],
+    [
+        ("- a list\n", "holds no job (a YAML mapping of cluster, train, ...)"),
+        ("cluster:\n  kind: k8s\n", "kind='k8s'"),
+        ("cluster: null\n", "kind=None"),
+    ],
 )
 def test_a_damaged_frozen_config_is_named_not_asserted(tmp_path, text, message):
     """A rank reads the job frozen into the run dir; an edited or damaged file is a ConfigError naming it."""

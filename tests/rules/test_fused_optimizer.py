@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from launcher.config import OptimConfig
-from launcher.train.optim import build_optimizer, fusable
+from launcher.train.optim import build_optimizer, fusable, load_optimizer_state
 
 
 class TwoHeads(nn.Module):
@@ -67,3 +67,47 @@ def test_not_fused_with_sparse_gradients_or_the_fp16_scaler():
     assert not optimizer.param_groups[0]["fused"]
     sparse(torch.tensor([1, 2])).sum().backward()
     optimizer.step()  # a fused SGD would refuse the sparse gradient
+
+
+def test_not_fused_where_a_parameter_is_not_contiguous():
+    """Our reducer's gradients are contiguous views; a fused kernel walks memory in order, so a ``channels_last``
+    weight would take the wrong elements (seen: 21.4 apart after 4 steps): such a model is not fused."""
+    conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous() and not fusable(conv, "fp32")
+    assert not build_optimizer(OptimConfig(), conv, world_size=1).param_groups[0]["fused"]
+
+
+def test_a_resume_keeps_how_this_run_built_its_optimizer():
+    """torch's load_state_dict takes the saved groups' flags: a checkpoint written unfused (before the fused kernels)
+    would switch fusing off for the rest of the run, and a fused one would pass over ``fusable``."""
+    old_model = TwoHeads()
+    old = torch.optim.SGD(old_model.parameters(), lr=0.1, momentum=0.9)  # unfused, as before; no buffer for ``late``
+    old_model(torch.randn(4, 8), 0).backward()
+    old.step()
+    saved = old.state_dict()
+    assert len(saved["state"]) == 2 and saved["param_groups"][0]["fused"] is None
+
+    model = TwoHeads()
+    optimizer = build_optimizer(OptimConfig(), model, world_size=1)
+    load_optimizer_state(optimizer, saved)
+    assert optimizer.param_groups[0]["fused"] is True
+    assert all(optimizer.state[p]["momentum_buffer"] is not None for p in model.parameters())  # ``late``'s: zeros
+    model(torch.randn(4, 8), 1).backward()
+    optimizer.step()  # every buffer present: the fused kernel takes them
+
+    plain = build_optimizer(OptimConfig(), TwoHeads(), world_size=1, precision="fp16")
+    load_optimizer_state(plain, optimizer.state_dict())
+    assert not plain.param_groups[0]["fused"]
+
+
+def test_a_sparse_gradient_it_could_not_foresee_unfuses_the_optimizer(caplog):
+    """A functional embedding's sparse gradient (no ``nn.Embedding(sparse=True)`` to see at build time): the fused
+    kernel would refuse it; the optimizer steps unfused from then on, the same step as the plain SGD's."""
+    table = nn.Parameter(torch.ones(10, 4))
+    holder = nn.ParameterList([table])
+    optimizer = build_optimizer(OptimConfig(momentum=0.0), holder, world_size=1)
+    assert optimizer.param_groups[0]["fused"]
+    torch.nn.functional.embedding(torch.tensor([1, 2]), table, sparse=True).sum().backward()
+    optimizer.step()
+    assert not optimizer.param_groups[0]["fused"] and "sparse gradient" in caplog.text
+    assert torch.equal(table[1], torch.full((4,), 0.9)) and torch.equal(table[0], torch.ones(4))

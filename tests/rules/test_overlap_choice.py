@@ -1,7 +1,7 @@
 """Which overlap the bucketed reducer runs (``comm/updates.choose_overlap``) and the trainer's one reason to prefer
 the backward overlap itself: under ``comm.compress=auto`` on a link fast enough that nothing is compressed, the
 forward overlap's per-bucket work cost more than the wire time it hid (bench/compression.py at 10 Gbit: 0.91x
-torch DDP flat against the backward overlap's 1.09x; issue 38)."""
+torch DDP flat with it, 1.04-1.07x with the backward overlap; issue 38)."""
 
 import pytest
 import torch

@@ -26,10 +26,12 @@ def test_tensorboard_without_the_package_is_a_config_error_naming_the_fix(monkey
         plan("train.tensorboard=true")
     assert str(info.value) == (
         "train.tensorboard=true, but the tensorboard package is not installed (torch's SummaryWriter needs it); "
-        "HINT: pip install 'launcher[tensorboard]', or train.tensorboard=false"
+        "HINT: pip install tensorboard (in this checkout: pip install -e '.[tensorboard]'), or train.tensorboard=false"
     )
     job, _ = plan()  # off (the default): the package is not needed
     assert job.train.tensorboard is False
+    job, _ = plan("doctor=true", "train.tensorboard=true")  # the doctor writes no events: nothing to check
+    assert job.doctor
 
 
 def test_tensorboard_with_the_package_plans():
