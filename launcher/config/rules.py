@@ -22,13 +22,16 @@ def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[st
     return None
 
 
+def writes_tensorboard(job: JobConfig) -> bool:
+    """``train.tensorboard=true`` in a job of the built-in trainer (a ``script=`` or doctor job writes no events)."""
+    return job.train.tensorboard and job.script is None and not job.doctor
+
+
 def check_tensorboard(job: JobConfig) -> None:
     """``train.tensorboard=true`` needs the tensorboard package (torch's SummaryWriter imports it): a ConfigError
-    before any rank starts, not an ImportError on rank 0 once training began. Looked up, not imported (~0.1 s).
-    A ``script=`` or doctor job writes no TensorBoard events: nothing to check."""
-    if job.script is not None or job.doctor:
-        return
-    if job.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+    before any rank starts, not an ImportError on rank 0 once training began. Looked up, not imported (~0.1 s);
+    over ssh every host is checked too (``launch/host_check.py``: any may hold rank 0 after a heal)."""
+    if writes_tensorboard(job) and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
             "train.tensorboard=true, but the tensorboard package is not installed (torch's SummaryWriter needs it); "
             f"HINT: {TENSORBOARD_HINT}, or train.tensorboard=false"

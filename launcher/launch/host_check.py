@@ -2,14 +2,15 @@
 head): ``python -m launcher.launch.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
 
 Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
-count, how long a reverse look-up of the head's address takes, where it resolves MASTER_ADDR, and whether the run
-dir is the head's (the token file the head wrote is there) and writable. With ``PORT`` other than "-" (only on the
-master host), the port the rendezvous will use: a free one when ``PORT`` is 0, else ``PORT`` checked free.
-Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
+count, whether the tensorboard package is there, how long a reverse look-up of the head's address takes, where it
+resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is there) and writable.
+With ``PORT`` other than "-" (only on the master host), the port the rendezvous will use: a free one when ``PORT``
+is 0, else ``PORT`` checked free. Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -73,7 +74,16 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> di
     from ..devices import gpu_count
 
     facts["gpus"] = gpu_count()
+    facts["tensorboard"] = findable("tensorboard")
     return facts
+
+
+def findable(name: str) -> bool:
+    """Whether ``name`` would import here (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

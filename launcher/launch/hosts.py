@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..config import ConfigError, JobConfig, SshClusterConfig
+from ..config.rules import TENSORBOARD_HINT, writes_tensorboard
 from ..membership import Membership
 from ..run_dir import RunDir
 from ..secret import SECRET_ENV, Secret, handoff_line
@@ -233,6 +234,8 @@ def check_host(
             f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts['gpus']} GPU(s); HINT: "
             f"cluster.gpus_per_node={facts['gpus']}"
         )
+    if writes_tensorboard(job) and not facts.get("tensorboard", True):  # any host may hold rank 0 after a heal
+        problems.append(f"train.tensorboard=true, but no tensorboard package there; HINT: {TENSORBOARD_HINT} on it")
     return facts, problems
 
 

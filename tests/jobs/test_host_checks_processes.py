@@ -27,6 +27,7 @@ case $host in
   hostkey) echo "Host key verification failed." >&2; exit 255 ;;
   notshared) script=${script//"$FAKE_SSH_RUN_DIR"/"$FAKE_SSH_OTHER_DIR"} ;;  # another disk at that path
   nolauncher) script=${script//"$FAKE_SSH_PYTHON"/"$FAKE_SSH_BARE_PYTHON"} ;;  # a python without torch
+  notensorboard) script=${script//"$FAKE_SSH_PYTHON"/"$FAKE_SSH_NO_TB_PYTHON"} ;;  # tensorboard not installed
 esac
 exec bash -c "$script"
 """
@@ -50,6 +51,19 @@ def fake_ssh(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SSH_PYTHON", sys.executable)
     monkeypatch.setenv("FAKE_SSH_BARE_PYTHON", BARE_PYTHON)
     return tmp_path / "run"
+
+
+NO_TB_PYTHON = """#!/usr/bin/env bash
+# this python as if the tensorboard package were not installed (every import or look-up of it fails)
+exec "$FAKE_SSH_PYTHON" -c 'import runpy, sys
+class Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorboard":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Hidden())
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)' "$@"
+"""
 
 
 def checks(hosts: list[str], master: str, run_dir, **cluster):
@@ -105,3 +119,24 @@ def test_each_host_check_names_its_host_cause_and_fix(fake_ssh):
     too_few = f"cluster.gpus_per_node={gpus + 1} but it has {gpus} GPU(s); HINT: cluster.gpus_per_node={gpus}"
     assert too_few in found["nodns"], found["nodns"]
     assert [len(found[h]) for h in expected] == [1, 1, 1, 1, 2, 1, 1], found
+
+
+def test_a_host_without_tensorboard_is_named_when_the_job_writes_events(fake_ssh, tmp_path, monkeypatch):
+    """train.tensorboard=true: rank 0 writes the events, and after a heal any host may hold it, so every host needs
+    the package; a host without it is named before anything starts (and nothing is asked of it otherwise)."""
+    python = tmp_path / "bin" / "python-no-tensorboard"
+    python.write_text(NO_TB_PYTHON)
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("FAKE_SSH_NO_TB_PYTHON", str(python))
+    overrides = ("+cluster=ssh", "cluster.hosts=[first,notensorboard]", "cluster.procs_per_node=1")
+    found = {}
+    for tensorboard in ("true", "false"):
+        job, _ = plan(*overrides, "train.batch_size_per_rank=8", f"train.tensorboard={tensorboard}", run_dir=fake_ssh)
+        found[tensorboard] = check_hosts(job, job.cluster, ["first", "notensorboard"], "127.0.0.1")
+    (first, ok), (facts, problems) = found["true"]
+    assert first["tensorboard"] is True and ok == [] and facts["tensorboard"] is False
+    assert problems == [
+        "train.tensorboard=true, but no tensorboard package there; HINT: pip install tensorboard (in this checkout: "
+        "pip install -e '.[tensorboard]') on it"
+    ]
+    assert [problems for _, problems in found["false"]] == [[], []]  # not asked for: nothing to find
