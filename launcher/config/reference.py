@@ -20,17 +20,8 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from .schema import (
-    ClusterConfig,
-    CommConfig,
-    DataConfig,
-    JobConfig,
-    OptimConfig,
-    SimClusterConfig,
-    SlurmClusterConfig,
-    SshClusterConfig,
-    TrainConfig,
-)
+from .load import CLUSTER_SCHEMAS
+from .schema import JobConfig
 
 MODEL_GROUPS = Path(__file__).resolve().parents[2] / "conf" / "model"  # as launcher/help.py's CONF_DIR
 HEADER = """# Configuration reference
@@ -40,23 +31,12 @@ groups (`conf/model/`) by `python -m launcher.config.reference > docs/configurat
 when this page is stale. Set any key on the command line (`train.epochs=3`); `python -m launcher --cfg job [...]`
 prints the composed values and `dry_run=true` the plan. How the keys work together: [Configuration](configuration.md).
 """
-SECTIONS: dict[str, tuple[Any, str]] = {
-    "cluster": (
-        ClusterConfig,
-        "Where the job runs: this machine unless `+cluster=sim|slurm|ssh` chooses another kind.",
-    ),
-    "train": (TrainConfig, "The built-in trainer: length, batch, checkpoints, precision, what it minimises."),
-    "optim": (OptimConfig, "The optimiser and its learning-rate schedule."),
-    "comm": (
-        CommConfig,
-        "Gradient synchronisation: the reducer, the hierarchy, buckets, overlap, compression, the watch.",
-    ),
-    "data": (DataConfig, "The data set: a built-in one (`data=digits|synthetic|idx`) or your own factory."),
-}
-KINDS: dict[str, tuple[Any, str]] = {
-    "sim": (SimClusterConfig, "simulated nodes on this host"),
-    "slurm": (SlurmClusterConfig, "Slurm through submitit"),
-    "ssh": (SshClusterConfig, "several machines over ssh"),
+SECTIONS = {  # JobConfig's groups of keys, in this order, each with its sentence
+    "cluster": "Where the job runs: this machine unless `+cluster=sim|slurm|ssh` chooses another kind.",
+    "train": "The built-in trainer: length, batch, checkpoints, precision, what it minimises.",
+    "optim": "The optimiser and its learning-rate schedule.",
+    "comm": "Gradient synchronisation: the reducer, the hierarchy, buckets, overlap, compression, the watch.",
+    "data": "The data set: a built-in one (`data=digits|synthetic|idx`) or your own factory.",
 }
 
 
@@ -172,16 +152,19 @@ def render() -> str:
     parts = [HEADER]
     top = {f.name for f in dataclasses.fields(JobConfig)} - set(SECTIONS) - {"model"}
     parts.append("## Top level\n\n" + _table(rows(JobConfig, "", top)))
-    for name, (cls, about) in SECTIONS.items():
+    groups: dict[str, Any] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}  # their classes
+    for name, about in SECTIONS.items():
+        cls = groups[name]
         parts.append(f"## `{name}`\n\n{about}\n\n" + _table(rows(cls, f"{name}.")))
         if name == "cluster":
             base = {f.name: _default(f) for f in dataclasses.fields(cls)}
-            for kind, (sub, what) in KINDS.items():
+            for kind, sub in CLUSTER_SCHEMAS.items():
+                if sub is cls:
+                    continue
                 changed = {f.name for f in dataclasses.fields(sub) if base.get(f.name) != _default(f)}
                 parts.append(
-                    f"### `+cluster={kind}`: {what}\n\n{inspect.getdoc(sub)}\n\nIts own keys, and the defaults it "
-                    "changes (every other `cluster.*` key above applies too):\n\n"
-                    + _table(rows(sub, "cluster.", changed))
+                    f"### `+cluster={kind}`\n\n{inspect.getdoc(sub)}\n\nIts own keys, and the defaults it changes "
+                    "(every other `cluster.*` key above applies too):\n\n" + _table(rows(sub, "cluster.", changed))
                 )
     parts.append(
         "## `model`\n\nA group (`model=lenet`, the default, `mlp` or `resnet18`: `conf/model/`), or any `nn.Module` "
