@@ -49,13 +49,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from .command_line import prepared
-from .config import ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
+from .config import CONF_DIR, ConfigError, check_resumable, freeze, register_configs, register_resolvers, to_yaml
 from .config.keys import own_model
 from .devices import gpu_count
 from .env import DistEnv
 from .exiting import end_process_at_exit, settle_exit_code
 from .files import no_world_writable_files
-from .help import CONF_DIR
 from .launch.plan import plan_job
 from .plot import plot_all
 from .run_dir import RunDir
@@ -240,7 +239,7 @@ def main() -> None:
     entered = []
     sweep = Sweep()
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def _task(cfg: DictConfig) -> int:
         entered.append(True)
         with open_dict(cfg):

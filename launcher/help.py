@@ -3,21 +3,17 @@ Hydra without importing torch (``launcher.cli`` does, ~2 s here: the help would 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 from omegaconf import DictConfig
 
-from .config import register_configs, register_resolvers
-
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from .config import CONF_DIR, register_configs, register_resolvers
 
 
 def main() -> None:
     register_resolvers()
     register_configs()
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def _help(cfg: DictConfig) -> None:  # Hydra prints the help and exits before any task runs
         raise AssertionError("python -m launcher --help ran a job")
 

@@ -1,6 +1,6 @@
 """Job configuration: typed schema (``schema``) and composition helpers (``load``)."""
 
-from .load import check_resumable, freeze, load_frozen, register_resolvers, to_job, to_yaml
+from .load import CONF_DIR, check_resumable, freeze, load_frozen, register_resolvers, to_job, to_yaml
 from .schema import (
     ClusterConfig,
     CommConfig,
@@ -17,6 +17,7 @@ from .schema import (
 )
 
 __all__ = [
+    "CONF_DIR",
     "check_resumable",
     "ClusterConfig",
     "CommConfig",

@@ -12,6 +12,8 @@ from ..files import write_atomic
 from ..run_dir import RunDir
 from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the YAML Hydra composes onto the schemas
+
 # One schema per cluster kind; ``+cluster=<kind>`` composes the subclass, the frozen YAML is read back with it.
 CLUSTER_SCHEMAS: dict[str, type[ClusterConfig]] = {
     "local": ClusterConfig,

@@ -15,15 +15,13 @@ import inspect
 import json
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from .load import CLUSTER_SCHEMAS
+from .load import CLUSTER_SCHEMAS, CONF_DIR
 from .schema import JobConfig
 
-MODEL_GROUPS = Path(__file__).resolve().parents[2] / "conf" / "model"  # as launcher/help.py's CONF_DIR
 HEADER = """# Configuration reference
 
 Generated from the typed schemas (`launcher/config/schema.py`, `launcher/config/clusters.py`) and the model
@@ -42,7 +40,7 @@ SECTIONS = {  # JobConfig's groups of keys, in this order, each with its sentenc
 
 def field_comments(cls: Any) -> dict[str, str]:
     """Each field of dataclass ``cls`` (its own class body, not its bases') -> the sentence its comments say."""
-    lines, first = inspect.getsourcelines(cls)
+    lines, _ = inspect.getsourcelines(cls)
     body = ast.parse(textwrap.dedent("".join(lines))).body[0]
     assert isinstance(body, ast.ClassDef)
     out: dict[str, str] = {}
@@ -120,7 +118,7 @@ def rows(cls: Any, prefix: str, only: set[str] | None = None) -> list[tuple[str,
 def model_groups() -> list[tuple[str, str, list[tuple[str, str, str, str]]]]:
     """Each ``model=`` group file: (name, its first comment line, the rows of its keys)."""
     out = []
-    for path in sorted(MODEL_GROUPS.glob("*.yaml")):
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
         text = path.read_text()
         about = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), "")
         rows_ = []
@@ -174,13 +172,6 @@ def render() -> str:
     for name, about, rows_ in model_groups():
         parts.append(f"### `model={name}`\n\n{about}\n\n" + _table(rows_))
     return "\n\n".join(parts) + "\n"
-
-
-def keys(tree: Any, prefix: str = "") -> list[str]:
-    """Every leaf key of a composed config (``--cfg job``'s YAML as a dict), dotted."""
-    if not isinstance(tree, dict) or not tree:
-        return [prefix.rstrip(".")]
-    return [k for name, sub in tree.items() for k in keys(sub, f"{prefix}{name}.")]
 
 
 if __name__ == "__main__":

@@ -9,10 +9,17 @@ from omegaconf import OmegaConf
 
 from harness import REPO
 from harness.config import compose
-from launcher.config.reference import keys, render
+from launcher.config.reference import render
 
 PAGE = REPO / "docs" / "configuration-reference.md"
 LAYOUTS = [(), ("+cluster=sim",), ("+cluster=slurm",), ("+cluster=ssh",), ("model=mlp",), ("model=resnet18",)]
+
+
+def keys(tree: object, prefix: str = "") -> list[str]:
+    """Every leaf key of a composed config (``--cfg job``'s YAML as a dict), dotted."""
+    if not isinstance(tree, dict) or not tree:
+        return [prefix.rstrip(".")]
+    return [k for name, sub in tree.items() for k in keys(sub, f"{prefix}{name}.")]
 
 
 def page_keys(text: str) -> set[str]:
