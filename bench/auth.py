@@ -21,10 +21,10 @@ from common import machine, run_ranks, table
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.dist_helpers import Peers
-from launcher.env import DistEnv
-from launcher.secret import Secret
+from launcher.base.env import DistEnv
+from launcher.dist.helpers import Peers
 from launcher.train.saving import rng_state
+from launcher.trust.secret import Secret
 from models.lenet import LeNet
 
 SECRET_HEX = "5a" * 32
@@ -61,7 +61,7 @@ def form(env: DistEnv, reps: int) -> dict[str, float]:
 
     import torch.distributed as dist
 
-    from launcher.signed import guard
+    from launcher.trust.signed import guard
 
     store = dist.TCPStore("127.0.0.1", env.master_port + 1, 2, env.rank == 0, timedelta(seconds=60))
     secret = Secret.from_hex(SECRET_HEX)

@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from launcher.base.env import DistEnv  # noqa: E402
 from launcher.comm.strategy import interleaved_medians as timing_loop  # noqa: E402
-from launcher.env import DistEnv  # noqa: E402
+from launcher.dist.rendezvous import process_group  # noqa: E402
 from launcher.launch.ports import free_port  # noqa: E402
-from launcher.rendezvous import process_group  # noqa: E402
 
 
 def _entry(fn: Callable, rank: int, world: int, per_node: int, port: int, out: Any, args: tuple) -> None:

@@ -39,7 +39,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.abort import Abort
+from launcher.base.env import DistEnv
 from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
@@ -47,9 +47,9 @@ from launcher.comm.policy import auto_compression, bucket_cap_mb, fast_link_over
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import choose
-from launcher.env import DistEnv
-from launcher.launch.netns import SimNetwork
-from launcher.rendezvous import process_group
+from launcher.dist.abort import Abort
+from launcher.dist.rendezvous import process_group
+from launcher.launch.sim.netns import SimNetwork
 
 PORT = 29617
 WIDTH, DEPTH, BATCH, RANK = 1024, 6, 32, 4

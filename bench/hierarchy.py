@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from common import machine, run_in_namespaces, table
 
+from launcher.base.env import DistEnv
 from launcher.comm import Topology, flat_allreduce, hierarchical_allreduce
 from launcher.comm.strategy import choose
-from launcher.env import DistEnv
-from launcher.launch.netns import SimNetwork
-from launcher.rendezvous import process_group
+from launcher.dist.rendezvous import process_group
+from launcher.launch.sim.netns import SimNetwork
 
 NODES, PER_NODE = 2, 2
 PORT = 29611

@@ -46,14 +46,14 @@ from common import interleaved_medians, machine, run_in_namespaces, table
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.base.env import DistEnv
 from launcher.comm import Topology
 from launcher.comm.policy import bucket_cap_mb, measure_link
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import MB
 from launcher.comm.trace import Tracer, span, write_trace
-from launcher.env import DistEnv
-from launcher.launch.netns import SimNetwork
-from launcher.rendezvous import process_group
+from launcher.dist.rendezvous import process_group
+from launcher.launch.sim.netns import SimNetwork
 
 PORT = 29613
 WIDTH, DEPTH = 1024, 6

@@ -4,12 +4,12 @@
 
 Drives the launcher's real code, not a model of it, with lightweight stand-ins for the ranks and nodes:
 
-- keeper (``keeper_decide_s``): the real keeper process (``launcher.heal.head.KeeperClient``) on a real TCPStore,
-  and one thread per simulated node running the real heartbeat (``launcher.heal.node.beat``, signed with the job's
+- keeper (``keeper_decide_s``): the real keeper process (``launcher.heal.head_side.KeeperClient``) on a real TCPStore,
+  and one thread per simulated node running the real heartbeat (``launcher.heal.node_side.beat``, signed with the job's
   secret, its own store client); once every node has been heard, one node falls silent. Measured: from its last
   heartbeat plus ``cluster.lost_after_s`` to the keeper's decision (goal: within 1 s).
 - report (``report_s``): every rank's failure record, as the progress watch writes them when it ends a hang (the
-  culprit's with its stack, a peer record for every other rank), then the real report (``launcher.failures``).
+  culprit's with its stack, a peer record for every other rank), then the real report (``launcher.report.failures``).
   Measured: writing the records and printing the report (goal: 10 s at 1,024 ranks); the report must name the
   culprit first.
 - watch (``watch_name_s``, ``rank0_watch_cpu``): bench/scale_watch.py, every rank a real progress publisher over
@@ -39,15 +39,15 @@ from pathlib import Path
 import torch.distributed as dist
 from common import machine, table
 
-from launcher import failures
-from launcher.heal.head import KeeperClient
-from launcher.heal.node import beat
+from launcher.base.run_dir import RunDir
+from launcher.dist.rendezvous import attempt_prefix
+from launcher.heal.head_side import KeeperClient
+from launcher.heal.node_side import beat
 from launcher.heal.protocol import node_id
 from launcher.launch.ports import free_port
-from launcher.rendezvous import attempt_prefix
-from launcher.run_dir import RunDir
-from launcher.secret import Secret
-from launcher.signed import SignedStore
+from launcher.report import failures
+from launcher.trust.secret import Secret
+from launcher.trust.signed import SignedStore
 
 HERE = Path(__file__).resolve().parent
 HEARD_S = 2.5  # every node beats a few times (every 0.5 s) before one falls silent: the keeper has heard them all

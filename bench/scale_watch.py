@@ -24,7 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from launcher.env import DistEnv
+from launcher.base.env import DistEnv
 from launcher.watch import Watch, recorder
 from launcher.watch.publisher import Publisher
 

@@ -37,7 +37,7 @@ exec bash -c "${@: -1}"
 PYTHON_STUB = """#!/bin/bash
 # cluster.python on a simulated machine: the host check's facts, or a node process that reads its stdin to the end
 case "$2" in
-  launcher.launch.host_check)
+  launcher.launch.ssh.host_check)
     port=""; [ "$6" != "-" ] && port=', "port": 29500'
     printf '{"host": "%s", "problems": [], "addr": "%s", "head": "127.0.0.1", "head_lookup_s": 0.0, "gpus": 0%s}\\n' \\
       "$BENCH_HOST" "$BENCH_HOST" "$port";;

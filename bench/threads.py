@@ -4,7 +4,7 @@
 
 Each run's rank 0 times its steps after a warm-up and writes the median ms/step; runs alternate (launcher, torchrun,
 launcher, ...) so a machine's drift hits both. Prints the medians and the ratio launcher / torchrun: the launcher's
-threads per rank (``launcher/threads.py``) must keep it near 1 (issue 36: 1.85x before).
+threads per rank (``launcher/base/threads.py``) must keep it near 1 (issue 36: 1.85x before).
 """
 
 from __future__ import annotations

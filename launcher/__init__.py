@@ -1,20 +1,25 @@
 """launcher: one Hydra config, a distributed PyTorch job run locally, under torchrun, or on Slurm.
 
-The names below are imported when first used: importing a head-side module (``launcher.launch.ssh``,
-``launcher.membership``) does not import torch through this package."""
+The names below are imported when first used: importing a head-side module (``launcher.launch.ssh.head``,
+``launcher.heal.membership``) does not import torch through this package."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .devices import try_all_gpus, try_gpu
-    from .env import DistEnv
-    from .rendezvous import process_group
+    from launcher.base.devices import try_all_gpus, try_gpu
+    from launcher.base.env import DistEnv
+    from launcher.dist.rendezvous import process_group
 
 __version__ = "0.1.0"
 __all__ = ["DistEnv", "process_group", "try_all_gpus", "try_gpu", "__version__"]
-_WHERE = {"DistEnv": "env", "process_group": "rendezvous", "try_all_gpus": "devices", "try_gpu": "devices"}
+_WHERE = {
+    "DistEnv": "base.env",
+    "process_group": "dist.rendezvous",
+    "try_all_gpus": "base.devices",
+    "try_gpu": "base.devices",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -9,8 +9,8 @@ launcher (an import-linter contract holds that). Read in this order:
 - ``sizes.py``: MB and a tensor's bytes; ``trace.py``: the Chrome-trace timeline of a few steps.
 """
 
-from .collectives import flat_allreduce, flat_hook, hierarchical_allreduce, hierarchical_hook
-from .topology import Layout, Topology
+from launcher.comm.collectives import flat_allreduce, flat_hook, hierarchical_allreduce, hierarchical_hook
+from launcher.comm.topology import Layout, Topology
 
 __all__ = [
     "Layout",

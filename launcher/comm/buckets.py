@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.futures import Future
 
-from .compress import Matrix
-from .sizes import MB
+from launcher.comm.compress import Matrix
+from launcher.comm.sizes import MB
 
 
 def plan_buckets(

@@ -30,11 +30,11 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..abort import Abort
-from . import trace
-from .compress import Compression, Matrix, Piece
-from .sizes import MB, mb
-from .topology import Topology
+from launcher.comm import trace
+from launcher.comm.compress import Compression, Matrix, Piece
+from launcher.comm.sizes import MB, mb
+from launcher.comm.topology import Topology
+from launcher.dist.abort import Abort
 
 
 def _done(tensor: torch.Tensor) -> Future:

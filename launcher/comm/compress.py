@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import trace
-from .sizes import mb
+from launcher.comm import trace
+from launcher.comm.sizes import mb
 
 MODES = ("none", "bf16", "powersgd")
 Stage = Callable[[torch.Tensor, Any], None]  # (a 1-D piece of a bucket, the leaders' group): reduces it in place

@@ -31,11 +31,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .buckets import Bucket, whole_parameter_chunks
-from .schedule import WarmUp
-from .sizes import nbytes
-from .tail import TailLinear, tail_linear
-from .updates import BucketUpdates, Waits
+from launcher.comm.buckets import Bucket, whole_parameter_chunks
+from launcher.comm.schedule import WarmUp
+from launcher.comm.sizes import nbytes
+from launcher.comm.tail import TailLinear, tail_linear
+from launcher.comm.updates import BucketUpdates, Waits
 
 
 class Core(Waits, Protocol):

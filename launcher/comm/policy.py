@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .collectives import start_allreduce
-from .sizes import DDP_BUCKET_CAP_MB, MB
-from .strategy import median_seconds
-from .topology import Topology
+from launcher.comm.collectives import start_allreduce
+from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
+from launcher.comm.strategy import median_seconds
+from launcher.comm.topology import Topology
 
 LATENCY_SHARE = 0.1
 MIN_CAP_MB = 1.0

@@ -25,19 +25,19 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from ..abort import abortable
-from ..dist_helpers import Peers
-from . import trace
-from .buckets import Bucket, build_buckets, sparse_allreduce
-from .collectives import start_allreduce
-from .compress import Compression
-from .forward import ForwardOverlap
-from .hooks import weak_hook
-from .sizes import DDP_BUCKET_CAP_MB, MB, mb
-from .state import ModelState
-from .topology import Topology
-from .unused import UnusedParameters
-from .updates import BucketUpdates, choose_overlap
+from launcher.comm import trace
+from launcher.comm.buckets import Bucket, build_buckets, sparse_allreduce
+from launcher.comm.collectives import start_allreduce
+from launcher.comm.compress import Compression
+from launcher.comm.forward import ForwardOverlap
+from launcher.comm.hooks import weak_hook
+from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB, mb
+from launcher.comm.state import ModelState
+from launcher.comm.topology import Topology
+from launcher.comm.unused import UnusedParameters
+from launcher.comm.updates import BucketUpdates, choose_overlap
+from launcher.dist.abort import abortable
+from launcher.dist.helpers import Peers
 
 
 class BucketedReducer:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .buckets import Bucket
-from .sizes import nbytes
+from launcher.comm.buckets import Bucket
+from launcher.comm.sizes import nbytes
 
 SLACK_CHUNKS = 1  # chunks the modelled queue may hold past the next launch point
 WARMUP_STEPS = 3  # synchronised passes run as in the backward mode before the forward overlap; all but the first

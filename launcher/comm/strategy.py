@@ -18,9 +18,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .collectives import flat_allreduce, hierarchical_allreduce
-from .sizes import MB
-from .topology import Topology
+from launcher.comm.collectives import flat_allreduce, hierarchical_allreduce
+from launcher.comm.sizes import MB
+from launcher.comm.topology import Topology
 
 MARGIN = 0.05
 

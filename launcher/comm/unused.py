@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.futures import Future
 
-from .buckets import Bucket
+from launcher.comm.buckets import Bucket
 
 
 class UnusedParameters:

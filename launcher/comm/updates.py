@@ -21,9 +21,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from . import trace
-from .buckets import Bucket
-from .hooks import weak_hook
+from launcher.comm import trace
+from launcher.comm.buckets import Bucket
+from launcher.comm.hooks import weak_hook
 
 OVERLAPS = ("forward", "backward")
 # optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the

@@ -1,7 +1,7 @@
 """Job configuration: typed schema (``schema``) and composition helpers (``load``)."""
 
-from .load import CONF_DIR, check_resumable, freeze, load_frozen, register_resolvers, to_job, to_yaml
-from .schema import (
+from launcher.config.load import CONF_DIR, check_resumable, freeze, load_frozen, register_resolvers, to_job, to_yaml
+from launcher.config.schema import (
     ClusterConfig,
     CommConfig,
     ConfigError,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import _check
+from launcher.config.errors import _check
 
 
 @dataclass

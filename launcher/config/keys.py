@@ -11,8 +11,8 @@ import difflib
 import typing
 from typing import Any, Optional
 
-from .load import CLUSTER_SCHEMAS
-from .schema import ConfigError, JobConfig
+from launcher.config.load import CLUSTER_SCHEMAS
+from launcher.config.schema import ConfigError, JobConfig
 
 OPEN_GROUPS = ("model", "data", "hydra")
 GROUPS = ("model", "data", "cluster")  # config groups: ``model=resnet18``, ``+cluster=slurm`` choose a file

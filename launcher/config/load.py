@@ -7,10 +7,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..env import DistEnv
-from ..files import write_atomic
-from ..run_dir import RunDir
-from .schema import ClusterConfig, ConfigError, JobConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
+from launcher.base.env import DistEnv
+from launcher.base.files import write_atomic
+from launcher.base.run_dir import RunDir
+from launcher.config.schema import (
+    ClusterConfig,
+    ConfigError,
+    JobConfig,
+    SimClusterConfig,
+    SlurmClusterConfig,
+    SshClusterConfig,
+)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the YAML Hydra composes onto the schemas
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from .load import CLUSTER_SCHEMAS, CONF_DIR
-from .schema import JobConfig
+from launcher.config.load import CLUSTER_SCHEMAS, CONF_DIR
+from launcher.config.schema import JobConfig
 
 HEADER = """# Configuration reference
 

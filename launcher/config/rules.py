@@ -7,8 +7,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import ConfigError
-from .schema import JobConfig, OptimConfig, TrainConfig
+from launcher.config.errors import ConfigError
+from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
 
 TENSORBOARD_HINT = "pip install tensorboard (in this checkout: pip install -e '.[tensorboard]')"
 
@@ -30,7 +30,7 @@ def writes_tensorboard(job: JobConfig) -> bool:
 def check_tensorboard(job: JobConfig) -> None:
     """``train.tensorboard=true`` needs the tensorboard package (torch's SummaryWriter imports it): a ConfigError
     before any rank starts, not an ImportError on rank 0 once training began. Looked up, not imported (~0.1 s);
-    over ssh every host is checked too (``launch/host_check.py``: any may hold rank 0 after a heal)."""
+    over ssh every host is checked too (``launch/ssh/host_check.py``: any may hold rank 0 after a heal)."""
     if writes_tensorboard(job) and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
             "train.tensorboard=true, but the tensorboard package is not installed (torch's SummaryWriter needs it); "

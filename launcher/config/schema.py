@@ -16,9 +16,9 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ..liveness import TRAINER_TIMEOUT_S
-from .clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
-from .errors import ConfigError, _check
+from launcher.base.liveness import TRAINER_TIMEOUT_S
+from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
+from launcher.config.errors import ConfigError, _check
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -1,10 +1,10 @@
 """Healing in place: a lost machine's survivors go on in the same processes, and a machine that answers again
 joins them, without a restart. One subsystem over three kinds of process, with one typed protocol:
 
-    head (heal/head.py) ──stdin: Lost, Join──▶ keeper (heal/keeper.py) ──stdout: ROUND Decision──▶ head
+    head (heal/head_side.py) ──stdin: Lost, Join──▶ keeper (heal/keeper.py) ──stdout: ROUND Decision──▶ head
                                                  │ hosts the job's store, decides rounds (heal/rounds.py)
-    node process (heal/node.py) ──signed heartbeat, done──▶ store ◀──signed check-in, ready, Decision── ranks
-                                                                                      (heal/rank.py: Healer)
+    node process (heal/node_side.py) ──signed heartbeat, done──▶ store ◀──signed check-in, ready, Decision── ranks
+                                                                                      (heal/rank_side.py: Healer)
 
 A round's life, as a rank sees it (``Healer``)::
 
@@ -14,16 +14,17 @@ A round's life, as a rank sees it (``Healer``)::
     training in round N ──a machine joins (Decision N grows)──▶ every rank leaves at the next step boundary (GROW)
         └─▶ enter_round as above, the new machine last
 
-Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join``, ``Place``), ``rounds.py`` (the
-keeper's rules, pure), ``keeper.py`` (the keeper process), ``head.py`` (the head's side: ``KeeperClient``,
-``wait_healing``, ``Rejoin``: how a mode brings a host back), ``node.py`` (a node's ranks without an agent),
-``rank.py`` (a rank's side). What the rest of the launcher calls: ``config.rules.heals_in_place(job)``,
-``head.KeeperClient`` + ``head.wait_healing`` (sim, ssh), ``node.run_workers`` (launch/node.py), and the trainer's
-``rank.Healer`` (through one seam: ``launcher.train.in_place.HealSeam``).
+Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join``, ``Place``), ``membership.py``
+(the machines and their changes), ``rounds.py`` (the keeper's rules, pure), ``keeper.py`` (the keeper process),
+``head_side.py`` (the head's side: ``KeeperClient``, ``wait_healing``, ``Rejoin``: how a mode brings a host back),
+``node_side.py`` (a node's ranks without an agent), ``rank_side.py`` (a rank's side). What the rest of the launcher
+calls: ``config.rules.heals_in_place(job)``, ``head_side.KeeperClient`` + ``head_side.wait_healing`` (sim, ssh),
+``node_side.run_workers`` (launch/nodes/process.py), and the trainer's ``rank_side.Healer`` (through one seam:
+``launcher.train.in_place.HealSeam``).
 
-Only the job's own processes speak in it: the head makes a fresh secret per job (``launcher.secret``) and hands it
-on without a command line; every key lives under the secret's namespace and every value the keeper, the node
-processes and the ranks act on is signed (``launcher.signed.SignedStore``); the state sent during a heal is a signed
-pickle, refused before unpickling unless it verifies. The sync engine and the object collectives get the abort
-signal handed in (``launcher.abort.Abort``): they import nothing of this package.
+Only the job's own processes speak in it: the head makes a fresh secret per job (``launcher.trust.secret``) and hands
+it on without a command line; every key lives under the secret's namespace and every value the keeper, the node
+processes and the ranks act on is signed (``launcher.trust.signed.SignedStore``); the state sent during a heal is a
+signed pickle, refused before unpickling unless it verifies. The sync engine and the object collectives get the abort
+signal handed in (``launcher.dist.abort.Abort``): they import nothing of this package.
 """

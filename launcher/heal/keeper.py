@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..liveness import KEEPER_LOOK_S
-from ..rendezvous import attempt_prefix, listening_store
-from ..secret import Secret
-from ..signed import SignedStore
-from .protocol import ROUND_WORD, Decision, Join, Keys, Lost, node_id, parse_word
-from .rounds import Rounds
+from launcher.base.liveness import KEEPER_LOOK_S
+from launcher.dist.rendezvous import attempt_prefix, listening_store
+from launcher.heal.protocol import ROUND_WORD, Decision, Join, Keys, Lost, node_id, parse_word
+from launcher.heal.rounds import Rounds
+from launcher.trust.secret import Secret
+from launcher.trust.signed import SignedStore
 
 
 def read_head(words: queue.SimpleQueue) -> None:

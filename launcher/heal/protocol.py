@@ -3,7 +3,7 @@
 side reads and writes them only through here. No torch.
 
 The store: every key below lives under the attempt's prefix (``rendezvous.attempt_prefix``) in the keeper's
-store, seen through the job's secret (``launcher.signed.SignedStore``: a namespace only the job can name, every
+store, seen through the job's secret (``launcher.trust.signed.SignedStore``: a namespace only the job can name, every
 value signed). A node process is known by ``node_id``: its node's name and which start of it this is in the
 attempt (0: with the attempt; 1, 2, ...: joining later), so a cut-off process that answers again is never taken
 for the one started after it."""
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from ..membership import Change
+from launcher.heal.membership import Change
 
 PLACE_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node process's start}
 

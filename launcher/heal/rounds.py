@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .protocol import Decision
+from launcher.heal.protocol import Decision
 
 
 @dataclass

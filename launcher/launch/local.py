@@ -10,7 +10,7 @@ same commands again resumes.
 - Rendezvous: c10d store listening on the loopback address only; port 0 takes a free port and holds it (no race
   between "check it is free" and "bind it"), a fixed ``cluster.master_port`` is checked first.
 - ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
-- A failure prints the job's report (``launcher.failures``: the root cause first, with its host, pid and
+- A failure prints the job's report (``launcher.report.failures``: the root cause first, with its host, pid and
   traceback, then the ranks that failed too); exit code 1.
 - One rank: the worker runs in this process (nothing to spawn).
 """
@@ -28,18 +28,18 @@ import uuid
 
 from omegaconf import DictConfig
 
-from ..config import ConfigError, JobConfig
-from ..env import DistEnv
-from ..exiting import end_process_at_exit
-from ..gpus import by_free_memory
-from ..rank_work import run_rank_work
-from ..run_dir import RunDir
-from ..secret import SECRET_ENV, Secret
-from ..train.stop import Preempted, StopRequest
-from .agent import agent_config, run_agent
-from .head import HEAD_STOP_SIGNALS, print_stopped
-from .mode import BaseMode, LaunchPlan
-from .ports import check_port
+from launcher.base.env import DistEnv
+from launcher.base.exiting import end_process_at_exit
+from launcher.base.gpus import by_free_memory
+from launcher.base.run_dir import RunDir
+from launcher.config import ConfigError, JobConfig
+from launcher.launch.mode import BaseMode, LaunchPlan
+from launcher.launch.nodes.agent import agent_config, run_agent
+from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, print_stopped
+from launcher.launch.ports import check_port
+from launcher.rank.work import run_rank_work
+from launcher.train.stop import Preempted, StopRequest
+from launcher.trust.secret import SECRET_ENV, Secret
 
 log = logging.getLogger(__name__)
 

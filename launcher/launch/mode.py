@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from ..config import ConfigError, JobConfig
-from ..env import DistEnv
+from launcher.base.env import DistEnv
+from launcher.config import ConfigError, JobConfig
 
 CPU_PROCS_PER_NODE = 2
 
@@ -44,7 +44,7 @@ class LaunchPlan:
     run_dir: str
     entry: str
     on_loss: str = ""  # what losing a machine does (a job that may shrink: plan.describe_on_loss)
-    threads: str = ""  # threads per rank (launcher.threads.plan_line)
+    threads: str = ""  # threads per rank (launcher.base.threads.plan_line)
 
     @property
     def world_size(self) -> int:

@@ -11,19 +11,19 @@ import os
 
 from omegaconf import DictConfig
 
-from ..config import ConfigError, JobConfig, to_job
-from ..config.keys import check_model_keys
-from ..config.rules import check_tensorboard, heals_in_place
-from ..env import DistEnv
-from ..gpus import backend_for
-from ..threads import plan_line
-from .local import LocalMode
-from .mode import BaseMode, LaunchPlan
-from .sim import SimMode
-from .slurm import SlurmMode
-from .slurm_task import SlurmTaskMode
-from .ssh import SshMode
-from .torchrun import TorchrunMode
+from launcher.base.env import DistEnv
+from launcher.base.gpus import backend_for
+from launcher.base.threads import plan_line
+from launcher.config import ConfigError, JobConfig, to_job
+from launcher.config.keys import check_model_keys
+from launcher.config.rules import check_tensorboard, heals_in_place
+from launcher.launch.local import LocalMode
+from launcher.launch.mode import BaseMode, LaunchPlan
+from launcher.launch.sim.head import SimMode
+from launcher.launch.slurm.submit import SlurmMode
+from launcher.launch.slurm.task_entry import SlurmTaskMode
+from launcher.launch.ssh.head import SshMode
+from launcher.launch.torchrun import TorchrunMode
 
 # The detection order (``launch/__init__.py``'s docstring says why): the first mode that says yes runs the job.
 MODES: tuple[BaseMode, ...] = (TorchrunMode(), SlurmTaskMode(), SlurmMode(), SshMode(), SimMode(), LocalMode())

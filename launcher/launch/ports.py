@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from ..config import ConfigError
+from launcher.config import ConfigError
 
 
 def port_in_use(addr: str, port: int) -> str | None:

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import JobConfig
-from ..env import DistEnv
-from .head import print_stopped
-from .mode import StartedMode
+from launcher.base.env import DistEnv
+from launcher.config import JobConfig
+from launcher.launch.mode import StartedMode
+from launcher.launch.nodes.control import print_stopped
 
 
 class TorchrunMode(StartedMode):
@@ -30,7 +30,7 @@ class TorchrunMode(StartedMode):
     store_host = "torchrun's store"
 
     def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
-        from ..rank_entry import end_by_signal, rank_main
+        from launcher.rank.entry import end_by_signal, rank_main
 
         def stopped(job: JobConfig, env: DistEnv, stop: Any) -> None:
             if env.is_main and stop.signum:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import JobConfig
-from ..devices import describe_device
-from ..dist_helpers import Peers
-from ..env import DistEnv
-from .optim import describe_schedule
-from .progress import Span
-from .step import describe_precision
-from .world import World
+from launcher.base.devices import describe_device
+from launcher.base.env import DistEnv
+from launcher.config import JobConfig
+from launcher.dist.helpers import Peers
+from launcher.train.optim import describe_schedule
+from launcher.train.progress import Span
+from launcher.train.step import describe_precision
+from launcher.train.world import World
 
 log = logging.getLogger(__name__)
 

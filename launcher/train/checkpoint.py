@@ -19,9 +19,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .. import dist_helpers
-from ..checkpoint_names import list_checkpoints
-from ..files import atomic_file, write_atomic
+from launcher.base.checkpoint_names import list_checkpoints
+from launcher.base.files import atomic_file, write_atomic
+from launcher.dist import helpers as dist_helpers
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

@@ -23,7 +23,7 @@ from hydra.utils import get_method
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from ..config import DataConfig
+from launcher.config import DataConfig
 
 IMAGE_MODELS = ("models.lenet.LeNet", "models.mlp.MLP", "models.resnet.resnet18")  # conf/model: they take images
 DATA_SEED = 20240601  # fixed: the data set itself must not depend on train.seed or the rank

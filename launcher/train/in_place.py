@@ -10,13 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import membership, watch
-from ..abort import Abort
-from ..env import DistEnv
-from ..heal.protocol import Decision
-from ..heal.rank import Healer, agree_on_state
-from ..rendezvous import Group
-from ..secret import Secret
+from launcher import watch
+from launcher.base.env import DistEnv
+from launcher.dist.abort import Abort
+from launcher.dist.rendezvous import Group
+from launcher.heal import membership
+from launcher.heal.protocol import Decision
+from launcher.heal.rank_side import Healer, agree_on_state
+from launcher.trust.secret import Secret
 
 log = logging.getLogger(__name__)
 

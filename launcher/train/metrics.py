@@ -14,8 +14,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from ..config.rules import TENSORBOARD_HINT
-from ..run_dir import RunDir
+from launcher.base.run_dir import RunDir
+from launcher.config.rules import TENSORBOARD_HINT
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter

@@ -10,10 +10,10 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from .. import dist_helpers
-from ..config import JobConfig
-from ..devices import seed_all
-from .task import Task
+from launcher.base.devices import seed_all
+from launcher.config import JobConfig
+from launcher.dist import helpers as dist_helpers
+from launcher.train.task import Task
 
 
 def build_model(job: JobConfig, device: torch.device) -> nn.Module:

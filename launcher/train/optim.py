@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..config import OptimConfig
+from launcher.config import OptimConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..config import JobConfig
+from launcher.config import JobConfig
 
 
 @dataclass

@@ -15,22 +15,22 @@ from typing import Optional
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import membership
-from ..comm import trace
-from ..comm.trace import Tracer, write_trace
-from ..config import JobConfig
-from ..dist_helpers import Peers
-from ..env import DistEnv
-from ..logs import take_the_console
-from ..run_dir import RunDir
-from ..summary import RunSummary
-from ..watch import stragglers
-from .metrics import MetricsWriter
-from .model import evaluate
-from .progress import Totals
-from .state import TrainState
-from .sync import GradientSync
-from .world import World
+from launcher.base.env import DistEnv
+from launcher.base.logs import take_the_console
+from launcher.base.run_dir import RunDir
+from launcher.comm import trace
+from launcher.comm.trace import Tracer, write_trace
+from launcher.config import JobConfig
+from launcher.dist.helpers import Peers
+from launcher.heal import membership
+from launcher.report.summary import RunSummary
+from launcher.train.metrics import MetricsWriter
+from launcher.train.model import evaluate
+from launcher.train.progress import Totals
+from launcher.train.state import TrainState
+from launcher.train.sync import GradientSync
+from launcher.train.world import World
+from launcher.watch import stragglers
 
 log = logging.getLogger(__name__)
 

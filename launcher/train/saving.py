@@ -10,16 +10,16 @@ from typing import Any, Optional
 
 import torch
 
-from ..checkpoint_names import checkpoint_path, list_checkpoints
-from ..config import JobConfig
-from ..devices import rng_state, seed_all, set_rng_state
-from ..dist_helpers import Peers
-from ..env import DistEnv
-from ..run_dir import RunDir
-from . import checkpoint as ckpt
-from .progress import Span
-from .state import TrainState
-from .sync import GradientSync
+from launcher.base.checkpoint_names import checkpoint_path, list_checkpoints
+from launcher.base.devices import rng_state, seed_all, set_rng_state
+from launcher.base.env import DistEnv
+from launcher.base.run_dir import RunDir
+from launcher.config import JobConfig
+from launcher.dist.helpers import Peers
+from launcher.train import checkpoint as ckpt
+from launcher.train.progress import Span
+from launcher.train.state import TrainState
+from launcher.train.sync import GradientSync
 
 log = logging.getLogger(__name__)
 

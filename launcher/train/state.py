@@ -11,13 +11,13 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..config import JobConfig
-from ..env import DistEnv
-from . import checkpoint as ckpt
-from .optim import build_scheduler, load_optimizer_state
-from .progress import Position, Span
-from .step import Stepper
-from .sync import GradientSync
+from launcher.base.env import DistEnv
+from launcher.config import JobConfig
+from launcher.train import checkpoint as ckpt
+from launcher.train.optim import build_scheduler, load_optimizer_state
+from launcher.train.progress import Position, Span
+from launcher.train.step import Stepper
+from launcher.train.sync import GradientSync
 
 
 class TrainState:

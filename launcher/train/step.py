@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..comm import trace
-from ..config import OptimConfig, TrainConfig
-from .task import Task
+from launcher.comm import trace
+from launcher.config import OptimConfig, TrainConfig
+from launcher.train.task import Task
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

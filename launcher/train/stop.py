@@ -27,8 +27,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..abort import Abort, wait
-from ..liveness import STOP_DEADLINE_S
+from launcher.base.liveness import STOP_DEADLINE_S
+from launcher.dist.abort import Abort, wait
 
 log = logging.getLogger(__name__)
 

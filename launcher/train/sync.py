@@ -13,17 +13,17 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..abort import Abort
-from ..comm import Topology, hierarchical_hook
-from ..comm.collectives import AbortableHook, abortable_hook
-from ..comm.compress import Compression, build_compression
-from ..comm.policy import auto_compression, bucket_cap_mb, fast_link_overlap, measure_link
-from ..comm.reducer import BucketedReducer
-from ..comm.sizes import DDP_BUCKET_CAP_MB, MB
-from ..comm.strategy import StrategyChoice, choose
-from ..config import CommConfig, collective_timeout_s
-from ..dist_helpers import Peers
-from ..env import DistEnv
+from launcher.base.env import DistEnv
+from launcher.comm import Topology, hierarchical_hook
+from launcher.comm.collectives import AbortableHook, abortable_hook
+from launcher.comm.compress import Compression, build_compression
+from launcher.comm.policy import auto_compression, bucket_cap_mb, fast_link_overlap, measure_link
+from launcher.comm.reducer import BucketedReducer
+from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
+from launcher.comm.strategy import StrategyChoice, choose
+from launcher.config import CommConfig, collective_timeout_s
+from launcher.dist.abort import Abort
+from launcher.dist.helpers import Peers
 
 log = logging.getLogger(__name__)
 

@@ -19,29 +19,29 @@ import torch
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
-from .. import dist_helpers
-from ..config import JobConfig, collective_timeout_s
-from ..devices import seed_all
-from ..env import DistEnv
-from ..faults import Fault, faults_for, fire_at
-from ..heal.protocol import Decision
-from ..heal.rank import HealStop, LeftJob
-from ..rendezvous import Group
-from ..secret import Secret
-from ..stall import explain_stall, is_timeout, timed_out
-from ..summary import RunSummary
-from ..watch import note_step
-from .banner import node_hosts, show_banner
-from .data import IMAGE_MODELS, build_datasets
-from .in_place import HealSeam
-from .model import build_model, check_same_weights
-from .optim import build_optimizer
-from .progress import Outcome, Totals
-from .records import Records, progress_bar
-from .saving import Checkpointer
-from .state import TrainState
-from .stop import Preempted, StopRequest
-from .world import World
+from launcher.base.devices import seed_all
+from launcher.base.env import DistEnv
+from launcher.base.faults import Fault, faults_for, fire_at
+from launcher.config import JobConfig, collective_timeout_s
+from launcher.dist import helpers as dist_helpers
+from launcher.dist.rendezvous import Group
+from launcher.dist.stall import explain_stall, is_timeout, timed_out
+from launcher.heal.protocol import Decision
+from launcher.heal.rank_side import HealStop, LeftJob
+from launcher.report.summary import RunSummary
+from launcher.train.banner import node_hosts, show_banner
+from launcher.train.data import IMAGE_MODELS, build_datasets
+from launcher.train.in_place import HealSeam
+from launcher.train.model import build_model, check_same_weights
+from launcher.train.optim import build_optimizer
+from launcher.train.progress import Outcome, Totals
+from launcher.train.records import Records, progress_bar
+from launcher.train.saving import Checkpointer
+from launcher.train.state import TrainState
+from launcher.train.stop import Preempted, StopRequest
+from launcher.train.world import World
+from launcher.trust.secret import Secret
+from launcher.watch import note_step
 
 log = logging.getLogger(__name__)
 

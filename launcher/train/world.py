@@ -11,12 +11,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import JobConfig
-from ..config.rules import whole_gradient_reason
-from ..dist_helpers import Peers
-from ..env import DistEnv
-from .data import ResumableSampler, eval_loader, train_loader
-from .sync import GradientSync
+from launcher.base.env import DistEnv
+from launcher.config import JobConfig
+from launcher.config.rules import whole_gradient_reason
+from launcher.dist.helpers import Peers
+from launcher.train.data import ResumableSampler, eval_loader, train_loader
+from launcher.train.sync import GradientSync
 
 
 @dataclass

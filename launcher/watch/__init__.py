@@ -6,7 +6,7 @@ says each beat (``publisher.py``); rank 0's thread compares (``reporter.py``: na
 ends them at ``comm.timeout_s``, names stragglers) with the pure rules of ``verdict.py``. The user's code is not
 touched: no wrapper around its collectives, no hook in its loop (the trainer only tells the watch its step).
 
-Reading map: ``start_watch`` (from ``rank_work``) -> ``Watch.run``: ``Publisher.beat`` + ``Publisher.answer`` every
+Reading map: ``start_watch`` (from ``rank.work``) -> ``Watch.run``: ``Publisher.beat`` + ``Publisher.answer`` every
 ``WATCH_BEAT_S``, then ``Reporter.tick`` on rank 0 (rank 1 stands in while rank 0 is silent).
 """
 
@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..config import collective_timeout_s
-from ..env import DistEnv
-from ..liveness import WATCH_BACKSTOP_S, WATCH_BEAT_S
-from . import recorder
-from .publisher import Publisher
-from .reporter import Reporter
+from launcher.base.env import DistEnv
+from launcher.base.liveness import WATCH_BACKSTOP_S, WATCH_BEAT_S
+from launcher.config import collective_timeout_s
+from launcher.watch import recorder
+from launcher.watch.publisher import Publisher
+from launcher.watch.reporter import Reporter
 
 log = logging.getLogger(__name__)
 

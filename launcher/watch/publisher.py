@@ -20,12 +20,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ..env import DistEnv
-from ..files import write_atomic
-from ..liveness import ARRIVALS_EVERY_S, STEP_NOTE_S
-from ..run_dir import RunDir, arrivals_file, flight_record_file, progress_file, request_file, stack_file
-from ..tracebacks import WRAPPER_FRAMES
-from . import recorder
+from launcher.base.env import DistEnv
+from launcher.base.files import write_atomic
+from launcher.base.liveness import ARRIVALS_EVERY_S, STEP_NOTE_S
+from launcher.base.run_dir import RunDir, arrivals_file, flight_record_file, progress_file, request_file, stack_file
+from launcher.report.tracebacks import WRAPPER_FRAMES
+from launcher.watch import recorder
 
 ARRIVALS_MAX = 512  # the newest entries handed out per read
 

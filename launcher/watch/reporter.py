@@ -9,7 +9,7 @@ stopped). Each beat it reads every rank's progress file and:
   ``comm.timeout_s`` (the script's own process group timeout ends it, as under torchrun);
 - at ``comm.timeout_s`` ends the job (the trainer's, or a script's when the user set it): failure records for
   the culprits (kind ``hang``, with their stacks) and for the ranks waiting for them (``peer``), then this process
-  exits 1; the launcher ends the other ranks and its report leads with the culprit (``launcher.failures``);
+  exits 1; the launcher ends the other ranks and its report leads with the culprit (``launcher.report.failures``);
   ``cluster.max_restarts`` applies as for any failure;
 - names stragglers (``verdict.find_stragglers``) when they start and when they recover: console, ``metrics.jsonl``
   and, through ``stragglers()``, the run's ``summary.json``.
@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import logs
-from ..env import DistEnv
-from ..failures import Failure, record_exits
-from ..files import read_bytes, write_json_atomic
-from ..liveness import ANSWER_WAIT_S, SILENT_MIN_S, STALE_S
-from ..run_dir import RunDir, progress_file, report_file, request_file, stack_file
-from .stragglers import Stragglers
-from .verdict import Hang, find_hang
+from launcher.base import logs
+from launcher.base.env import DistEnv
+from launcher.base.files import read_bytes, write_json_atomic
+from launcher.base.liveness import ANSWER_WAIT_S, SILENT_MIN_S, STALE_S
+from launcher.base.run_dir import RunDir, progress_file, report_file, request_file, stack_file
+from launcher.report.failures import Failure, record_exits
+from launcher.watch.stragglers import Stragglers
+from launcher.watch.verdict import Hang, find_hang
 
 log = logging.getLogger("launcher.watch")
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..files import read_bytes
-from ..liveness import KEEP_ARRIVALS_S, STRAGGLER_MIN_LATE_S, STRAGGLER_WINDOW_S
-from ..run_dir import RunDir, arrivals_file
-from .verdict import find_stragglers
+from launcher.base.files import read_bytes
+from launcher.base.liveness import KEEP_ARRIVALS_S, STRAGGLER_MIN_LATE_S, STRAGGLER_WINDOW_S
+from launcher.base.run_dir import RunDir, arrivals_file
+from launcher.watch.verdict import find_stragglers
 
 SHARE = 0.2  # a straggler is late by at least this share of the step time
 

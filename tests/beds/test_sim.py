@@ -19,9 +19,9 @@ from harness.config import plan
 from harness.jobs import HEAL_JOB, HEAL_SCHEDULE
 from harness.probes import stranger_writing
 from harness.run import run_launcher, start_head, wait_first_checkpoint
+from launcher.base.liveness import STOP_DEADLINE_S
 from launcher.config import ConfigError
-from launcher.launch.netns import RECORDS, SimNetwork
-from launcher.liveness import STOP_DEADLINE_S
+from launcher.launch.sim.netns import RECORDS, SimNetwork
 
 SHORT = ("train.max_steps=12", "train.log_every_steps=4", "train.checkpoint_every_steps=0")
 
@@ -66,7 +66,7 @@ def test_sigterm_deletes_the_namespaces():
     before = namespaces()
     program = (
         "import sys, time\n"
-        "from launcher.launch.netns import SimNetwork\n"
+        "from launcher.launch.sim.netns import SimNetwork\n"
         "with SimNetwork(2, netns=True) as net:\n"
         "    print(net.ns(0), flush=True)\n"
         "    time.sleep(60)\n"
@@ -95,7 +95,7 @@ def test_namespaces_a_killed_program_left_are_deleted_by_the_next(capfd):
     before = namespaces()
     program = (
         "import subprocess, sys\n"
-        "from launcher.launch.netns import SimNetwork\n"
+        "from launcher.launch.sim.netns import SimNetwork\n"
         "with SimNetwork(2, netns=True) as net:\n"
         "    held = subprocess.Popen([*net.prefix(1), 'sleep', '300'])\n"
         "    print(net.tag, held.pid, flush=True)\n"

@@ -402,8 +402,8 @@ def test_example_sbatch_script(slurm, tmp_path):
 def test_taken_store_port_is_named():
     import socket
 
-    from launcher.env import DistEnv
-    from launcher.launch.slurm_task import check_store_port
+    from launcher.base.env import DistEnv
+    from launcher.launch.slurm.task_entry import check_store_port
 
     with socket.socket() as holder:
         holder.bind(("", 0))

@@ -135,7 +135,7 @@ def test_doctor_names_the_node_behind_a_slow_link(tmp_path):
 
 def test_doctor_names_a_single_slow_link():
     """Four nodes, every link fast but 1-2: the link is named, no node is blamed (each has fast links too)."""
-    from launcher.doctor import verdict
+    from launcher.rank.doctor import verdict
 
     links = {(a, b): 1e-3 for a in range(4) for b in range(a + 1, 4)}
     links[(1, 2)] = 9e-3

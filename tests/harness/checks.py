@@ -93,7 +93,12 @@ def assert_hang_named(
     assert reported_at - warned_at > (TIMEOUT_S - WARN_S) / 2, (warned_at, reported_at)
     live = console[console.index(line) : console.index(head)]
     assert f"  stack of rank {culprit} (live, every thread):" in live and re.search(frame, live), live[-4000:]
-    for wrapper in ("submitit/core", "hydra/", "runpy", "launcher/cli.py"):  # what only carries a rank to its work
+    for wrapper in (
+        "submitit/core",
+        "hydra/",
+        "runpy",
+        "launcher/commands/cli.py",
+    ):  # what only carries a rank to its work
         assert wrapper not in live.split("  stack of rank")[1], live[-4000:]
     after = console[console.index(head) :]
     for rank in waiting:

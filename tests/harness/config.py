@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import REPO
-from launcher.env import DistEnv
+from launcher.base.env import DistEnv
 
 
 def compose(*overrides: str, run_dir: Path | None = None):

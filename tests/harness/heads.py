@@ -1,14 +1,14 @@
 """``python -m launcher`` heads forked from a preloaded process, as ``spawn_ranks`` forks its ranks (harness.ranks).
 
 Why: the suite is CPU-bound on its two cores, and each head spent ~2.4 CPU-s importing torch, Hydra and the
-launcher before doing anything (measured: ``python -c "import launcher.cli"``); with ~300 heads a run that was a
-sixth of the suite. A head forked here skips only that: from ``launcher/__main__.py`` on it is the same program,
+launcher before doing anything (measured: ``python -c "import launcher.commands.cli"``); with ~300 heads a run that
+was a sixth of the suite. A head forked here skips only that: from ``launcher/__main__.py`` on it is the same program,
 run the way ``python -m`` runs it (``runpy``, ``sys.argv``, the environment, the working directory, its own
 session, stdin/stdout/stderr), and it ends as the interpreter ends one (non-daemon threads joined, atexit, the
 exit code, death by SIGINT after an uncaught KeyboardInterrupt).
 
 The preloaded process (one per test process, started on first use, ended when that process ends) imports
-``launcher.cli`` and nothing runs in it: no thread, no torch op, no process group, so forking it is safe. It is
+``launcher.commands.cli`` and nothing runs in it: no thread, no torch op, no process group, so forking it is safe. It is
 used only where a fresh interpreter could not differ: ``popen`` starts a fresh ``python -m launcher`` instead when
 the argv is anything else, or the environment changes a variable that torch or Python read at import time
 (``FRESH_PREFIXES``), or ``LAUNCHER_TEST_FRESH_HEADS=1`` asks for every head fresh.
@@ -173,7 +173,7 @@ def _connect() -> socket.socket:
 
 
 def _serve(control: socket.socket) -> None:
-    import launcher.cli  # noqa: F401  (the preload: torch, Hydra, the launcher)
+    import launcher.commands.cli  # noqa: F401  (the preload: torch, Hydra, the launcher)
 
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, None)

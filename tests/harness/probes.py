@@ -62,10 +62,10 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
 
     import torch.distributed as dist
 
+    from launcher.dist.rendezvous import attempt_prefix
     from launcher.heal.protocol import Decision, Keys, node_id
-    from launcher.rendezvous import attempt_prefix
-    from launcher.secret import SECRET_ENV, Secret
-    from launcher.signed import SignedStore
+    from launcher.trust.secret import SECRET_ENV, Secret
+    from launcher.trust.signed import SignedStore
 
     done, wrote = threading.Event(), []
 

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from harness.config import plan
-from launcher.env import DistEnv
-from launcher.exiting import end_process_at_exit
-from launcher.rendezvous import process_group
+from launcher.base.env import DistEnv
+from launcher.base.exiting import end_process_at_exit
+from launcher.dist.rendezvous import process_group
 
 RANK_TIMEOUT_S = 120
 

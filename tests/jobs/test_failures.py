@@ -71,7 +71,7 @@ def test_node_agent_alone_times_out_naming_the_rendezvous(tmp_path):
         [
             sys.executable,
             "-m",
-            "launcher.launch.node",
+            "launcher.launch.nodes.process",
             str(tmp_path),
             "2",
             "0",

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.ranks import spawn_ranks, virtual_env
 from harness.run import run_launcher
-from launcher import gpus
+from launcher.base import gpus
 from launcher.comm import Topology
 from launcher.comm.compress import Bf16, PowerSGD
 from launcher.comm.reducer import BucketedReducer

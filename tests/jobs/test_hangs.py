@@ -119,7 +119,7 @@ def reporter_over(timeout_s, tmp_path, monkeypatch, seconds=600):
     """A Reporter (rank 0's) fed by hand: rank 0 waits in collective #6 from t=0 on, rank 1 never enters it but
     keeps beating (busy in its own code); ``tick`` each second for ``seconds``. Returns the reports said (time,
     text) and when the job was ended (None: never)."""
-    from launcher.env import DistEnv
+    from launcher.base.env import DistEnv
     from launcher.watch.reporter import Reporter
 
     said, ended = [], []
@@ -290,7 +290,7 @@ def test_without_torchs_flight_recorder_the_watch_is_off_with_one_warning(tmp_pa
     """On a torch whose flight recorder is not backend-neutral (before 2.8) the import must not fail every rank:
     rank 0 says once that the watch is off and why, and the job goes on without it (issue 35)."""
     from launcher import watch
-    from launcher.env import DistEnv
+    from launcher.base.env import DistEnv
     from launcher.watch import recorder
 
     monkeypatch.setattr(recorder, "MISSING", "torch 2.4.0 has no backend-neutral flight recorder (...)")

@@ -6,10 +6,10 @@ import signal
 import subprocess
 import sys
 
-from launcher.heal import head as healing
+from launcher.heal import head_side as healing
+from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rounds import Rounds
-from launcher.membership import Membership
 
 NAMES = ["node-0", "node-1", "node-2"]
 
@@ -167,11 +167,11 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
 
     import torch.distributed as dist
 
+    from launcher.dist.rendezvous import attempt_prefix
     from launcher.heal.protocol import Keys, node_id
     from launcher.launch.ports import free_port
-    from launcher.rendezvous import attempt_prefix
-    from launcher.secret import Secret
-    from launcher.signed import SignedStore
+    from launcher.trust.secret import Secret
+    from launcher.trust.signed import SignedStore
 
     port, secret = free_port("127.0.0.1"), Secret.new()
     keeper = healing.KeeperClient([], "127.0.0.1", port, 0, 1, 1.0, ["node-0", "node-1"], secret)

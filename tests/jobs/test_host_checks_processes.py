@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness.config import plan
-from launcher.devices import gpu_count
-from launcher.launch.hosts import check_hosts
+from launcher.base.devices import gpu_count
+from launcher.launch.ssh.hosts import check_hosts
 
 FAKE_SSH = """#!/usr/bin/env bash
 # ssh's stand-in: `ssh [options] HOST SCRIPT` runs SCRIPT here as HOST would (see test_host_checks.py)

@@ -6,7 +6,7 @@ run builds the model and reports its error before anything starts."""
 import pytest
 
 from harness.run import run_launcher
-from launcher.command_line import hydra_overrides
+from launcher.commands.command_line import hydra_overrides
 
 MODEL = """
 from torch import nn

@@ -54,9 +54,9 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
     the others record first (a peer noticing before the cause's record lands, or machines whose clocks
     disagree): a peer's "connection closed", a rank the launcher stopped and one killed by a signal are all older
     than the cause's own error, and the report still leads with the cause, then death, peer, stopped."""
-    from launcher import failures
-    from launcher.env import DistEnv
-    from launcher.run_dir import RunDir
+    from launcher.base.env import DistEnv
+    from launcher.base.run_dir import RunDir
+    from launcher.report import failures
 
     def log(rank: int) -> failures.FailureLog:
         env = DistEnv(

@@ -110,8 +110,8 @@ def test_a_preemption_beyond_max_requeues_is_not_requeued_and_says_how_to_resume
     test_slurm.py::test_preemption_twice_requeues_and_resumes_bit_identical)."""
     import json
 
-    from launcher.env import DistEnv
-    from launcher.launch.slurm_task import requeue
+    from launcher.base.env import DistEnv
+    from launcher.launch.slurm.task_entry import requeue
 
     job, _ = plan("+cluster=slurm", f"cluster.max_requeues={allowed}", run_dir=tmp_path)
     if done:

@@ -6,9 +6,9 @@ that step (no step twice; the values the resumed run logged). Without the flag t
 import pytest
 
 from harness.run import run_launcher
-from launcher.checkpoint_names import checkpoint_path
-from launcher.plot import load_metrics
-from launcher.run_dir import RunDir
+from launcher.base.checkpoint_names import checkpoint_path
+from launcher.base.run_dir import RunDir
+from launcher.commands.plot import load_metrics
 
 # the bucketed reducer: its records hold the exposed communication too (torch DDP's do not)
 JOB = ("train.max_steps=12", "train.log_every_steps=4", "cluster.procs_per_node=2", "comm.reducer=bucketed")

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from harness.run import run_launcher
-from launcher.threads import decide
+from launcher.base.threads import decide
 
 SCRIPT = """
 import json, os, sys

@@ -9,11 +9,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.ranks import spawn_ranks, virtual_env
-from launcher.abort import Abort
 from launcher.comm import Topology, collectives, hierarchical_allreduce
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import Bf16, Matrix, PowerSGD, build_compression
 from launcher.comm.reducer import BucketedReducer
+from launcher.dist.abort import Abort
 
 
 def _node_sums(per_rank: list[torch.Tensor], per_node: int) -> list[torch.Tensor]:

@@ -8,11 +8,12 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from harness.ranks import spawn_ranks
-from launcher import dist_helpers, try_all_gpus, try_gpu
-from launcher.dataparallel import HandDataParallel, allreduce_devices, split_batch
-from launcher.env import DistEnv
-from launcher.rendezvous import process_group
+from launcher import try_all_gpus, try_gpu
+from launcher.base.env import DistEnv
+from launcher.dist import helpers as dist_helpers
+from launcher.dist.rendezvous import process_group
 from models import LeNet
+from models.dataparallel import HandDataParallel, allreduce_devices, split_batch
 
 SECRET = "ab" * 32  # the job's secret, as every rank of one job has it
 
@@ -20,8 +21,8 @@ SECRET = "ab" * 32  # the job's secret, as every rank of one job has it
 def _seeds_allreduce(rank, world, out_dir, healing=False):
     # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
     # ``healing``: the same through the abortable, signed collectives of a job that heals in place
-    from launcher.abort import Abort
-    from launcher.secret import Secret
+    from launcher.dist.abort import Abort
+    from launcher.trust.secret import Secret
 
     peers = dist_helpers.Peers(Abort(), Secret.from_hex(SECRET)) if healing else dist_helpers.Peers()
     data = torch.ones((1, 2)) * (rank + 1)
@@ -58,8 +59,8 @@ class Planted:
 
 
 def _forged_objects(rank, world, out_dir):
-    from launcher.secret import Secret
-    from launcher.signed import Forged
+    from launcher.trust.secret import Secret
+    from launcher.trust.signed import Forged
 
     mine = Secret.from_hex(SECRET if rank == 0 else "cd" * 32)  # rank 1 does not hold the job's secret
     planted = f"{out_dir}/planted-{rank}"

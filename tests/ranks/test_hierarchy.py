@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness.ranks import spawn_ranks, virtual_env
+from launcher.base.env import DistEnv
 from launcher.comm import Layout, Topology, flat_allreduce, hierarchical_allreduce
-from launcher.env import DistEnv
 
 
 def _hier_equals_flat(rank, world, out_dir, per_node, interleaved, in_order=False):

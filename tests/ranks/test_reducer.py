@@ -200,7 +200,7 @@ def wide_model():
 def _policy_layouts(rank, world, out_dir):
     """Every rank measures the link and sizes buckets itself: the figures are agreed (max-reduced), so the
     layouts are identical; and training results do not depend on the layout beyond float tolerance."""
-    from launcher import dist_helpers
+    from launcher.dist import helpers as dist_helpers
 
     env = virtual_env(rank, world, 1)
     x, y = batch(32)

@@ -1,8 +1,8 @@
-"""Healing in place, its first piece (the abort signal, launcher/abort.py; ``Healer._form``, launcher/heal/rank.py)
-on real gloo ranks: the survivors of a lost rank leave the broken process group and form the next one among
-themselves, in the same processes, fast: whether the lost rank was killed (its connections reset) or froze (no error
-ever reaches them; the store says it is lost). The lost rank is rank 2 of 3. The store is signed with the job's
-secret, as in every job the head starts."""
+"""Healing in place, its first piece (the abort signal, launcher/dist/abort.py; ``Healer._form``,
+launcher/heal/rank_side.py) on real gloo ranks: the survivors of a lost rank leave the broken process group and form
+the next one among themselves, in the same processes, fast: whether the lost rank was killed (its connections reset)
+or froze (no error ever reaches them; the store says it is lost). The lost rank is rank 2 of 3. The store is signed
+with the job's secret, as in every job the head starts."""
 
 import json
 import multiprocessing as mp
@@ -16,13 +16,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launcher.abort import PeerLost
-from launcher.env import DistEnv
-from launcher.exiting import end_process_at_exit
+from launcher.base.env import DistEnv
+from launcher.base.exiting import end_process_at_exit
+from launcher.dist.abort import PeerLost
+from launcher.dist.rendezvous import process_group
 from launcher.heal.protocol import Place
-from launcher.heal.rank import Healer
-from launcher.rendezvous import process_group
-from launcher.secret import Secret
+from launcher.heal.rank_side import Healer
+from launcher.trust.secret import Secret
 
 pytestmark = pytest.mark.slow
 WORLD, LOST_RANK, TIMEOUT_S = 3, 2, 30  # the old group's timeout: what a survivor would wait without all this
@@ -110,7 +110,7 @@ def test_survivors_form_the_next_round_in_the_same_processes(tmp_path, case):
 
 
 def _agree(rank: int, world: int, out_dir: Path) -> None:
-    from launcher.heal.rank import agree_on_state
+    from launcher.heal.rank_side import agree_on_state
 
     healer = Healer(Place(f"node-{rank}"), 1.0, "gloo", SECRET)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.checkpoint_names import checkpoint_path, list_checkpoints
+from launcher.base.checkpoint_names import checkpoint_path, list_checkpoints
 from launcher.train import checkpoint as ckpt
 from models import LeNet
 
@@ -71,7 +71,7 @@ def test_atomic_save_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
 
 def test_atomic_write_follows_no_link_planted_beside_the_target(tmp_path):
     """The temporary file is made by mkstemp: a link at any name a writer could predict (its pid) is not followed."""
-    from launcher.files import write_atomic
+    from launcher.base.files import write_atomic
 
     victim = tmp_path / "victim"
     victim.write_text("untouched")

@@ -193,8 +193,8 @@ def test_ssh_forwards_the_launchers_variables_over_stdin_never_on_the_command_li
     """cluster.env's values (tokens, keys) and the job's secret travel in the first line of the connection's stdin;
     only paths and device lists are on the remote command line (issue 35)."""
     from launcher.config import SshClusterConfig
-    from launcher.launch.hosts import forwarded_env, handoff, remote_shell
-    from launcher.secret import SECRET_ENV, Secret, read_handoff
+    from launcher.launch.ssh.hosts import forwarded_env, handoff, remote_shell
+    from launcher.trust.secret import SECRET_ENV, Secret, read_handoff
 
     for name, value in {
         "LAUNCHER_FAULT": "step=5,rank=3",

@@ -4,7 +4,7 @@ node's agent removes meanwhile (machines started by hand share the run dir) is n
 import os
 import shutil
 
-from launcher import files
+from launcher.base import files
 
 
 def test_empty_folders_go_and_a_folder_removed_meanwhile_is_no_error(tmp_path, monkeypatch):

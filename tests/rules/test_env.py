@@ -1,6 +1,6 @@
 import pytest
 
-from launcher.env import DistEnv, expand_hostlist, parse_tasks_per_node, slurm_port
+from launcher.base.env import DistEnv, expand_hostlist, parse_tasks_per_node, slurm_port
 
 TORCHRUN = {
     "RANK": "3",

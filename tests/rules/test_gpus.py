@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.gpus import by_free_memory, free_memory_mib
+from launcher.base.gpus import by_free_memory, free_memory_mib
 
 FAKE = """#!/bin/sh
 # answers: nvidia-smi --query-gpu=index,memory.free --format=csv,noheader,nounits

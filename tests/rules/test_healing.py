@@ -41,11 +41,11 @@ def test_a_round_that_loses_a_member_while_forming_is_left_for_the_next_decision
     (lost meanwhile) does not hold the others up until the group's timeout: the keeper's next decision does."""
     import torch.distributed as dist
 
-    from launcher.env import DistEnv
+    from launcher.base.env import DistEnv
     from launcher.heal.protocol import Keys, Place
-    from launcher.heal.rank import Healer
-    from launcher.secret import Secret
-    from launcher.signed import SignedStore
+    from launcher.heal.rank_side import Healer
+    from launcher.trust.secret import Secret
+    from launcher.trust.signed import SignedStore
 
     store = SignedStore(dist.HashStore(), Secret.new())
     healer = Healer(Place("node-0"), lost_after_s=1.0, backend="gloo", secret=store.secret, store=store, number=1)

@@ -6,8 +6,8 @@ import pytest
 
 from harness.config import plan
 from launcher.config import ConfigError
+from launcher.heal.membership import Membership
 from launcher.launch.local import launch_local
-from launcher.membership import Membership
 
 
 def test_node_0_by_hand_must_run_on_master_addr(tmp_path):
@@ -44,7 +44,7 @@ def test_a_start_up_phase_over_2_s_says_what_the_head_waits_for(monkeypatch, cap
     import threading
     import time
 
-    from launcher.launch import ssh_nodes
+    from launcher.launch.ssh import clients as ssh_nodes
 
     with ssh_nodes.saying_if_slow("checking 2 host(s) over ssh"):
         pass  # fast: well under SLOW_PHASE_S
@@ -63,7 +63,7 @@ def test_the_head_raises_its_open_files_limit_for_many_machines_or_names_it(monk
     soft limit up to the hard one, or refuses before anything starts, naming the limit and the fix."""
     import resource
 
-    from launcher.launch.hosts import open_files_for
+    from launcher.launch.ssh.hosts import open_files_for
 
     set_to: list[tuple[int, int]] = []
     monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 4096))

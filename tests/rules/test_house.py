@@ -1,6 +1,6 @@
 """The house rules that keep launcher/ readable, read from the code: no module over 300 lines, no function over
 80 (a longer one is split by concern, as comm/reducer.py was); no path under a run dir built outside
-launcher/run_dir.py; every heartbeat, poll and timeout named in launcher/liveness.py; a Trainer of declared
+launcher/base/run_dir.py; every heartbeat, poll and timeout named in launcher/base/liveness.py; a Trainer of declared
 components, no mixins; docs/layout.md names every module. And the tests' own: every test module in one of
 the four tier folders, none importing another (what they share is in tests/harness/ or a conftest.py)."""
 
@@ -32,13 +32,13 @@ def test_module_and_its_functions_are_small(path):
 
 
 # --------------------------------------------------------------------------------------------- the run dir's names
-# Every path under a run dir is named in launcher/run_dir.py (RunDir) and nowhere else. The names are read from
+# Every path under a run dir is named in launcher/base/run_dir.py (RunDir) and nowhere else. The names are read from
 # run_dir.py itself: each string joined with ``/`` there (``"checkpoints"``, ``"metrics.jsonl"``, ``".hydra"``, ...)
 # and the literal start of each f-string joined there (``rank-`` of ``f"rank-{rank}.log"``, ``attempt-``, ...).
 # Elsewhere such a string may appear in messages, docstrings and logger names, but not where a path is built: an
 # operand of ``/``, an argument of ``Path(...)``, ``.joinpath(...)``, ``os.path.join(...)``, or a glob pattern; nor
 # may a run-dir file's name be kept in a constant of its own (``FILE_NAME = "summary.json"``, joined later).
-RUN_DIR_MODULE = PACKAGE / "run_dir.py"
+RUN_DIR_MODULE = PACKAGE / "base" / "run_dir.py"
 PATH_CALLS = ("Path", "PurePath", "PosixPath", "joinpath")
 GLOB_CALLS = ("glob", "rglob")
 
@@ -116,12 +116,12 @@ def test_only_run_dir_py_builds_run_dir_paths(path):
         f"line {node.lineno}: {ast.unparse(node)} kept as a name" for node in _kept_file_names(tree, RUN_DIR_NAMES)
     ]
     assert not built, (
-        f"{path.relative_to(PACKAGE.parent)} builds run-dir paths itself (name them in launcher/run_dir.py, "
+        f"{path.relative_to(PACKAGE.parent)} builds run-dir paths itself (name them in launcher/base/run_dir.py, "
         f"RunDir, and use that): {built}"
     )
 
 
-LIVENESS_MODULE = PACKAGE / "liveness.py"
+LIVENESS_MODULE = PACKAGE / "base" / "liveness.py"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -138,7 +138,7 @@ def test_only_liveness_py_names_seconds(path):
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(target, ast.Name) and target.id.isupper() and target.id.endswith("_S")
     ]
-    assert not own, f"{path.relative_to(PACKAGE)} defines {own}: name them in launcher/liveness.py"
+    assert not own, f"{path.relative_to(PACKAGE)} defines {own}: name them in launcher/base/liveness.py"
 
 
 def test_the_trainer_is_a_class_of_owned_components_not_of_mixins():

@@ -1,4 +1,4 @@
-"""``launcher.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped), the PNGs of the
+"""``launcher.commands.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped), the PNGs of the
 curves and of the comm.trace timeline."""
 
 import json
@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from launcher.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
-from launcher.summary import RunSummary
+from launcher.commands.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
+from launcher.report.summary import RunSummary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -65,7 +65,7 @@ def _assert_png(path):
 
 def test_load_metrics_last_record_wins_and_sorted(tmp_path, caplog):
     run = _resumed_run(tmp_path / "run")
-    with caplog.at_level(logging.WARNING, logger="launcher.plot"):
+    with caplog.at_level(logging.WARNING, logger="launcher.commands.plot"):
         train, evals = load_metrics(run)
     assert [r["step"] for r in train] == [10, 20, 30, 40]
     assert [r["loss"] for r in train] == [2.0, 1.5, 1.1, 0.9]  # the resumed run's values

@@ -3,7 +3,7 @@ list made every file 7 KB, read once a second each by rank 0: bench/scale.py); r
 
 import json
 
-from launcher.env import DistEnv
+from launcher.base.env import DistEnv
 from launcher.watch import publisher as publisher_module
 from launcher.watch.publisher import Publisher
 from launcher.watch.reporter import group_label

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from launcher.launch import slurm_state
-from launcher.launch.slurm_report import ended_on_their_own
-from launcher.launch.slurm_state import JobWatch, Live
+from launcher.launch.slurm import job_state as slurm_state
+from launcher.launch.slurm.ending import ended_on_their_own
+from launcher.launch.slurm.job_state import JobWatch, Live
 
 
 class Submitted:

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from launcher.env import DistEnv
-from launcher.rendezvous import Group
-from launcher.stall import explain_stall
+from launcher.base.env import DistEnv
+from launcher.dist.rendezvous import Group
+from launcher.dist.stall import explain_stall
 
 
 def _group(store: dist.Store) -> Group:

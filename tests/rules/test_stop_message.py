@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import compose
-from launcher.launch.head import print_stopped, stop_message
+from launcher.launch.nodes.control import print_stopped, stop_message
 
 NO_CLAIM = ("wrote a checkpoint", "to continue", "checkpoint is")
 

@@ -1,0 +1,272 @@
+"""``python -m launcher``: one Hydra config, three ways to run it.
+
+Train the default job (LeNet on the bundled digits, 2 gloo ranks on CPU, nccl with one rank per GPU)::
+
+    python -m launcher
+    python -m launcher model=resnet18 train.epochs=3 cluster.procs_per_node=4
+    python -m launcher train.batch_size_per_rank=32 optim.lr_scaling=linear
+    python -m launcher dry_run=true                      # print the resolved config and plan, start nothing
+    python -m launcher script=train.py script_args=[--lr,0.1]   # any torchrun-compatible script
+
+Under torchrun (no second spawn; torchrun's world decides the layout)::
+
+    torchrun --standalone --nproc_per_node=2 -m launcher train.epochs=2
+
+Resume: runs resume from the newest checkpoint in their run dir (``train.resume=auto``)::
+
+    python -m launcher hydra.run.dir=runs/exp1      # run again with the same dir to continue
+
+Simulated nodes and Slurm::
+
+    python -m launcher +cluster=sim cluster.procs_per_node=2 [cluster.netns=true cluster.link_gbit=1]
+    python -m launcher +cluster=slurm cluster.nodes=2 cluster.procs_per_node=4 cluster.partition=gpu
+    python -m launcher -m +cluster=slurm optim.lr=0.1,0.05          # a sweep: one job per point
+
+Watch and check::
+
+    python -m launcher plot RUN_DIR                      # RUN_DIR/plots/curves.png (also written at the end)
+    python -m launcher doctor [cluster overrides]        # reachability, interfaces, GPUs, per-link allreduce times
+    python -m launcher comm.trace=true                   # RUN_DIR/trace.json: Chrome/Perfetto timeline of a few steps
+
+Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started);
+130 / 143 stopped by Ctrl-C / SIGTERM after writing a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import DictConfig, open_dict
+
+from launcher.base.devices import gpu_count
+from launcher.base.env import DistEnv
+from launcher.base.exiting import end_process_at_exit, settle_exit_code
+from launcher.base.files import no_world_writable_files
+from launcher.base.run_dir import RunDir
+from launcher.commands.command_line import prepared
+from launcher.commands.plot import plot_all
+from launcher.commands.sweep import Sweep
+from launcher.config import (
+    CONF_DIR,
+    ConfigError,
+    check_resumable,
+    freeze,
+    register_configs,
+    register_resolvers,
+    to_yaml,
+)
+from launcher.config.keys import own_model
+from launcher.launch.plan import plan_job
+from launcher.report.summary import RunSummary
+from launcher.train.banner import describe_span
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
+    """Validate, plan, freeze and launch one job. Returns the exit code. In a sweep, batch jobs (Slurm) are only
+    submitted here; ``Sweep.finish`` waits for all of them together."""
+    env = DistEnv.resolve()
+    try:
+        job, plan, mode = plan_job(cfg, env, gpus_visible=gpu_count())
+        check_resumable(job, job.run_dir)
+    except ConfigError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        with contextlib.suppress(Exception):  # the run dir Hydra made, empty: nothing started, nothing left
+            Path(cfg.run_dir).rmdir()
+        if sweep is not None:
+            sweep.add("", code=EXIT_CONFIG)
+        return EXIT_CONFIG
+    if job.dry_run:
+        try:  # built here, so an error in the user's class shows before anything starts
+            built = instantiate(job.model)
+        except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is reported
+            cause = exc.__cause__ or exc  # the user's error, not Hydra's wrapper
+            target = job.model["_target_"]
+            print(f"launcher: error: model._target_={target} failed to build: {cause!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
+        print(f"model       : {type(built).__name__}, {sum(p.numel() for p in built.parameters()):,} parameters")
+        if extra := mode.preview(job):
+            print("\n" + extra)
+        with contextlib.suppress(OSError):  # the run dir Hydra made for it, empty: a dry run leaves nothing
+            Path(job.run_dir).rmdir()
+        return EXIT_OK
+    if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
+        finished = mode.run(plan, job, env) == EXIT_OK
+        if not env.is_main:
+            return EXIT_OK
+        if not job.doctor:
+            if finished:
+                print_summary(job.run_dir, job.train.plots)  # no head prints it: rank 0 does, as the launcher would
+            return EXIT_OK
+        code = print_doctor(job.run_dir)
+        end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
+        return code
+    freeze(job, job.run_dir)
+    print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
+    try:
+        if mode.batch and sweep is not None:
+            sweep.add(job.run_dir, submitted=mode.submit(plan, job))
+            return EXIT_OK
+        code = mode.run(plan, job, env)
+    except ConfigError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        code = EXIT_CONFIG
+    if code == EXIT_OK and job.doctor:
+        code = print_doctor(job.run_dir)
+    elif code == EXIT_OK:
+        print_summary(job.run_dir, job.train.plots)
+    if sweep is not None:
+        sweep.add(job.run_dir, code=code)
+    return code
+
+
+def print_summary(run_dir: str, plots: bool = True) -> None:
+    """The end-of-run table (what summary.json holds) and the curves, rendered next to it (``plots``)."""
+    s = RunSummary.read(run_dir)
+    if s is None:
+        return
+    seen = describe_span(s.steps, s.steps_per_epoch) if s.steps_per_epoch else f"{s.epochs} epoch(s)"
+    rows = [("run dir", run_dir)]
+    try:
+        paths = plot_all(run_dir) if plots else []
+        rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(paths)]
+    except Exception as exc:  # a plot is a convenience: never fail a finished run over it
+        rows.append(("curves", f"not rendered ({exc})"))
+    if not plots:
+        rows.append(("curves", f"not rendered (train.plots=false): python -m launcher plot {run_dir}"))
+    print(
+        f"[launcher] done: {s.steps} steps, {seen} on {s.world_size} rank(s) in {s.wall_s:.1f} s\n"
+        + summary_table(s, rows),
+        file=sys.stderr,
+    )
+
+
+def print_doctor(run_dir: str) -> int:
+    """The doctor's report (doctor.json, written by rank 0); exit code 1 when it found problems."""
+    from launcher.rank.doctor import format_report
+
+    path = RunDir(run_dir).doctor
+    if not path.is_file():
+        print(
+            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {RunDir(run_dir).logs}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    report = json.loads(path.read_text())
+    print(format_report(report) + f"\n[launcher] report: {path}", file=sys.stderr)
+    return EXIT_FAILED if report["problems"] else EXIT_OK
+
+
+def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
+    sync = f"{s.reducer}, {'hierarchical' if s.hierarchical else 'flat'}"
+    sync += "" if s.compression == "none" else f", {s.compression}"
+    rows = [
+        ("layout", f"{s.nodes} node(s) x {s.procs_per_node} rank(s), {s.backend} on {s.device}"),
+        ("model / data", f"{s.model} / {s.data}, global batch {s.global_batch}"),
+        ("gradient sync", sync + (f" ({s.hierarchical_reason})" if s.hierarchical_reason else "")),
+        ("final loss", f"{s.final_loss:.4f}"),
+        ("test accuracy", f"{s.test_accuracy:.4f}" if s.test_accuracy is not None else "n/a (no test split)"),
+        ("throughput", f"{s.samples_per_s:.0f} samples/s" if s.samples_per_s else "n/a"),
+        ("resumed from", s.resumed_from or "-"),
+        *extra,
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def plot_command(args: list[str]) -> int:
+    """``python -m launcher plot RUN_DIR``: render RUN_DIR/plots/curves.png from its metrics (and trace.png from
+    trace.json when the run has one)."""
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m launcher plot RUN_DIR", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        print("\n".join(str(path) for path in plot_all(args[0])))
+    except ValueError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_OK
+
+
+def unwritable(directory: Path) -> Optional[str]:
+    """Why files cannot be written under ``directory`` (probed at its nearest existing ancestor), or None."""
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".launcher-probe-") as probe:
+            probe.write(b"\0" * 65536)  # a full disk refuses this; an empty file might still fit
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return f"{exc.strerror or exc} at {existing}"
+    return None
+
+
+def check_output_dir(args: list[str]) -> None:
+    """Refuse an unwritable or full run dir before Hydra creates it (Hydra would fail with a traceback)."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    for directory in given or ["runs"]:
+        reason = unwritable(Path(directory))
+        if reason:
+            print(
+                f"launcher: error: cannot write the run dir {directory} ({reason}); HINT: choose a writable "
+                "place with hydra.run.dir=PATH, or free space there",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_CONFIG)
+
+
+def main() -> None:
+    no_world_writable_files()  # before Hydra creates the run dir
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "plot":
+        raise SystemExit(plot_command(sys.argv[2:]))
+    if command == "doctor":  # the same job, launched the same way, checking the cluster instead of training
+        sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
+    check_output_dir(sys.argv[1:])
+    try:
+        sys.argv = [sys.argv[0], *prepared(sys.argv[1:])]
+    except ConfigError as exc:
+        print(f"launcher: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    register_resolvers()
+    register_configs()
+    entered = []
+    sweep = Sweep()
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+    def _task(cfg: DictConfig) -> int:
+        entered.append(True)
+        with open_dict(cfg):
+            own_model(cfg.model, list(HydraConfig.get().overrides.task))
+        if HydraConfig.get().mode == RunMode.RUN:
+            raise SystemExit(run_job(cfg))
+        code = run_job(cfg, sweep.point(" ".join(HydraConfig.get().overrides.task)))
+        if sweep.should_end(code):  # a stop signal: no further point starts
+            raise SystemExit(sweep.finish())
+        return code
+
+    try:
+        _task()
+        if entered:  # a sweep (-m): wait for its Slurm jobs, report every point
+            raise SystemExit(sweep.finish())
+    except SystemExit as exc:
+        # Hydra exits with 1 when it rejects the command line or config (unknown group option, typo'd key):
+        # that is a configuration error, exit code 2, like our own checks.
+        if not entered and exc.code not in (0, None):
+            raise SystemExit(EXIT_CONFIG) from None
+        settle_exit_code(exc.code)  # a rank that ran in this process ends the process with this code
+        raise

@@ -1,0 +1,182 @@
+"""The one way to start and end a process group: reach (or host) the rendezvous store, check every rank in,
+then ``init_process_group`` (``init_group``: also a healed job's next round, ``launcher.heal.rank_side``); always destroy
+it. Also the stores' listening rules (``bind_address``)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import ipaddress
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch.distributed as dist
+
+from launcher.base.env import DistEnv
+from launcher.trust.secret import Secret
+from launcher.trust.signed import guard
+
+log = logging.getLogger(__name__)
+
+
+class JoinError(RuntimeError):
+    """A rank could not reach the rendezvous, or not every rank arrived in time."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group that is up: this attempt's view of the rendezvous store (stall reports go through it)."""
+
+    store: dist.Store
+    env: DistEnv
+    timeout_s: float
+
+
+@contextlib.contextmanager
+def process_group(
+    env: DistEnv,
+    backend: str,
+    timeout_s: float = 300.0,
+    store: dist.Store | None = None,
+    join_timeout_s: Optional[float] = None,
+    form: bool = True,
+    secret: Optional[Secret] = None,
+) -> Iterator[Group]:
+    """Initialise the default group for ``env``, yield it, and always destroy it, whatever happens inside.
+
+    Rendezvous through ``store`` when given (tests use a FileStore), else a TCPStore client at
+    ``env.master_addr:env.master_port``; a single process uses an in-memory store (no port at all).
+    Every rank first checks in on the store: after ``join_timeout_s`` (default ``timeout_s``) the ranks that are
+    there name the ranks that are not, and the address they waited at; ``timeout_s`` then bounds collectives.
+    ``form=False``: a rank joining a job that heals in place reaches the store only (its healer forms its group
+    later); whatever group it formed is destroyed at the end. ``secret``: the job's (``launcher.trust.secret``): every
+    key under its namespace, every value signed, gloo's own rendezvous of the group included.
+    """
+    join_s = join_timeout_s or timeout_s
+    if store is None and env.world_size == 1:
+        store = dist.HashStore()
+    if store is None:
+        store = _connect(env, join_s)
+    # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
+    store = guard(store, secret, attempt_prefix(env.attempt), where=f"the rendezvous store at {_where(env)}")
+    if form:
+        _check_in(store, env, join_s)
+    store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
+    if form:
+        init_group(store, env, backend, timeout_s)
+        log.debug("process group up: %s backend=%s", env.describe(), backend)
+    try:
+        yield Group(store, env, timeout_s)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # Groups still referenced from garbage cycles (DDP, reducer hooks) would otherwise be destroyed at
+        # interpreter exit, while their backend threads are joinable: std::terminate (SIGABRT) after a clean run.
+        gc.collect()
+
+
+def init_group(store: dist.Store, env: DistEnv, backend: str, timeout_s: float) -> None:
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
+
+
+def attempt_prefix(attempt: int) -> str:
+    """Every attempt's keys apart in a store that outlives an attempt (the agent's, the keeper's)."""
+    return f"launcher/attempt-{attempt}"
+
+
+def _where(env: DistEnv) -> str:
+    return f"{env.master_addr}:{env.master_port}"
+
+
+def bind_address(addr: str) -> str:
+    """Where a store for ``addr`` listens: that address, unless ``addr`` is a host NAME resolving to loopback
+    here (Debian maps a machine's own name to 127.0.1.1): peers on other machines reach that name at a real
+    interface, so listen on all of them (TCPStore's own default). Loopback given as such stays loopback."""
+    ip = socket.gethostbyname(addr)
+    literal = addr == "localhost" or addr.replace(".", "").isdigit()
+    return "" if ipaddress.ip_address(ip).is_loopback and not literal else ip
+
+
+def listening_store(addr: str, port: int, timeout: timedelta = timedelta(seconds=300)) -> dist.TCPStore:
+    """Host a TCPStore that listens on ``addr``'s interface only (a TCPStore left alone listens on every
+    interface; see ``bind_address``). ``port`` 0 takes a free port and holds it; read it back from
+    ``store.port``. A taken port raises OSError (EADDRINUSE)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind_address(addr), port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(
+        addr,
+        sock.getsockname()[1],
+        is_master=True,
+        multi_tenant=True,
+        timeout=timeout,
+        master_listen_fd=sock.detach(),
+        wait_for_workers=False,
+    )
+
+
+def _connect(env: DistEnv, join_s: float) -> dist.Store:
+    """A client of the rendezvous store; rank 0 hosts it (on MASTER_ADDR's interface only) unless the elastic
+    agent already does."""
+    timeout = timedelta(seconds=join_s)
+    try:
+        if env.rank == 0 and not env.agent_store:
+            try:
+                return listening_store(env.master_addr, env.master_port, timeout)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise JoinError(
+                        f"rank 0 on {env.hostname or socket.gethostname()} cannot host the rendezvous store: port "
+                        f"{env.master_port} on {env.master_addr} is taken ({exc.strerror}); HINT: another job or a "
+                        "stale process holds it; free it, or pick another with cluster.master_port"
+                    ) from None
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                # MASTER_ADDR is not an address of this host (NAT, alias): listen on all interfaces
+                log.warning(
+                    "cannot listen on %s (%s): the rendezvous store listens on all interfaces", _where(env), exc
+                )
+        return dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            world_size=env.world_size,
+            is_master=env.rank == 0 and not env.agent_store,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from RuntimeError
+        raise JoinError(
+            f"rank {env.rank} on {env.hostname or socket.gethostname()} could not reach the rendezvous store at "
+            f"{_where(env)} within {join_s:.0f} s ({str(exc).splitlines()[0]}); HINT: check that MASTER_ADDR "
+            "resolves and the port is reachable from this host (firewall, wrong interface), or raise "
+            "cluster.join_timeout_s"
+        ) from None
+
+
+def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
+    """Every rank writes ``joined/<rank>`` = host and waits for all the others, naming the missing ones."""
+    host = env.hostname or socket.gethostname()
+    store.set(f"joined/{env.rank}", host)
+    keys = [f"joined/{r}" for r in range(env.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=join_s))
+    except (RuntimeError, OSError):
+        missing = [r for r in range(env.world_size) if not store.check([keys[r]])]
+        if not missing:
+            return
+        raise JoinError(
+            f"ranks {missing} did not join within {join_s:.0f} s (cluster.join_timeout_s) at {_where(env)}; "
+            f"rank {env.rank} on {host} waited for them; HINT: see those ranks' logs (a crash or hang before "
+            "init), check that their hosts can reach the address, or raise cluster.join_timeout_s"
+        ) from None

@@ -1,0 +1,127 @@
+"""One node's ranks in a job that heals in place (``nodes/process.py --members``): no elastic agent and no rendezvous
+of agents, whose store would sit on node 0 and whose end-of-job barrier would wait for a lost machine. The node's
+``procs_per_node`` ranks are started with torch's elastic process management (``start_processes``: the same
+workers, log and error files as under the agent), told their place and the keeper's store, and this process
+beats the node's heartbeat to the keeper (``protocol.BEAT_S``, a signed count) until they end. The ranks get the
+job's secret in their environment, as this process got it. A lost machine's survivors keep their
+processes: the ranks heal among themselves (``rank.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+from datetime import timedelta
+from typing import Protocol
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
+
+from launcher.base.env import TORCHRUN_VARS, head_attempt
+from launcher.base.liveness import NODE_BEAT_S
+from launcher.base.run_dir import RunDir
+from launcher.config import JobConfig
+from launcher.dist.rendezvous import attempt_prefix
+from launcher.heal.protocol import Keys, Place, node_id
+from launcher.report.failures import exit_failure, record_exits
+from launcher.trust.secret import Secret
+from launcher.trust.signed import SignedStore
+
+
+class NodeArgs(Protocol):
+    """What this node process was started with (``launch.head.NodeArgs``): the nodes of this attempt (a joining
+    one: a place of its own past them), this one's, the keeper's store, the round's nodes by name (a,b,...), this
+    node process's start in the attempt (> 0: it joins)."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def launch_id(self) -> str: ...
+    @property
+    def members(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+
+
+def beat(store: SignedStore, me: str, stop: threading.Event) -> None:
+    """The node process's heartbeat to the keeper (``me``: its ``node_id``), until ``stop`` (a keeper gone for
+    good: the head sees it, ends the job)."""
+    key, count = Keys.heartbeat(me), 0
+    while not stop.is_set():
+        count += 1
+        with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
+            store.set(key, str(count))
+        stop.wait(NODE_BEAT_S)
+
+
+def node_name(args: NodeArgs) -> str:
+    """This node's name: its place in ``--members``, or their last one when it joins (``--start``)."""
+    names = args.members.split(",")
+    return names[-1] if args.start else names[args.node]
+
+
+def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dict[str, str]]:
+    """Each local rank's environment: its place in round 0 (joining: a place of its own, until it learns its
+    round), the keeper's store as the rendezvous (as a client), the job's secret."""
+    procs = int(job.cluster.procs_per_node or 1)
+    host, port = args.endpoint.rsplit(":", 1)
+    v = TORCHRUN_VARS
+    place = {
+        v["world_size"]: str(args.nodes * procs),
+        v["local_world_size"]: str(procs),
+        v["node_rank"]: str(args.node),
+        v["master_addr"]: host,
+        v["master_port"]: port,
+        v["launch_id"]: args.launch_id,
+        v["agent_store"]: "True",
+        v["attempt"]: "0",
+        **Place(node_name(args), args.start).environ(),
+        **secret.environ(),
+    }
+    return {
+        local: {**os.environ, **place, v["rank"]: str(args.node * procs + local), v["local_rank"]: str(local)}
+        for local in range(procs)
+    }
+
+
+def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
+    """Run this node's ranks to their end: 0, 128 + a stop signal, or 1 with the exits recorded for the report."""
+    me = node_id(node_name(args), args.start)
+    host, port = args.endpoint.rsplit(":", 1)
+    timeout = timedelta(seconds=job.cluster.join_timeout_s)
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+    store = SignedStore(
+        client, secret, attempt_prefix(head_attempt(os.environ)), where=f"the keeper's store at {host}:{port}"
+    )
+    stop = threading.Event()
+    threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
+    envs = worker_envs(job, args, secret)
+    logs = DefaultLogsSpecs(log_dir=str(RunDir(job.run_dir).node_logs(args.node)))
+    entry = ("-u", "-m", "launcher.rank.entry", job.run_dir)
+    ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
+    try:
+        result = ranks.wait(period=0.1)
+    except SignalException as exc:  # SIGTERM / SIGINT from the head: the ranks checkpoint and stop
+        ranks.close(exc.sigval)
+        return 128 + int(exc.sigval)
+    finally:
+        with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
+            store.set(Keys.done(me), "1")
+        stop.set()
+    if result is None or not result.is_failed():
+        return 0
+    procs = len(envs)
+    record_exits(
+        RunDir(job.run_dir).failure_attempt(args.launch_id, head_attempt(os.environ)),
+        [
+            exit_failure(args.node * procs + local, f.pid, f.exitcode, socket.gethostname(), args.node, args.nodes)
+            for local, f in result.failures.items()
+        ],
+    )
+    return 1

@@ -1,0 +1,187 @@
+"""The head of a several-node job (``+cluster=sim``, ``+cluster=ssh``) and its node processes (``nodes/process.py``,
+one per machine, each running torch's elastic agent): how the head starts one (``NodeArgs``: process.py's command line,
+built here and parsed here), what it writes to one (``Control``), waiting for them all and ending the others after
+a failure, and the line a stopped job ends with. No torch here: the head only starts and watches processes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from launcher.base.checkpoint_names import checkpoint_path, newest_step
+from launcher.base.liveness import AFTER_FAILURE_GRACE_S
+from launcher.base.run_dir import RunDir
+from launcher.config import JobConfig
+from launcher.report.failures import STOP_CODES
+
+
+class Control(str, Enum):
+    """What the head writes to a node process's stdin (``NodeArgs.stdin_control``), one word per line."""
+
+    INT = "INT"  # stop the job as SIGINT would: the ranks agree on a step, checkpoint, exit 130
+    TERM = "TERM"  # the same as SIGTERM (exit 143)
+    ABORT = "ABORT"  # kill the ranks at once: another machine is lost, no checkpoint can be agreed
+    PING = "PING"  # a heartbeat: the head is there (silence for cluster.heartbeat_timeout_s stops the node)
+
+    @classmethod
+    def stop_for(cls, signum: int) -> Control:
+        """The word that stops a node as ``signum`` (SIGINT / SIGTERM) stops the head."""
+        return cls.INT if signum == signal.SIGINT else cls.TERM
+
+    @property
+    def signum(self) -> signal.Signals:
+        """The signal a stop word stands for."""
+        return signal.SIGINT if self is Control.INT else signal.SIGTERM
+
+    def line(self) -> bytes:
+        return f"{self.value}\n".encode()
+
+
+@dataclass(frozen=True)
+class NodeArgs:
+    """``python -m launcher.launch.nodes.process``'s command line: built by the head (ssh, sim) with ``argv``, read
+    back by process.py with ``parse``, so the two sides cannot drift apart."""
+
+    run_dir: str
+    nodes: int  # the nodes of this attempt
+    node: int  # this node's rank among them (0 hosts the rendezvous store)
+    endpoint: str  # HOST:PORT of the rendezvous store, on node 0
+    launch_id: str  # this attempt's identity (the elastic run id; failure records are kept under it)
+    addr: str  # this node's address, as the other nodes reach it
+    stdin_control: bool = False  # the head controls the node through stdin (``Control``); output relayed (ssh)
+    static_rendezvous: bool = False  # node ranks as given, no agent restarts (machines named by the user)
+    head_restarts: bool = False  # the head restarts the whole job, not the agent (ssh; sim under min_nodes)
+    attempt: int = 0  # the head's 0-based attempt number (with ``head_restarts``): the workers' DistEnv.attempt
+    members: str = ""  # healing in place: this attempt's nodes by name (a,b,...); ``endpoint`` is the keeper's store
+    start: int = 0  # healing in place: this node process's start in the attempt (``membership.node_id``); > 0: joins
+
+    def argv(self, python: str) -> list[str]:
+        argv = [python, "-u", "-m", "launcher.launch.nodes.process", self.run_dir, str(self.nodes), str(self.node)]
+        argv += [self.endpoint, self.launch_id, self.addr]
+        argv += ["--stdin-control"] if self.stdin_control else []
+        argv += ["--static-rendezvous"] if self.static_rendezvous else []
+        argv += ["--head-restarts", "--attempt", str(self.attempt)] if self.head_restarts else []
+        argv += ["--members", self.members] if self.members else []
+        argv += ["--start", str(self.start)] if self.start else []
+        return argv
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> NodeArgs:
+        parser = argparse.ArgumentParser(prog="python -m launcher.launch.nodes.process", description=cls.__doc__)
+        for name in ("run_dir", "nodes", "node", "endpoint", "launch_id", "addr"):
+            parser.add_argument(name, type=int if name in ("nodes", "node") else str)
+        for flag in ("--stdin-control", "--static-rendezvous", "--head-restarts"):
+            parser.add_argument(flag, action="store_true")
+        parser.add_argument("--attempt", type=int, default=0)
+        parser.add_argument("--members", default="")
+        parser.add_argument("--start", type=int, default=0)
+        return cls(**vars(parser.parse_args(argv)))
+
+
+def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") -> str:
+    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143), saying only what the launcher
+    knows: it writes no checkpoint for a ``script`` (a user's torchrun-style script); the built-in trainer's newest
+    checkpoint in ``run_dir`` is read from its name, not assumed written at the stop (a stop during start-up comes
+    before any). ``resume``: the job's ``train.resume``, which decides what running it again loads."""
+    stopped = f"launcher: stopped by {signal.Signals(code - 128).name}"
+    if script:
+        return (
+            f"{stopped}; the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether "
+            "it saved anything is up to the script)"
+        )
+    checkpoints = RunDir(run_dir).checkpoints
+    step = newest_step(checkpoints)
+    if step is None:
+        start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"
+        return f"{stopped}; no checkpoint was written yet in {checkpoints}: running again starts from {start}"
+    again = "" if resume in ("auto", "force") else " train.resume=auto"
+    return (
+        f"{stopped}; the newest checkpoint is {checkpoint_path(checkpoints, step)} (step {step}): run again with "
+        f"hydra.run.dir={run_dir}{again} to continue from it"
+    )
+
+
+def print_stopped(code: int, job: JobConfig) -> None:
+    """Print ``stop_message`` for ``job``, stopped by a signal (exit ``code``: 130 / 143)."""
+    print(stop_message(code, job.run_dir, job.script is not None, job.train.resume), file=sys.stderr)
+
+
+def wait_nodes(
+    nodes: list[subprocess.Popen],
+    stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
+    at_once: tuple[int, ...] = (),
+    hang_ended: Callable[[], bool] = lambda: False,
+) -> tuple[list[int], int]:
+    """Wait for the node processes of a several-node job (``launch/nodes/process.py``, or the ssh clients running it);
+    returns every exit code (node order) and the node that failed first (-1: none did). After a failure the others
+    get ``AFTER_FAILURE_GRACE_S`` to end on their own (their collectives fail fast once a peer is gone), then
+    ``stop`` is applied to each one still running and they are waited for; after an exit code in ``at_once`` (a
+    machine lost: its peers hang in collectives with it) they get no grace, nor when ``hang_ended()`` says the
+    progress watch ended a hang (its culprit will not end on its own). A node stopped by a stop signal (exit
+    130 / 143) starts no grace period: the others are stopping too."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for index, proc in enumerate(nodes):
+        threading.Thread(target=lambda n=index, p=proc: done.put((n, p.wait())), daemon=True).start()
+    codes: list[int] = [0] * len(nodes)
+    first, deadline, remaining = -1, None, len(nodes)
+    after = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
+    while remaining:
+        try:  # the grace runs from the first failure, not from each exit after it
+            node, code = done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            print(f"launcher: stopping the nodes still running {after}", file=sys.stderr)
+            for proc in nodes:
+                if proc.poll() is None:
+                    stop(proc)
+            for index, proc in enumerate(nodes):
+                codes[index] = proc.wait()
+            break
+        remaining -= 1
+        codes[node] = code
+        if code != 0 and first < 0:
+            first = node
+        if code in at_once:
+            deadline, after = time.monotonic(), "at once: they wait for a lost machine"
+        elif code not in (0, *STOP_CODES) and deadline is None:
+            deadline = time.monotonic() + AFTER_FAILURE_GRACE_S
+            if hang_ended():
+                deadline, after = time.monotonic(), "at once: the progress watch ended a hang"
+    return codes, first
+
+
+# what stops a job when sent to its head alone (a user's kill, a CI runner, a scheduler; Ctrl-C reaches the group)
+HEAD_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def forwarding_stops(send: Callable[[Control], None], where: str) -> Iterator[list[int]]:
+    """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on once as a stop (``send(Control.INT or
+    TERM)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143) instead of ending the head alone,
+    which left the nodes training headless; yields the signals got (the caller stops what it starts later)."""
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not got:
+            print(
+                f"launcher: {signal.Signals(signum).name}: stopping the job {where} (the ranks checkpoint)",
+                file=sys.stderr,
+            )
+            send(Control.stop_for(signum))
+        got.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in HEAD_STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

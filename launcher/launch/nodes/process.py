@@ -1,0 +1,156 @@
+"""One node's process of a several-node job, running torch's elastic agent for this node's ranks:
+``python -m launcher.launch.nodes.process RUN_DIR NODES NODE ENDPOINT LAUNCH_ID ADDR [--stdin-control]
+[--static-rendezvous] [--head-restarts --attempt N] [--members A,B,...]`` (built and parsed by ``head.NodeArgs``).
+
+Started once per node by the head: the sim launcher (inside the node's network namespace when there is one) and
+the ssh launcher on each host. The head reports once for all nodes.
+
+``--static-rendezvous``: node ranks as given (the ssh hosts' order), torch's static rendezvous. ``--head-restarts``:
+the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based; the ssh head, and the sim head
+under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launcher.heal.node_side``
+runs the ranks, ENDPOINT is the keeper's store). The job's secret comes in the first line of stdin with
+``--stdin-control`` (ssh; with the forwarded environment, ``cluster.env``'s values), else in the environment.
+``--stdin-control``: the head controls this node through stdin (``head.Control``: a line ``INT`` or ``TERM`` stops
+the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no checkpoint can be
+agreed; ``PING`` is a heartbeat; the end of input, when the head or its connection is gone, stops it as SIGTERM),
+and the workers' output goes through a pipe this process copies to the ssh channel: when the channel breaks, lines
+are dropped (they are in the rank logs) instead of ranks
+failing on a broken pipe while they checkpoint.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+
+from launcher.base.env import HEAD_ATTEMPT
+from launcher.base.exiting import children
+from launcher.base.files import no_world_writable_files
+from launcher.config import load_frozen
+from launcher.launch.nodes.control import Control, NodeArgs
+from launcher.trust.secret import Secret, read_handoff
+
+HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it
+
+
+def stop_on_request(silent_s: float) -> None:
+    """Turn the head's ``Control`` words on stdin into one stop signal for this process (the elastic agent passes
+    it on to the workers). The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or
+    this host's is down, the head is suspended) stops the job as the end of input does."""
+
+    def watch() -> None:
+        requested, pending = signal.SIGTERM, b""
+        while True:
+            ready, _, _ = select.select([0], [], [], silent_s)
+            if not ready:
+                HEAD_GONE.set()
+                print(f"launcher: nothing from the head for {silent_s:.0f} s: stopping", file=sys.stderr, flush=True)
+                break
+            chunk = os.read(0, 4096)
+            if not chunk:  # end of input: the head or its connection is gone
+                HEAD_GONE.set()
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            words = [Control[w] for line in lines if (w := line.decode(errors="replace")) in Control.__members__]
+            if Control.ABORT in words:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
+                for pid in children(os.getpid()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                continue  # the agent sees its workers die, and ends
+            stops = [word for word in words if word in (Control.INT, Control.TERM)]  # PING: a heartbeat
+            if stops:
+                requested = stops[0].signum
+                break
+        os.kill(os.getpid(), requested)
+
+    threading.Thread(target=watch, name="stop-on-request", daemon=True).start()
+
+
+def relay_output() -> None:
+    """fds 1 and 2 (inherited by the workers) become pipes copied to the real ones by threads that survive a
+    broken channel; at exit the copies are drained. A channel that stops draining (the link is down: sshd's buffers
+    fill and TCP has not given up yet) must not block the agent or the workers on a write: the real fds are
+    non-blocking, and once the head is gone (``HEAD_GONE``) what cannot be written is dropped."""
+    pumps = []
+    for fd in (1, 2):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        real = os.dup(fd)
+        os.set_blocking(real, False)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+
+        def pump(read: int = read, real: int = real) -> None:
+            while chunk := os.read(read, 65536):
+                while chunk and not HEAD_GONE.is_set():
+                    try:
+                        chunk = chunk[os.write(real, chunk) :]
+                    except BlockingIOError:
+                        select.select([], [real], [], 1.0)
+                    except OSError:
+                        break  # the channel is gone: keep draining so writers never block
+
+        thread = threading.Thread(target=pump, name=f"relay-{fd}", daemon=True)
+        thread.start()
+        pumps.append(thread)
+
+    def drain() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)  # our write ends close: each pump reads to the end
+        for thread in pumps:
+            thread.join(timeout=5)
+
+    atexit.register(drain)
+
+
+def main(argv: list[str]) -> int:
+    args = NodeArgs.parse(argv)
+    if args.stdin_control:  # over ssh: the job's secret and the forwarded environment (cluster.env) come first on
+        os.environ.update(read_handoff(0))  # stdin, never on a command line; set before torch reads its variables
+    # This agent's own C++ warnings are noise (when a job ends, each agent whose store went away prints ~20 lines
+    # of C++ frames; the head names what failed). torch reads the level once, as it loads (just below); the
+    # workers, the user's code, do not inherit it.
+    users_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = users_level or "ERROR"
+    from launcher.launch.nodes.agent import agent_config, run_agent  # torch loads here
+
+    if users_level is None:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
+    secret = Secret.from_environ(os.environ, keep=True)  # the agent's workers inherit it (and take it out of theirs)
+    job = load_frozen(args.run_dir)
+    if args.head_restarts:
+        os.environ[HEAD_ATTEMPT] = str(args.attempt)  # the workers' DistEnv.attempt (faults' attempt=)
+    if args.stdin_control:
+        relay_output()
+        stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
+    if args.members:  # healing in place: no agents' rendezvous (launcher.heal.node_side)
+        from launcher.heal.node_side import run_workers
+
+        if secret is None:
+            raise SystemExit("launcher: a node of a job that heals in place got no job secret from its head")
+        return run_workers(job, args, secret)
+    config = agent_config(
+        job,
+        args.nodes,
+        args.endpoint,
+        args.launch_id,
+        args.addr,
+        args.node,
+        static_rendezvous=args.static_rendezvous,
+        head_restarts=args.head_restarts,
+    )
+    return run_agent(job, config, node=args.node, report=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

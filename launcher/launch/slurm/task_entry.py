@@ -1,0 +1,147 @@
+"""Inside a Slurm task: one rank of a job, whether ``+cluster=slurm`` submitted it (``SlurmTask``, pickled by
+submitit) or a user's sbatch script runs ``srun python -m launcher [overrides]`` (``SlurmTaskMode``: each task
+composes the config from the same command line; rank 0 writes it into the run dir, ``runs/slurm-<job id>`` by
+default, so a requeued job finds its checkpoints). Either way ``run_slurm_rank``: SIGUSR2 stops every rank at one
+step with a checkpoint, then rank 0 requeues the job (and, under ``cluster.min_nodes``, asks for MIN-MAX nodes again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+from typing import Any
+
+from launcher.base.env import DistEnv
+from launcher.base.files import write_json_atomic
+from launcher.base.run_dir import RunDir
+from launcher.config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
+from launcher.launch.mode import StartedMode
+from launcher.launch.ports import port_in_use
+from launcher.trust.secret import Secret
+
+log = logging.getLogger(__name__)
+
+
+class SlurmTaskMode(StartedMode):
+    name = "slurm-task"
+    source = "slurm"
+    starter = "srun"
+    layout_flags = "-N/--ntasks-per-node"
+    store_host = "rank 0 hosts the store"
+
+    def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
+        return run_slurm_rank(job, env, composed_here=True)
+
+
+def node_range(c: ClusterConfig) -> str:
+    """``--nodes`` as Slurm reads it: ``MAX``, or ``MIN-MAX`` under ``cluster.min_nodes``."""
+    return f"{c.min_nodes}-{c.nodes}" if c.may_shrink else str(c.nodes)
+
+
+class SlurmTask:
+    """What each Slurm task runs (pickled by submitit into the job's submitit folder, which only its owner can
+    read): one rank of the frozen job, with the job's secret (``launcher.trust.secret``; the same after a requeue)."""
+
+    def __init__(self, run_dir: str, secret: Secret) -> None:
+        self.run_dir = run_dir
+        self.secret = secret.environ()
+
+    def __call__(self) -> Any:
+        # submitit's handler ignores SIGTERM (it bypasses it for its own preemption handling): srun's SIGTERM, when a
+        # task failed (--kill-on-bad-exit) or the job is cancelled, would then end this rank only at SIGKILL, after
+        # Slurm's KillWait (30 s by default). The launcher's own stop request on Slurm is SIGUSR2 (slurm.py)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.update(self.secret)  # the rank takes it out of its environment (rank.work)
+        return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
+
+
+def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) -> Any:
+    """One rank inside a Slurm job (ours via submitit, or a user's sbatch + srun, where every task composed the
+    config): SIGUSR2 stops all ranks at one step with a checkpoint, then rank 0 requeues the job."""
+    from launcher.rank.entry import rank_main
+
+    if job.cluster.master_port:
+        env = dataclasses.replace(env, master_port=job.cluster.master_port)
+    if env.is_main:
+        check_store_port(env, derived=not job.cluster.master_port)
+    # Only SIGUSR2: Slurm warns with it cluster.signal_delay_s ahead of a preemption or the time limit; its
+    # SIGTERM that follows is the end, not a request.
+    return rank_main(
+        job,
+        env,
+        composed_here=composed_here,
+        stop_signals=(signal.SIGUSR2,),
+        after_stop=requeue_after_stop,
+        task=f"task {env.rank} of Slurm job {env.launch_id}",
+    )
+
+
+def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+    """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
+    launcher's head asked for the stop (``RunDir.stop_request``: it was sent SIGTERM, SIGINT or SIGHUP): then the job
+    ends."""
+    if RunDir(job.run_dir).stop_request.exists():
+        if env.is_main:
+            log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", exc)
+        raise SystemExit(0)
+    if env.is_main:
+        requeue(job, env, exc)
+    raise SystemExit(0)
+
+
+def check_store_port(env: DistEnv, derived: bool) -> None:
+    """Rank 0 hosts the rendezvous store on MASTER_PORT: if something else holds it, say so, not a timeout."""
+    reason = port_in_use("", env.master_port)
+    if reason:
+        origin = f"derived from job id {env.launch_id} (20000 + id % 20000)" if derived else "cluster.master_port"
+        raise RuntimeError(
+            f"MASTER_PORT {env.master_port} ({origin}) is taken on {env.hostname}: {reason}; HINT: "
+            "resubmit with cluster.master_port=<a free port>"
+        )
+
+
+def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+    count_file = RunDir(job.run_dir).requeues
+    count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
+    c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
+    if count >= c.max_requeues:
+        raise RuntimeError(
+            f"{exc}; not requeued: cluster.max_requeues={c.max_requeues} reached. HINT: "
+            f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint"
+        )
+    write_json_atomic(count_file, {"count": count + 1})
+    # the requeue ends the job's processes, this one too (SIGTERM, SIGKILL after Slurm's KillWait): it is leaving
+    # anyway, and what follows (the log line, the node range asked again, in a child that inherits this) must not be
+    # cut short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.run(["scontrol", "requeue", env.launch_id], check=True, timeout=60)
+    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.launch_id, count + 1, c.max_requeues)
+    if c.may_shrink:
+        ask_node_range_again(c, env)
+
+
+def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
+    """Slurm (22.05) keeps a requeued job at the node and task counts of its last start (2 nodes x 2 tasks stays
+    4 tasks, which need 2 nodes): ask for ``MIN-MAX`` again. The job is pending from the requeue on, and not
+    eligible to start for some seconds, so the request is in place before the scheduler looks at it."""
+    per_node = c.procs_per_node or env.local_world_size
+    update = [
+        "scontrol",
+        "update",
+        f"JobId={env.launch_id}",
+        f"NumNodes={node_range(c)}",
+        f"NumTasks={(c.min_nodes or c.nodes) * per_node}",
+    ]
+    done = subprocess.run(update, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        log.warning(
+            "the requeued job keeps its %d node(s): `%s` failed (exit %d): %s",
+            env.num_nodes,
+            " ".join(update),
+            done.returncode,
+            done.stderr.strip(),
+        )

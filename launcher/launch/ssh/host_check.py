@@ -1,0 +1,90 @@
+"""The check one host of an ssh job passes before anything starts (``+cluster=ssh``, run over ssh by the
+head): ``python -m launcher.launch.ssh.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
+
+Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
+count, whether the tensorboard package is there, how long a reverse look-up of the head's address takes, where it
+resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is there) and writable.
+With ``PORT`` other than "-" (only on the master host), the port the rendezvous will use: a free one when ``PORT``
+is 0, else ``PORT`` checked free. Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+
+from launcher.base.run_dir import RunDir
+
+
+def lookup_s(addr: str) -> float:
+    """How long a reverse look-up of ``addr`` takes here: c10d makes one for each store connection it opens (a
+    DNS server that never answers costs each one 10 s)."""
+    start = time.monotonic()
+    try:
+        socket.getnameinfo((addr, 0), socket.NI_NAMEREQD)
+    except OSError:
+        pass
+    return round(time.monotonic() - start, 1)
+
+
+def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> dict:
+    facts: dict = {"host": socket.gethostname(), "problems": []}
+    problems: list[str] = facts["problems"]
+    connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
+    facts["addr"] = connection[2] if len(connection) == 4 else ""
+    facts["head"] = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
+    facts["head_lookup_s"] = lookup_s(facts["head"]) if facts["head"] else 0.0
+    run = RunDir(run_dir)
+    shared = run.host_check(token)
+    try:
+        if shared.read_text() != token:
+            raise OSError("its content differs")
+        mine = run.host_check_probe(token, facts["host"], os.getpid())
+        mine.write_text(token)
+        mine.unlink()
+    except OSError as exc:
+        problems.append(
+            f"the run dir {run_dir} is not the head's or not writable here ({exc.strerror or exc}); HINT: the run "
+            "dir must be on a file system every host shares (e.g. hydra.run.dir=/shared/runs/NAME)"
+        )
+    try:
+        master_ip = socket.gethostbyname(master_addr)
+    except OSError as exc:
+        problems.append(
+            f"cannot resolve cluster.master_addr={master_addr} ({exc}); HINT: set cluster.master_addr to an "
+            "address every host reaches"
+        )
+        master_ip = ""
+    if port != "-" and master_ip:
+        from launcher.launch.ports import port_in_use
+
+        if reason := port_in_use(master_ip, int(port)):
+            hint = "cluster.master_port=0 takes a free one" if port != "0" else "is it this host's own address?"
+            problems.append(f"cannot listen on {master_addr}:{port} here ({reason}); HINT: {hint}")
+        elif port == "0":
+            from launcher.launch.ports import free_port
+
+            facts["port"] = free_port(master_ip)
+        else:
+            facts["port"] = int(port)
+    from launcher.base.devices import gpu_count
+
+    facts["gpus"] = gpu_count()
+    facts["tensorboard"] = findable("tensorboard")
+    return facts
+
+
+def findable(name: str) -> bool:
+    """Whether ``name`` would import here (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if __name__ == "__main__":
+    print(json.dumps(check_this_host(*sys.argv[1:5])), flush=True)

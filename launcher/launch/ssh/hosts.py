@@ -1,0 +1,290 @@
+"""The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), the
+command a host runs (its shell prelude and forwarded environment), and the checks every host passes before
+anything starts (``launch/ssh/host_check.py`` over ssh, in parallel), also before each restart, where under
+``cluster.min_nodes`` a host failing them is lost and one passing them again joins (``launcher.heal.membership``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from launcher.base.run_dir import RunDir
+from launcher.config import ConfigError, JobConfig, SshClusterConfig
+from launcher.config.rules import TENSORBOARD_HINT, writes_tensorboard
+from launcher.heal.membership import Membership
+from launcher.trust.secret import SECRET_ENV, Secret, handoff_line
+
+# Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+)
+SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
+FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
+FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
+# on the remote command line (python's start and a host check need them; paths and device lists, never secrets);
+# every other forwarded variable, cluster.env's included, goes over the connection's stdin with the job's secret
+ON_COMMAND_LINE = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+NO_CWD, SETUP_FAILED, NOT_FOUND = 97, 96, 127  # exit codes of the remote shell prelude
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """``host [slots=N]`` per line (DeepSpeed / MPI hostfiles), ``#`` comments, blank lines ignored."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"cluster.hostfile={path!r} cannot be read ({exc.strerror or exc}); HINT: a file with one host per "
+            "line, optionally 'slots=N'"
+        ) from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        slots = None
+        for extra in fields[1:]:
+            key, _, value = extra.partition("=")
+            if key != "slots" or not value.isdigit() or int(value) < 1:
+                raise ConfigError(
+                    f"cluster.hostfile={path!r} line {number}: {extra!r} is not understood; HINT: lines are "
+                    "'HOST' or 'HOST slots=N' (N >= 1)"
+                )
+            slots = int(value)
+        hosts.append((fields[0], slots))
+    return hosts
+
+
+def resolve_hosts(cluster: DictConfig) -> None:
+    """``cluster.hosts`` or ``cluster.hostfile`` into the hosts the job uses (``cluster.nodes`` of them, every one
+    listed by default), their ranks per node (the hostfile's ``slots``, all equal, unless
+    ``cluster.procs_per_node`` says) and ``cluster.master_addr`` (the first host unless given); written into the
+    composed config before validation."""
+    if cluster.hostfile and cluster.hosts:
+        raise ConfigError("cluster.hosts and cluster.hostfile are both set; HINT: give the hosts one way")
+    listed = parse_hostfile(cluster.hostfile) if cluster.hostfile else [(str(h), None) for h in cluster.hosts]
+    if not listed:
+        where = f"cluster.hostfile={cluster.hostfile!r} lists no host" if cluster.hostfile else "no hosts given"
+        raise ConfigError(f"+cluster=ssh: {where}; HINT: cluster.hosts=[host1,host2] or cluster.hostfile=PATH")
+    hosts = [host for host, _ in listed]
+    for host in hosts:
+        if not host or host.startswith("-") or any(ch.isspace() or not ch.isprintable() for ch in host):
+            raise ConfigError(
+                f"cluster.hosts: {host!r} is not a host name (ssh would read a leading '-' as an option; no "
+                "whitespace or control characters); HINT: a name or address ssh reaches, e.g. node1, user@node1, "
+                "10.0.0.2"
+            )
+    if dups := sorted({h for h in hosts if hosts.count(h) > 1}):
+        raise ConfigError(
+            f"cluster.hosts lists {', '.join(dups)} more than once; HINT: one entry per machine, "
+            "cluster.procs_per_node ranks run on each"
+        )
+    nodes = int(cluster.nodes) or len(hosts)
+    if nodes > len(hosts):
+        raise ConfigError(
+            f"cluster.nodes={nodes} but only {len(hosts)} host(s) are listed; HINT: list more hosts or omit "
+            "cluster.nodes (every listed host is used)"
+        )
+    used = listed[:nodes]
+    slots = {host: n for host, n in used if n is not None}
+    if cluster.procs_per_node is None and slots:
+        if len(set(slots.values())) > 1 or len(slots) < nodes:
+            given = ", ".join(f"{h}: {n if n is not None else 'none'}" for h, n in used)
+            raise ConfigError(
+                f"the hostfile's slots differ ({given}); every node runs the same number of ranks; HINT: set "
+                f"cluster.procs_per_node={min(slots.values())}"
+            )
+        cluster.procs_per_node = next(iter(slots.values()))
+    elif cluster.procs_per_node is not None:
+        for host, n in slots.items():
+            if cluster.procs_per_node > n:
+                raise ConfigError(
+                    f"cluster.procs_per_node={cluster.procs_per_node} but the hostfile gives {host} slots={n}; "
+                    f"HINT: cluster.procs_per_node={n}, or raise its slots"
+                )
+    cluster.hosts, cluster.nodes = [h for h, _ in used], nodes
+    cluster.master_addr = cluster.master_addr or used[0][0]
+
+
+def ready_hosts(
+    job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str]
+) -> tuple[list[str], str, list[dict]]:
+    """The hosts the next attempt runs on, their master address and their facts. The first start needs every host
+    (each failing one is named, nothing starts). A restart checks the running hosts and, under
+    ``cluster.min_nodes``, those lost earlier but not in ``skip`` (just lost: not waited for): a running host that
+    fails the checks is lost (if enough are left), one lost earlier that passes them joins."""
+    candidates = [h for h in members.all if h in members.live or (members.may_shrink and h not in skip)]
+    while True:
+        master = c.master_addr if candidates[0] == members.all[0] else candidates[0]
+        results = check_hosts(job, c, candidates, master)
+        failing = {host: problems for host, (_, problems) in zip(candidates, results) if problems}
+        down = {h: f"fails the host checks: {problems[0]}" for h, problems in failing.items() if h in members.live}
+        if down and (members.attempt == 0 or not members.may_shrink or not members.change(down)):
+            lines = [f"  {host}: {p}" for host, problems in failing.items() for p in problems]
+            raise ConfigError(f"{len(lines)} problem(s) on the hosts, nothing started:\n" + "\n".join(lines))
+        if candidates[0] in failing:  # the master is gone: check the others again against the next one
+            candidates = [h for h in candidates if h not in failing]
+            continue
+        ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if not problems]
+        members.change({}, joined=[host for host, _ in ready if host not in members.live])
+        return [host for host, _ in ready], master, [facts for _, facts in ready]
+
+
+def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
+    return ["ssh", *c.ssh_options, *SSH_OPTIONS, host, shell]
+
+
+def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
+    prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
+    names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
+    return {  # never a secret of this process's own: the head's job secret is handed off with these
+        k: v for k, v in sorted(os.environ.items()) if (k in names or k.startswith(prefixes)) and k != SECRET_ENV
+    }
+
+
+def handoff(c: SshClusterConfig, secret: Secret) -> bytes:
+    """The first line a host's node process reads from its stdin: the forwarded environment not on its command
+    line (``cluster.env``'s values: tokens, keys) and the job's secret."""
+    env = {k: v for k, v in forwarded_env(c).items() if k not in ON_COMMAND_LINE}
+    return handoff_line({**env, **secret.environ()})
+
+
+def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
+    """The script a host runs: this directory (shared file system), ``cluster.setup``, then ``argv`` with the
+    forwarded environment. Each step that can fail exits with its own code (``NO_CWD``, ``SETUP_FAILED``,
+    ``NOT_FOUND``)."""
+    cwd = shlex.quote(os.getcwd())
+    lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
+    if c.setup:
+        lines.append("{ " + " && ".join(c.setup) + f"; }} </dev/null || exit {SETUP_FAILED}")  # stdin: the secret
+    env = [f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items() if k in ON_COMMAND_LINE]
+    lines.append(" ".join(["exec", "env", *env, shlex.join(argv)]))
+    return "\n".join(lines)
+
+
+def ssh_problem(stderr: str, host: str) -> str:
+    """ssh's own failure (exit 255), with the fix."""
+    said = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh failed without a message"
+    if "Permission denied" in said:
+        hint = f"passwordless ssh to {host} (ssh-copy-id {host}); the launcher never answers a password prompt"
+    elif "Host key verification failed" in said:
+        hint = f"ssh {host} once to accept its host key, or cluster.ssh_options=[-o,StrictHostKeyChecking=accept-new]"
+    else:
+        hint = f"is {host} up and reachable from here? (ssh {host} true)"
+    return f"ssh failed: {said}; HINT: {hint}"
+
+
+def check_host(
+    job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
+) -> tuple[dict, list[str]]:
+    """One host's facts (``launch/ssh/host_check.py``) and its problems."""
+    argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port]
+    try:
+        out = subprocess.run(
+            ssh_command(c, host, remote_shell(c, argv)),
+            capture_output=True,
+            text=True,
+            timeout=c.check_timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {}, [
+            f"did not answer within {c.check_timeout_s:.0f} s (cluster.check_timeout_s); HINT: is it up and "
+            "reachable? (ssh -o BatchMode=yes HOST true)"
+        ]
+    said = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+    if out.returncode == SSH_LOST:
+        return {}, [ssh_problem(out.stderr, host)]
+    if out.returncode == NO_CWD:
+        return {}, [f"no directory {os.getcwd()} there; HINT: start the launcher from a directory every host shares"]
+    if out.returncode == SETUP_FAILED:
+        return {}, [f"cluster.setup failed there ({said}); HINT: try the lines with ssh {host}"]
+    if out.returncode == NOT_FOUND:
+        return {}, [
+            f"cluster.python={c.python} is not there ({said}); HINT: the same python must exist on every host: set "
+            "cluster.python, or cluster.setup to activate an environment"
+        ]
+    if "No module named" in out.stderr:
+        return {}, [
+            f"{c.python} cannot import the launcher there ({said}); HINT: install it on every host (pip install "
+            "-e .), or reach it through PYTHONPATH (forwarded) or cluster.setup"
+        ]
+    try:
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}, [f"the check failed (exit {out.returncode}): {said or out.stdout.strip()[-300:]}"]
+    problems = list(facts["problems"])
+    if (c.gpus_per_node or 0) > facts["gpus"]:
+        problems.append(
+            f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts['gpus']} GPU(s); HINT: "
+            f"cluster.gpus_per_node={facts['gpus']}"
+        )
+    if writes_tensorboard(job) and not facts.get("tensorboard", True):  # any host may hold rank 0 after a heal
+        problems.append(f"train.tensorboard=true, but no tensorboard package there; HINT: {TENSORBOARD_HINT} on it")
+    return facts, problems
+
+
+def check_hosts(
+    job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, picks_port: bool = True
+) -> list[tuple[dict, list[str]]]:
+    """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
+    master, picks the port, unless not ``picks_port``: hosts that join a running job)."""
+    token = uuid.uuid4().hex
+    marker = RunDir(job.run_dir).host_check(token)
+    marker.write_text(token)
+    try:
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            ports = [str(c.master_port) if node == 0 and picks_port else "-" for node in range(len(hosts))]
+            results = list(pool.map(lambda hp: check_host(job, c, hp[0], token, master, hp[1]), zip(hosts, ports)))
+    finally:
+        marker.unlink(missing_ok=True)
+    unused = {
+        host: facts["gpus"]
+        for host, (facts, problems) in zip(hosts, results)
+        if not problems and facts["gpus"] and not c.gpus_per_node
+    }
+    if unused:
+        print(
+            f"launcher: warning: {', '.join(f'{h} has {n}' for h, n in unused.items())} GPU(s) but "
+            f"cluster.gpus_per_node=0: training on the CPU; HINT: cluster.gpus_per_node={min(unused.values())}",
+            file=sys.stderr,
+        )
+    return results
+
+
+# The head's open files per machine while a job runs: its ssh client's three pipes, and the host check's three while
+# the hosts are checked in parallel (with headroom for the store's clients and the run dir's files)
+FILES_PER_HOST, FILES_BASE = 6, 256
+
+
+def open_files_for(hosts: int) -> None:
+    """Raise this head's soft limit on open files to what ``hosts`` machines need (up to the hard limit; a default
+    soft limit of 1,024 holds about 130 machines); a ``ConfigError`` naming the limit when the hard one is lower."""
+    import resource
+
+    need = FILES_BASE + FILES_PER_HOST * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ConfigError(
+            f"cluster.hosts: {hosts} machines need about {need} open files on this head, over its hard limit of "
+            f"{hard}; HINT: raise it (`ulimit -Hn {need}` as root, or nofile in /etc/security/limits.conf), or "
+            "start the job from a head with a higher limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

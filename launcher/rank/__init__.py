@@ -1,0 +1,2 @@
+"""A rank's life: its process's entry (``entry.rank_main``), what it does (``work``: the trainer, the doctor or a
+user's script) and the doctor's checks (``doctor``)."""

@@ -1,0 +1,112 @@
+"""The entry of a rank's process, ``rank_main``: how every in-process path runs one rank to its end, whatever
+started the process (what the rank then does is ``rank/work.py``).
+
+- the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank.entry RUN_DIR`` per rank;
+- under torchrun, or as an srun task of a user's sbatch script, ``python -m launcher`` is already one rank;
+- submitit's Slurm tasks call it through ``launcher.launch.slurm.task_entry.SlurmTask``.
+
+What it does the same way for all: write the config into the run dir when it was composed here (rank 0 only),
+install the stop handling, record the first failure for the job's report (``launcher.report.failures``), and end the
+process through ``end_process_at_exit`` (no interpreter teardown: see ``launcher.base.exiting``). What differs is an
+argument, each with its reason at the call site: which signals stop the rank with a checkpoint, what happens
+after that stop, and how the scheduler names the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, Optional
+
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_error_handler
+
+from launcher.base.env import DistEnv
+from launcher.base.exiting import end_process_at_exit
+from launcher.base.run_dir import RunDir
+from launcher.config import JobConfig, freeze, load_frozen
+from launcher.rank.work import run_rank_work
+from launcher.report.failures import STOP_SIGNALS, FailureLog
+from launcher.train.stop import Preempted, StopRequest
+
+log = logging.getLogger("launcher.rank.entry")  # not __name__: run as __main__ it would miss the rank log
+
+
+def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
+    """After a stop checkpoint under an elastic agent: end as the signal asked (the agent is shutting down and
+    will not collect a result); the launcher then exits 143 / 130."""
+    log.warning("%s: checkpoint written; run again with the same run dir to continue", stop)
+    if stop.signum:
+        logging.shutdown()
+        os.kill(os.getpid(), stop.signum)
+
+
+def rank_main(
+    job: JobConfig,
+    env: DistEnv,
+    *,
+    composed_here: bool = False,
+    stop_signals: tuple[int, ...] = STOP_SIGNALS,  # under an elastic agent (ours, torchrun): Ctrl-C / SIGTERM
+    after_stop: Callable[[JobConfig, DistEnv, Preempted], None] = end_by_signal,
+    task: str = "",
+) -> Any:
+    """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
+    every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
+    if composed_here and env.is_main:
+        freeze(job, job.run_dir)
+    stop = StopRequest().install(*stop_signals)
+    failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,), on_failure=stop.hold)
+    stop.failing = failures.others_failed
+    elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
+    elastic_errors.initialize()
+    try:
+        result = run_rank_work(job, env, stop=stop, failures=failures)
+    except Preempted as exc:
+        stop.uninstall()
+        try:
+            after_stop(job, env, exc)
+        except BaseException as after:  # SystemExit(0): stopped for good, no result (a requeued Slurm job)
+            failed(failures, elastic_errors, after)
+            raise
+        end_process_at_exit(0)
+        return None
+    except BaseException as exc:
+        failed(failures, elastic_errors, exc)
+        raise
+    finally:
+        stop.uninstall()
+    end_process_at_exit(0)
+    return result
+
+
+def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseException) -> None:
+    """Record ``exc`` (a no-op when recorded inside, before the process group went down; stop signals are
+    ignored from then on) and the elastic error file, and make the process end with its exit code."""
+    failures.record(exc)
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        end_process_at_exit(0)
+        return
+    if isinstance(exc, Exception):
+        elastic_errors.record_exception(exc)
+    end_process_at_exit(1)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m launcher.rank.entry RUN_DIR``: one worker of the launcher's own elastic agents. A failure's
+    traceback goes to the rank's log, not the console: the launcher prints the job's report, root cause first."""
+    (run_dir,) = sys.argv[1:] if argv is None else argv
+    env = DistEnv.resolve()
+    try:
+        rank_main(load_frozen(run_dir), env)
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return  # left cleanly (a machine the job went on without, once it answers again)
+        with open(RunDir(run_dir).rank_log(env.rank), "a", encoding="utf-8") as log_file:
+            traceback.print_exc(file=log_file)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

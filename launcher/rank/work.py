@@ -1,0 +1,125 @@
+"""What every rank does (``run_rank_work``, called by ``rank.entry.rank_main``), whichever launcher started it:
+resolve the DistEnv once, set up logging and the device, open the process group, then train (or run the user's
+script), and always close the group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import torch
+
+from launcher.base.devices import rank_device
+from launcher.base.env import TORCHRUN_VARS, DistEnv
+from launcher.base.faults import faults_for
+from launcher.base.gpus import backend_for
+from launcher.base.logs import setup_logging
+from launcher.base.threads import for_this_rank
+from launcher.config import JobConfig, collective_timeout_s
+from launcher.dist.helpers import Peers
+from launcher.dist.rendezvous import listening_store, process_group
+from launcher.heal.protocol import Place
+from launcher.report.failures import FailureLog
+from launcher.report.summary import RunSummary
+from launcher.train.stop import StopRequest
+from launcher.trust.secret import Secret
+from launcher.watch import backstop_s, end_watch, start_watch
+
+log = logging.getLogger(__name__)
+
+
+def job_backend(job: JobConfig) -> str:
+    return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
+
+
+def run_rank_work(
+    job: JobConfig, env: DistEnv, stop: StopRequest | None = None, failures: FailureLog | None = None
+) -> RunSummary | dict | None:
+    """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
+    for a user script). ``failures`` records an error the moment it is caught, before the process group (ours,
+    or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""
+    failures = failures or FailureLog(job.run_dir, env)
+    setup_logging(job.run_dir, env)
+    c = job.comm
+    # a script's job without comm.timeout_s: the watch names a hang and leaves the end to the script's own group
+    ends = c.timeout_s is not None or job.script is None
+    start_watch(job.run_dir, env, c.hang_warn_s, collective_timeout_s(c) if ends else None, c.flight_recorder_entries)
+    how = "raised"
+    try:
+        result = _run(job, env, stop, failures)
+        how = "returned"
+        return result
+    finally:
+        end_watch(how)  # the round's watch when the job healed in place
+
+
+def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:
+    secret = Secret.from_environ(os.environ)  # the job's (the launcher's head handed it on): out of the environment
+    threads, why = for_this_rank(job.train.threads_per_rank, env.local_world_size)  # the script's too
+    torch.set_num_threads(threads)
+    if job.script is not None:
+        os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
+        store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
+        if env.world_size > 1:
+            if env.rank == 0 and not env.agent_store:
+                store = listening_store(env.master_addr, env.master_port)
+            os.environ[TORCHRUN_VARS["agent_store"]] = "True"  # so the script's init connects as a client
+        try:
+            with failures.catching():
+                run_script(job.script, job.script_args)
+        finally:
+            del store
+        return None
+    from launcher.train.trainer import Trainer  # heavy imports only where training happens
+
+    backend = job_backend(job)
+    device = rank_device(env.local_rank, use_gpu=bool(job.cluster.gpus_per_node))
+    signed = "signed with the job's secret" if secret else "unsigned (no LAUNCHER_SECRET: docs/security.md)"
+    log.info("%s, device %s, backend %s, %d thread(s), store %s", env.describe(), device, backend, threads, signed)
+    log.debug("threads per rank: %s", why)
+    if env.is_main and job.cluster.may_shrink:  # sim, ssh after a loss; Slurm's --nodes=MIN-MAX
+        log.info(
+            "running on %d node(s) of the %d-%d allowed (cluster.min_nodes, cluster.nodes): %d rank(s)",
+            env.num_nodes,
+            job.cluster.min_nodes,
+            job.cluster.nodes,
+            env.world_size,
+        )
+    if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
+        fault.fire()
+    place = Place.from_environ(os.environ)
+    joins = place is not None and place.joins  # its group forms when the keeper lets it in
+    timeout_s, join_s = backstop_s(job.comm), job.cluster.join_timeout_s
+    grouping = process_group(env, backend, timeout_s, join_timeout_s=join_s, form=not joins, secret=secret)
+    with grouping as group, failures.catching():
+        if job.doctor or job.preflight:
+            from launcher.rank.doctor import run_doctor
+
+            report = run_doctor(
+                env,
+                device,
+                job.run_dir,
+                device.type == "cuda",
+                log_report=job.preflight,
+                timeout_s=collective_timeout_s(job.comm),
+                peers=Peers(secret=secret),
+            )
+            if job.doctor:
+                return report
+        return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret).fit()
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run a torchrun-compatible script as ``__main__`` in this process: it reads RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT (already set by the launcher) and calls init_process_group itself."""
+    path = str(Path(script).resolve())
+    sys.argv = [path, *args]
+    sys.path.insert(0, str(Path(path).parent))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"script {script} exited with status {exc.code}") from None

@@ -1,0 +1,252 @@
+"""The one report a failed job gives, in every mode: the root cause first, then the ranks that failed too.
+
+Why records, and not what the launcher sees: each node's agent knows only its own workers and their exit codes,
+not which error came first (with multiprocessing workers elastic even reported one worker per node, the first
+in poll order: when two ranks exited within one 0.1 s monitor tick it named the lower local rank, usually a peer
+that failed a moment after the real cause; our workers are now commands, as under torchrun). So:
+- every rank writes a failure record into the run dir (on a shared file system in every multi-node mode) the
+  moment its error is first caught, before it tears its process group down (which is what makes its peers
+  fail); from then on it ignores the launcher's stop signals (it is ending anyway, and a kill mid-write would
+  leave a truncated record, or a truncated elastic error file that crashes torch's agent);
+- an agent adds a record for each of its ranks that ended without one (a signal, ``os._exit``);
+- one reporter reads them all and chooses.
+
+The choice does not rest on the clocks of different machines: records are ranked by kind, then by time within a
+kind (several ranks failing on their own at once: any of them is a true cause):
+
+  error    the rank's own exception: what we look for
+  hang     named by the progress watch at comm.timeout_s: every other rank waited for this one (launcher.watch)
+  died     killed by a signal other than the launcher's stop signals, or exited without a record (OOM killer,
+           segfault, ``os._exit``)
+  peer     a consequence of another rank failing: connection closed or reset by a peer, a collective or the
+           store timing out, an NCCL abort, peers that never joined
+  stopped  ended by the launcher (SIGTERM / SIGINT) after another rank failed
+
+Layout: ``RUN_DIR/failures/<launch id>/attempt-<n>/rank-<k>.json`` (launch id: the elastic run id or the Slurm
+job id; n: the 0-based attempt, restarts or requeues so far), so a restarted or resumed job never reads an
+earlier attempt's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, TextIO
+
+from launcher.base.env import DistEnv
+from launcher.base.files import write_json_atomic
+from launcher.base.run_dir import RunDir, failure_record_file, failure_record_files
+from launcher.report.tracebacks import format_traceback, log_tail
+
+KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the launcher's (and torchrun's): stop at an agreed step
+STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a rank that stopped itself after a stop signal
+
+# Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
+PEER_ERROR = re.compile(
+    r"closed by peer|reset by peer|Connection closed|Broken pipe|Connection refused|Timed out waiting|"
+    r"timed out after|collective operation timeout|Watchdog caught|NCCL communicator was aborted|"
+    r"remote process exited|failed to recv|recvValue|Socket Timeout|did not join within|"
+    r"DistNetworkError|DistStoreError",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one rank failed."""
+
+    rank: int
+    kind: str  # one of KINDS
+    summary: str  # one line: "RuntimeError: boom", "died with signal 9 (SIGKILL)"
+    host: str = "?"
+    node: int = 0
+    nodes: int = 1  # the job's node count: a report names nodes when there are several
+    pid: int = 0
+    task: str = ""  # the scheduler's name for the process, e.g. "task 2 of Slurm job 17"
+    traceback: str = ""
+    time_ns: int = 0
+
+    def who(self, with_node: bool = False) -> str:
+        ids = ", ".join(
+            filter(None, [self.task, f"node {self.node}" if with_node else "", f"pid {self.pid}" if self.pid else ""])
+        )
+        return f"rank {self.rank}" + (f" ({ids})" if ids else "") + f" on {self.host}"
+
+
+def classify(exc: BaseException) -> str:
+    """``peer`` when the error (or one it came from) says another rank failed first, ``stopped`` for an
+    interrupt, else ``error``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped"
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if PEER_ERROR.search(f"{type(current).__name__}: {current}"):
+            return "peer"
+        current = current.__cause__ or current.__context__
+    return "error"
+
+
+def _write(path: Path, failure: Failure) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, asdict(failure))
+
+
+class FailureLog:
+    """This rank's failure record: the first failure caught is written, once. A single process (no peers to
+    confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint);
+    ``on_failure``: called first (the rank's stop handling stops listening to stop signals)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        env: DistEnv,
+        task: str = "",
+        ignore: tuple[type[BaseException], ...] = (),
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        self.env, self.task, self.ignore, self.on_failure = env, task, ignore, on_failure
+        self.path = RunDir(run_dir).failure_record(env.launch_id, env.attempt, env.rank)
+        self.written = False
+
+    def record(self, exc: BaseException) -> None:
+        if self.written or self.env.world_size == 1 or isinstance(exc, self.ignore):
+            return
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return
+        self.written = True
+        if self.on_failure is not None:
+            self.on_failure()
+        if self.path.exists():  # the watch named this rank as the hang's culprit: that record says more
+            return
+        summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
+        _write(
+            self.path,
+            Failure(
+                rank=self.env.rank,
+                kind=classify(exc),
+                summary=summary[-1] if summary else type(exc).__name__,
+                host=self.env.hostname or socket.gethostname(),
+                node=self.env.node_rank,
+                nodes=self.env.num_nodes,
+                pid=os.getpid(),
+                task=self.task,
+                traceback=format_traceback(exc),
+                time_ns=time.time_ns(),
+            ),
+        )
+
+    def others_failed(self) -> bool:
+        """Another rank of this attempt has recorded its failure (the job is ending)."""
+        return any(path != self.path for path in failure_record_files(self.path.parent))
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[None]:
+        """Record an exception leaving the block, then let it go on."""
+        try:
+            yield
+        except BaseException as exc:
+            self.record(exc)
+            raise
+
+
+def exit_failure(
+    rank: int, pid: int, exitcode: int, host: str, node: int = 0, nodes: int = 1, task: str = ""
+) -> Failure:
+    """What a rank that ended without a record of its own died of, from its exit code (negative: a signal)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        kind = "stopped" if -exitcode in STOP_SIGNALS else "died"
+        summary = f"died with signal {-exitcode} ({name})"
+    else:
+        kind = "stopped" if exitcode in STOP_CODES else "died"
+        summary = f"exited with code {exitcode}"
+    return Failure(
+        rank=rank,
+        kind=kind,
+        summary=summary,
+        host=host,
+        node=node,
+        nodes=nodes,
+        pid=pid,
+        task=task,
+        time_ns=time.time_ns(),
+    )
+
+
+def record_exits(directory: Path, exits: Iterable[Failure]) -> None:
+    """An agent's view of its ranks that ended without writing a record (their records stay as they are)."""
+    for failure in exits:
+        path = failure_record_file(directory, failure.rank)
+        if not path.exists():
+            _write(path, failure)
+
+
+def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
+    """The records of the newest attempt of ``launch_id``."""
+    attempts = RunDir(run_dir).failure_attempts(launch_id)
+    return _read(attempts[-1]) if attempts else []
+
+
+def _read(directory: Path) -> list[Failure]:
+    failures = []
+    for path in failure_record_files(directory):
+        try:
+            failures.append(Failure(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # unreadable: the other records still tell the story
+    return failures
+
+
+def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
+    """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
+    return any(f.kind == "hang" for f in _read(RunDir(run_dir).failure_attempt(launch_id, attempt)))
+
+
+def ranked(failures: Iterable[Failure]) -> list[Failure]:
+    """Root cause first: by kind (KINDS), then by time within the kind, then by rank."""
+    return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
+
+
+def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
+    cause, *others = ranked(failures)
+    nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
+    says = {"died": cause.summary, "stopped": cause.summary, "hang": f"hung: {cause.summary}"}
+    what = says.get(cause.kind, "failed:")
+    lines = [f"launcher: {cause.who(nodes)} {what}"]
+    lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
+    lines.append(f"launcher: log of rank {cause.rank}: {RunDir(run_dir).rank_log(cause.rank)}")
+    for other in others[:limit]:
+        how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)
+        detail = other.summary if len(other.summary) <= 160 else other.summary[:157] + "..."
+        where = f"node {other.node}, {other.host}" if nodes else other.host
+        lines.append(f"launcher: failed too: rank {other.rank} on {where}, {how} ({detail})")
+    if len(others) > limit:
+        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {RunDir(run_dir).failures})")
+    return "\n".join(line.rstrip() for line in lines if line)
+
+
+def report(run_dir: str | Path, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
+    """Print the job's failure report from the records (plus ``known`` failures of ranks without one).
+    Returns False when there is nothing to report."""
+    failures = {f.rank: f for f in known}
+    failures.update({f.rank: f for f in load(run_dir, launch_id)})  # a rank's own record says more
+    if not failures:
+        return False
+    print(format_report(list(failures.values()), run_dir), file=file or sys.stderr, flush=True)
+    return True

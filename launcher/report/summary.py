@@ -1,0 +1,70 @@
+"""``summary.json``: what a finished run reports, one typed record shared by the trainer (writes it), the launcher's
+end table, sweeps and plots (read it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher.base.files import write_json_atomic
+from launcher.base.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    world_size: int
+    nodes: int
+    procs_per_node: int
+    backend: str
+    device: str
+    reducer: str
+    hierarchical: bool  # the strategy actually used, also under comm.hierarchical=auto
+    hierarchical_reason: str
+    model: str
+    data: str
+    epochs: int
+    steps: int
+    global_batch: int
+    final_loss: float
+    test_accuracy: Optional[float]  # None when the data has no test split
+    samples_per_s: Optional[float]
+    wall_s: float
+    resumed_from: Optional[str]  # the checkpoint this run resumed from
+    hosts: list[str] = field(default_factory=list)  # each node's host name, in node order
+    membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.heal.membership)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # slow ranks the watch named (launcher.watch)
+    precision: str = "fp32"  # train.precision
+    accumulate_steps: int = 1  # train.accumulate_steps
+    clip_grad_norm: Optional[float] = None  # optim.clip_grad_norm
+    loss: str = "cross_entropy"  # train.loss
+    skipped_steps: int = 0  # fp16: steps the gradient scaler skipped (inf/nan gradients), this run
+    steps_per_epoch: int = 0  # the optimiser steps of one epoch (with ``steps``: how much of the data was seen)
+    compression: str = "none"  # what crossed nodes compressed (comm.compress as it applied: one node, none)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def write(self, run_dir: str | Path) -> Path:
+        return write_json_atomic(RunDir(run_dir).summary, self.to_json())
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> Optional[RunSummary]:
+        """The run's summary, or None when it has none (not finished) or it cannot be read (logged)."""
+        path = RunDir(run_dir).summary
+        if not path.is_file():
+            return None
+        try:
+            return cls.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("ignoring %s: %s", path, exc)
+            return None
