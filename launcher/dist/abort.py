@@ -18,11 +18,17 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
+from torch.distributed import DistError
 from torch.futures import Future
 
 
 class PeerLost(RuntimeError):
-    """A collective was left because a machine of the job is gone (``str``: who said so, and why)."""
+    """A collective was left because a machine of the job is gone (``str``: who said so, and why; ``cause``: what
+    the one who tripped the abort handed it, for healing the keeper's decision)."""
+
+    def __init__(self, why: str, cause: object = None) -> None:
+        super().__init__(why)
+        self.cause = cause
 
 
 class Abort:
@@ -33,6 +39,7 @@ class Abort:
         self._lock = threading.Lock()
         self._tripped = threading.Event()
         self._why = ""
+        self._cause: object = None
         self._round = 0
         self._pending: dict[int, tuple[Future, Future]] = {}  # id(ours) -> (ours, the backend's)
         self._kept: list[Any] = []  # left groups, their works, the objects holding them: kept until the end
@@ -51,26 +58,40 @@ class Abort:
         """Keep ``thing`` (a left group, a work, a left sync) referenced until the process ends."""
         self._kept.append(thing)
 
-    def trip(self, why: str, round_: Optional[int] = None) -> None:
-        """A machine is gone: every pending ``abortable`` future fails with ``PeerLost(why)``, and so does every
-        later one, until ``next_round``. ``round_``: only if this rank is still in that round."""
+    def trip(self, why: str, round_: Optional[int] = None, cause: object = None) -> None:
+        """A machine is gone: every pending ``abortable`` future fails with ``PeerLost(why, cause)``, and so does
+        every later one, until ``next_round``. ``round_``: only if this rank is still in that round."""
         with self._lock:
             if self._tripped.is_set() or round_ not in (None, self._round):
                 return
-            self._why = why
+            self._why, self._cause = why, cause
             self._tripped.set()
             pending = list(self._pending.values())
             self._pending.clear()
         for ours, theirs in pending:
             self._kept.append(theirs)
-            ours.set_exception(PeerLost(why))
+            ours.set_exception(PeerLost(why, cause))
 
     def next_round(self) -> None:
         """A new round: nothing is lost in it yet."""
         with self._lock:
-            self._why = ""
+            self._why, self._cause = "", None
             self._tripped.clear()
             self._round += 1
+
+    def loss_behind(self, exc: BaseException, grace_s: float) -> Optional[PeerLost]:
+        """The loss of a machine behind ``exc``, a rank's error: ``exc`` itself when it is ``PeerLost``; else, when it
+        is an error the backend raises for a failed collective (exactly ``RuntimeError`` on gloo, ``DistError`` on
+        nccl; a peer killed resets its connections before anyone has declared it lost), the trip that follows
+        within ``grace_s``; None: no machine was lost (an ordinary error: raise it as it is)."""
+        if isinstance(exc, PeerLost):
+            return exc
+        if type(exc) is not RuntimeError and not isinstance(exc, DistError):
+            return None
+        if not self._tripped.wait(grace_s):
+            return None
+        with self._lock:
+            return PeerLost(self.reason(), self._cause)
 
     def abortable(self, theirs: Future) -> Future:
         """A future that completes with ``theirs`` (a collective's) or fails with ``PeerLost`` once tripped."""
@@ -78,7 +99,7 @@ class Abort:
         with self._lock:
             if self._tripped.is_set():
                 self._kept.append(theirs)
-                ours.set_exception(PeerLost(self.reason()))
+                ours.set_exception(PeerLost(self.reason(), self._cause))
                 return ours
             self._pending[id(ours)] = (ours, theirs)
 

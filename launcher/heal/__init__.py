@@ -8,10 +8,10 @@ joins them, without a restart. One subsystem over three kinds of process, with o
 
 A round's life, as a rank sees it (``Healer``)::
 
-    training in round N ──a machine lost (a collective fails, or the watch reads Decision N)──▶ abort tripped
-        └─▶ end_of_round: the Decision ──▶ enter_round: check in, form round N+1 on the keeper's store
+    training in round N ──a machine lost (the watch reads Decision N)──▶ abort tripped with it: PeerLost(Decision)
+        └─▶ lost(exc): the Decision ──▶ enter_round: check in, form round N+1 on the keeper's store
               └─▶ agree_on_state (the ranks behind get the state from the one ahead) ──▶ training in round N+1
-    training in round N ──a machine joins (Decision N grows)──▶ every rank leaves at the next step boundary (GROW)
+    training in round N ──a machine joins (Decision N grows)──▶ every rank leaves at the next step boundary (Grows)
         └─▶ enter_round as above, the new machine last
 
 Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join``, ``Place``), ``membership.py``
@@ -20,7 +20,7 @@ Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join
 ``node_side.py`` (a node's ranks without an agent), ``rank_side.py`` (a rank's side). What the rest of the launcher
 calls: ``config.rules.heals_in_place(job)``, ``head_side.KeeperClient`` + ``head_side.wait_healing`` (sim, ssh),
 ``node_side.run_workers`` (launch/nodes/process.py), and the trainer's ``rank_side.Healer`` (through one seam:
-``launcher.train.in_place.HealSeam``).
+``launcher.train.in_place.Healing``).
 
 Only the job's own processes speak in it: the head makes a fresh secret per job (``launcher.trust.secret``) and hands
 it on without a command line; every key lives under the secret's namespace and every value the keeper, the node

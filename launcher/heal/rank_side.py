@@ -16,7 +16,7 @@ survivors' collectives fail (at once, or when the decision comes) and the traine
 
 A machine that answers again (the head's checks) gets a node process whose ranks set up and wait
 (``wait_to_join``); the keeper's decision then ends the round without failing anything: the watch sees it, the
-ranks agree at the next step boundary to leave (``growing``), and all of them, the new ones included, enter the
+ranks agree at the next step boundary to leave (``growth``), and all of them, the new ones included, enter the
 next round as above (the new ones are behind every survivor: they get the state).
 """
 
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from launcher.base.env import DistEnv
 from launcher.base.liveness import CHECK_IN_S, RANK_STORE_POLL_S
 from launcher.dist import helpers as dist_helpers
-from launcher.dist.abort import Abort, PeerLost
+from launcher.dist.abort import Abort
 from launcher.dist.rendezvous import Group, init_group
 from launcher.heal.protocol import Decision, Keys, Place
 from launcher.trust.secret import Secret
@@ -67,7 +67,7 @@ class Healer:
     joined: bool = True  # this rank is in a round (a joining one: not until ``enter_round``)
     abort: Abort = field(default_factory=Abort)  # handed to every collective of the loop
     _stop: threading.Event = field(default_factory=threading.Event)
-    _grow: threading.Event = field(default_factory=threading.Event)  # the round ends with a machine joining
+    _growth: Optional[Decision] = None  # the keeper's decision that a machine joins, ending the round
 
     @classmethod
     def from_environ(cls, lost_after_s: float, backend: str, secret: Optional[Secret]) -> Optional[Healer]:
@@ -86,19 +86,20 @@ class Healer:
 
     def watch(self, group: Group) -> None:
         """Watch the keeper's store for the end of the current round (round 0: ``group`` is its group): a loss
-        trips this rank's collectives, a machine joining is ``growing`` from then on."""
+        trips this rank's collectives, a machine joining is the round's ``growth`` from then on."""
         if self.store is None:
             assert isinstance(group.store, SignedStore), "a healing job's store is signed with the job's secret"
             self.store = group.store
         self.timeout_s = group.timeout_s
         self._stop.set()
         self._stop = threading.Event()
-        self._grow.clear()
+        self._growth = None
         self._watch_for(self.number)
 
     def _watch_for(self, number: int) -> None:
         """A thread that waits for the decision ending round ``number`` (a store unreachable for a while, a link
-        down, is asked again), then trips the abort signal (a loss) or says the round grows (a join)."""
+        down, is asked again), then trips the abort signal with it (a loss) or keeps it as the round's growth (a
+        join)."""
         store, stop, round_ = self.store, self._stop, self.abort.round
         assert store is not None
 
@@ -108,18 +109,34 @@ class Healer:
                     if (value := store.read(Keys.round_end(number))) is not None:
                         decision = Decision.from_bytes(value)
                         if not decision.grows:
-                            self.abort.trip(decision.said(), round_)
+                            self.abort.trip(decision.said(), round_, cause=decision)
                             return
-                        self._grow.set()  # a machine lost before the ranks leave for the join still trips
-                        number_ = decision.round
-                        return self._watch_for(number_)
+                        self._growth = decision  # a machine lost before the ranks leave for the join still trips
+                        return self._watch_for(decision.round)
                 stop.wait(RANK_STORE_POLL_S)
 
         threading.Thread(target=run, name="heal-watch", daemon=True).start()
 
-    def growing(self) -> bool:
-        """A machine joins: the round ends at the next step boundary (every rank agrees when: ``stop.agreed``)."""
-        return self._grow.is_set()
+    def growth(self, agreed: bool = False) -> Optional[Decision]:
+        """The keeper's decision that a machine joins: the round ends at the next step boundary (every rank agrees
+        when: ``stop.agreed``); None: none joins. ``agreed``: the ranks agreed to leave for it (another rank saw it
+        first): read from the store if this rank's watch has not yet."""
+        if self._growth is None and agreed:
+            said = f"round {self.number}'s end was not written"
+            self._growth = self._poll(lambda: self._decision(self.number), lambda: said)
+        return self._growth
+
+    def lost(self, exc: BaseException) -> Optional[Decision]:
+        """The keeper's decision that ends this round because a machine was lost under ``exc`` (the abort signal's
+        cause: at once for ``PeerLost``; for the backend's own error, once the keeper decides, within
+        ``lost_after_s`` and a second); None: ``exc`` is no loss of a machine."""
+        lost = self.abort.loss_behind(exc, self.lost_after_s + 1.0)
+        decision = lost.cause if lost is not None else None
+        if not isinstance(decision, Decision):
+            return None
+        seen_s = decision.seconds_since()
+        log.warning("%s: healing in place (the loss was known %.1f s after it)", decision.said(), seen_s)
+        return decision
 
     def close(self) -> None:
         self._stop.set()
@@ -129,15 +146,6 @@ class Healer:
         with contextlib.suppress(RuntimeError, OSError):
             assert self.store is not None
             self.store.set(Keys.TRAINED, "1")
-
-    def end_of_round(self) -> Optional[Decision]:
-        """The keeper's decision ending this round: there already, or within ``lost_after_s`` and a second (a killed
-        peer's reset connection reaches the ranks before its heartbeat is missed); None: no machine was lost."""
-        limit_s = self.lost_after_s + 1.0
-        try:
-            return self._poll(lambda: self._decision(self.number), lambda: "no decision", limit_s=limit_s)
-        except (HealStop, RuntimeError, OSError):  # no decision (or no keeper to ask): this was no loss of a machine
-            return None
 
     def _decision(self, number: int) -> Optional[Decision]:
         assert self.store is not None
@@ -242,11 +250,6 @@ class Healer:
             return f"round {self.number}: ranks {ranks} did not check in, and no machine was declared lost"
 
         return self._poll(formed_or_ended, missing)[0]
-
-    def cut_off(self, exc: BaseException) -> bool:
-        """``exc`` may end this round (the keeper's decision then tells): a machine lost under a collective, or
-        one joining."""
-        return isinstance(exc, PeerLost) or self.abort.is_set() or "onnection" in str(exc)
 
 
 def agree_on_state(steps: list[int], state: Callable[[], Any], healer: Healer) -> tuple[int, Optional[Any]]:

@@ -38,7 +38,7 @@ from launcher.launch.nodes.agent import agent_config, run_agent
 from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, print_stopped
 from launcher.launch.ports import check_port
 from launcher.rank.work import run_rank_work
-from launcher.train.stop import Preempted, StopRequest
+from launcher.train.stop import Stopped, StopRequest
 from launcher.trust.secret import SECRET_ENV, Secret
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ def run_here(job: JobConfig) -> int:
     end_process_at_exit(0)
     stop = StopRequest().install(*HEAD_STOP_SIGNALS)
     try:
-        run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)
-    except Preempted as exc:
-        code = 128 + (exc.signum or signal.SIGTERM)
-        print_stopped(code, job)
-        return code
+        result = run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)
+        if isinstance(result, Stopped):
+            code = 128 + (result.signum or signal.SIGTERM)
+            print_stopped(code, job)
+            return code
     except Exception:
         print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return 1

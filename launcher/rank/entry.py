@@ -29,12 +29,12 @@ from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig, freeze, load_frozen
 from launcher.rank.work import run_rank_work
 from launcher.report.failures import STOP_SIGNALS, FailureLog
-from launcher.train.stop import Preempted, StopRequest
+from launcher.train.stop import Stopped, StopRequest
 
 log = logging.getLogger("launcher.rank.entry")  # not __name__: run as __main__ it would miss the rank log
 
 
-def end_by_signal(job: JobConfig, env: DistEnv, stop: Preempted) -> None:
+def end_by_signal(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     """After a stop checkpoint under an elastic agent: end as the signal asked (the agent is shutting down and
     will not collect a result); the launcher then exits 143 / 130."""
     log.warning("%s: checkpoint written; run again with the same run dir to continue", stop)
@@ -49,7 +49,7 @@ def rank_main(
     *,
     composed_here: bool = False,
     stop_signals: tuple[int, ...] = STOP_SIGNALS,  # under an elastic agent (ours, torchrun): Ctrl-C / SIGTERM
-    after_stop: Callable[[JobConfig, DistEnv, Preempted], None] = end_by_signal,
+    after_stop: Callable[[JobConfig, DistEnv, Stopped], None] = end_by_signal,
     task: str = "",
 ) -> Any:
     """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
@@ -57,28 +57,26 @@ def rank_main(
     if composed_here and env.is_main:
         freeze(job, job.run_dir)
     stop = StopRequest().install(*stop_signals)
-    failures = FailureLog(job.run_dir, env, task=task, ignore=(Preempted,), on_failure=stop.hold)
+    failures = FailureLog(job.run_dir, env, task=task, on_failure=stop.hold)
     stop.failing = failures.others_failed
     elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
     elastic_errors.initialize()
     try:
         result = run_rank_work(job, env, stop=stop, failures=failures)
-    except Preempted as exc:
-        stop.uninstall()
-        try:
-            after_stop(job, env, exc)
-        except BaseException as after:  # SystemExit(0): stopped for good, no result (a requeued Slurm job)
-            failed(failures, elastic_errors, after)
-            raise
-        end_process_at_exit(0)
-        return None
     except BaseException as exc:
         failed(failures, elastic_errors, exc)
         raise
     finally:
         stop.uninstall()
     end_process_at_exit(0)
-    return result
+    if not isinstance(result, Stopped):
+        return result
+    try:  # every rank stopped at one step, the checkpoint written: end as the signal asked, or requeue (Slurm)
+        after_stop(job, env, result)
+    except Exception as exc:  # (a requeue refused); SystemExit(0) from a requeue: no result, exit 0 as set above
+        failed(failures, elastic_errors, exc)
+        raise
+    return None
 
 
 def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseException) -> None:

@@ -24,9 +24,9 @@ from launcher.dist.rendezvous import listening_store, process_group
 from launcher.heal.protocol import Place
 from launcher.report.failures import FailureLog
 from launcher.report.summary import RunSummary
-from launcher.train.stop import StopRequest
+from launcher.train.stop import Stopped, StopRequest
 from launcher.trust.secret import Secret
-from launcher.watch import backstop_s, end_watch, start_watch
+from launcher.watch import ProgressWatch, backstop_s, start_watch
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +37,30 @@ def job_backend(job: JobConfig) -> str:
 
 def run_rank_work(
     job: JobConfig, env: DistEnv, stop: StopRequest | None = None, failures: FailureLog | None = None
-) -> RunSummary | dict | None:
-    """Run one rank of ``job``. Returns the trainer's summary (the doctor's report with ``doctor=true``; None
-    for a user script). ``failures`` records an error the moment it is caught, before the process group (ours,
-    or the script's as long as it does not tear it down itself) goes down and makes the peers fail."""
+) -> RunSummary | Stopped | dict | None:
+    """Run one rank of ``job``. Returns the trainer's summary, or ``Stopped`` (a stop signal: every rank stopped at
+    one step with a checkpoint); the doctor's report with ``doctor=true``; None for a user script. ``failures``
+    records an error the moment it is caught, before the process group (ours, or the script's as long as it does
+    not tear it down itself) goes down and makes the peers fail."""
     failures = failures or FailureLog(job.run_dir, env)
     setup_logging(job.run_dir, env)
     c = job.comm
     # a script's job without comm.timeout_s: the watch names a hang and leaves the end to the script's own group
     ends = c.timeout_s is not None or job.script is None
-    start_watch(job.run_dir, env, c.hang_warn_s, collective_timeout_s(c) if ends else None, c.flight_recorder_entries)
+    timeout_s = collective_timeout_s(c) if ends else None
+    watch = start_watch(job.run_dir, env, c.hang_warn_s, timeout_s, c.flight_recorder_entries)
     how = "raised"
     try:
-        result = _run(job, env, stop, failures)
+        result = _run(job, env, stop, failures, watch)
         how = "returned"
         return result
     finally:
-        end_watch(how)  # the round's watch when the job healed in place
+        watch.end(how)  # the round's watch when the job healed in place
 
 
-def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog) -> RunSummary | dict | None:
+def _run(
+    job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: FailureLog, watch: ProgressWatch
+) -> RunSummary | Stopped | dict | None:
     secret = Secret.from_environ(os.environ)  # the job's (the launcher's head handed it on): out of the environment
     threads, why = for_this_rank(job.train.threads_per_rank, env.local_world_size)  # the script's too
     torch.set_num_threads(threads)
@@ -109,7 +113,7 @@ def _run(job: JobConfig, env: DistEnv, stop: StopRequest | None, failures: Failu
             )
             if job.doctor:
                 return report
-        return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret).fit()
+        return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret, watch=watch).fit()
 
 
 def run_script(script: str, args: list[str]) -> None:

@@ -106,23 +106,22 @@ def _write(path: Path, failure: Failure) -> None:
 
 class FailureLog:
     """This rank's failure record: the first failure caught is written, once. A single process (no peers to
-    confuse with) writes nothing. ``ignore``: exceptions that are not failures (a stop with a checkpoint);
-    ``on_failure``: called first (the rank's stop handling stops listening to stop signals)."""
+    confuse with) writes nothing. ``on_failure``: called first (the rank's stop handling stops listening to stop
+    signals)."""
 
     def __init__(
         self,
         run_dir: str | Path,
         env: DistEnv,
         task: str = "",
-        ignore: tuple[type[BaseException], ...] = (),
         on_failure: Callable[[], None] | None = None,
     ) -> None:
-        self.env, self.task, self.ignore, self.on_failure = env, task, ignore, on_failure
+        self.env, self.task, self.on_failure = env, task, on_failure
         self.path = RunDir(run_dir).failure_record(env.launch_id, env.attempt, env.rank)
         self.written = False
 
     def record(self, exc: BaseException) -> None:
-        if self.written or self.env.world_size == 1 or isinstance(exc, self.ignore):
+        if self.written or self.env.world_size == 1:
             return
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             return

@@ -1,16 +1,19 @@
-"""The trainer's one seam to healing in place (``launcher.heal``; a no-op in a job that does not heal): the keeper's
-decision that ends a round, a joining rank's wait, entering the next round with the others, and the records of
-each change once the first step after it completes. The Trainer calls it at four places: the start (watch or
-join), a step boundary (a machine joins), an error in the loop (a machine lost?) and each completed step."""
+"""The trainer's one seam to healing in place (``launcher.heal``): the ``Healing`` protocol, a few calls the Trainer
+makes whatever the job, and its two sides: ``NoHealing`` (every job that does not heal: nothing ends a round but
+its end) and ``InPlace`` (sim and ssh jobs that heal, over the rank's ``Healer``).
+
+The trainer calls it at the start (``start``: watch the keeper, or a joining rank's wait), at a step boundary
+(``growth``: a machine joins), when its loop raised (``lost``: was a machine lost under it? never for an ordinary
+error, which the trainer raises as it is), to go on in the next round (``enter``, then ``settle``), after each
+step (``step_completed``: the membership records) and at the end (``close``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-from launcher import watch
 from launcher.base.env import DistEnv
 from launcher.dist.abort import Abort
 from launcher.dist.rendezvous import Group
@@ -18,96 +21,137 @@ from launcher.heal import membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import Healer, agree_on_state
 from launcher.trust.secret import Secret
+from launcher.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
 
 
-class HealSeam:
-    def __init__(self, healer: Optional[Healer]) -> None:
-        self.healer = healer
-        self.healed_from: Optional[int] = None  # the step a heal went on from, until the first step after it ends
-
-    @classmethod
-    def from_environ(cls, lost_after_s: float, backend: str, secret: Optional[Secret]) -> HealSeam:
-        return cls(Healer.from_environ(lost_after_s, backend, secret))
-
-    @property
-    def heals(self) -> bool:
-        return self.healer is not None
+class Healing(Protocol):
+    abort: Optional[Abort]  # handed to every collective of the loop: tripped when a machine is lost
 
     @property
     def joins(self) -> bool:
         """This rank joins a running job: no collective before it is in a round."""
-        return self.healer is not None and self.healer.joins
+        ...
+
+    def start(self, group: Optional[Group]) -> Optional[Decision]:
+        """The start of the loop: watch the keeper for the end of round 0; a joining rank: its wait, then the
+        decision that lets it in."""
+        ...
+
+    def growth(self, agreed: bool = False) -> Optional[Decision]:
+        """The keeper's decision that a machine joins (every rank leaves the round at one step boundary;
+        ``agreed``: the ranks agreed so, the decision is read if this rank has not seen it yet)."""
+        ...
+
+    def lost(self, exc: BaseException) -> Optional[Decision]:
+        """The keeper's decision that a machine was lost under ``exc``; None: ``exc`` is an ordinary error."""
+        ...
+
+    def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
+        """This rank's group and place in the round after ``decision`` (``LeftJob``: it is out of the job)."""
+        ...
+
+    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
+        """Collective, the new round formed: the state of a rank at the highest step on the ranks behind it."""
+        ...
+
+    def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None: ...
+
+    def close(self, trained: bool) -> None: ...
+
+
+class NoHealing:
+    """A job that does not heal: no round ends but the last, no error is a lost machine."""
+
+    abort: Optional[Abort] = None
+    joins = False
+
+    def start(self, group: Optional[Group]) -> Optional[Decision]:
+        return None
+
+    def growth(self, agreed: bool = False) -> Optional[Decision]:
+        return None
+
+    def lost(self, exc: BaseException) -> Optional[Decision]:
+        return None
+
+    def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
+        raise AssertionError("a job that does not heal has one round")
+
+    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
+        raise AssertionError("a job that does not heal has one round")
+
+    def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None:
+        pass
+
+    def close(self, trained: bool) -> None:
+        pass
+
+
+def healing_for(
+    lost_after_s: float,
+    backend: str,
+    secret: Optional[Secret],
+    watch: ProgressWatch,
+    failing: Callable[[], bool],
+) -> Healing:
+    """``InPlace`` for a rank of a job that heals (its node process told it its place), else ``NoHealing``.
+    ``failing``: True once another rank failed on its own (its error record): this rank's error is a consequence."""
+    healer = Healer.from_environ(lost_after_s, backend, secret)
+    return NoHealing() if healer is None else InPlace(healer, watch, failing)
+
+
+class InPlace:
+    """A job that heals in place: a lost machine's survivors go on in the next round, a machine answering again
+    joins at a step boundary."""
+
+    def __init__(self, healer: Healer, watch: ProgressWatch, failing: Callable[[], bool]) -> None:
+        self.healer, self.watch, self.failing = healer, watch, failing
+        self.abort: Optional[Abort] = healer.abort
+        self.left: frozenset[str] = frozenset()  # the groups left for the round being formed (the watch's)
+        self.healed_from: Optional[int] = None  # the step a heal went on from, until the first step after it ends
 
     @property
-    def abort(self) -> Optional[Abort]:
-        """Handed to every collective of the loop: tripped when a machine is lost."""
-        return self.healer.abort if self.healer is not None else None
+    def joins(self) -> bool:
+        return self.healer.joins
 
-    def watch(self, group: Optional[Group]) -> None:
-        """A rank that started with the job: watch the keeper's store for the end of round 0."""
-        if self.healer is not None and group is not None:
-            self.healer.watch(group)
+    def start(self, group: Optional[Group]) -> Optional[Decision]:
+        assert group is not None, "a rank of a job that heals has its group's store"
+        if self.healer.joins:
+            return self.healer.wait_to_join(group)
+        self.healer.watch(group)
+        return None
 
-    def growing(self) -> bool:
-        return self.healer is not None and self.healer.growing()
+    def growth(self, agreed: bool = False) -> Optional[Decision]:
+        return self.healer.growth(agreed)
 
-    def cuts(self, exc: BaseException) -> bool:
-        """``exc`` may end this round (a machine lost under a collective): the keeper's decision then tells."""
-        return self.healer is not None and self.healer.cut_off(exc)
+    def lost(self, exc: BaseException) -> Optional[Decision]:
+        return None if self.failing() else self.healer.lost(exc)
 
-    def decision_after(self, exc: Optional[BaseException]) -> Optional[Decision]:
-        """The keeper's decision ending this round after ``exc`` cut it (None: the ranks agreed a machine joins);
-        None when ``exc`` ends no round or this job does not heal."""
-        healer = self.healer
-        if healer is None or (exc is not None and not healer.cut_off(exc)):
-            return None
-        decision = healer.end_of_round()
-        if decision is None:
-            return None
-        if decision.lost:
-            seen_s = decision.seconds_since()
-            log.warning("%s: healing in place (the loss was known %.1f s after it)", decision.said(), seen_s)
-        else:
+    def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
+        if decision.grows:
             log.warning("%s: going on with it from this step", decision.said())
-        return decision
+        self.left = self.watch.known_groups()  # taken before this rank leaves them
+        return self.healer.enter_round(env, decision)
 
-    def wait_to_join(self, group: Optional[Group]) -> Decision:
-        """A joining rank: ready, then the decision that ends the round before the one it joins."""
-        assert self.healer is not None and group is not None
-        return self.healer.wait_to_join(group)
-
-    def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv, frozenset[str]]:
-        """This rank's group and place in the round after ``decision``, and the groups it left (the next round's
-        watch reads the others)."""
-        assert self.healer is not None
-        left = watch.known_groups()
-        group, env = self.healer.enter_round(env, decision)
-        return group, env, left
-
-    def agree(self, steps: list[int], state: Callable[[], Any]) -> tuple[int, Optional[Any]]:
-        """Collective: the highest completed step, and on the ranks behind it the state of one that holds it."""
-        assert self.healer is not None
-        return agree_on_state(steps, state, self.healer)
-
-    def went_on(self, env: DistEnv, left: frozenset[str], step: int, behind: int, got_state: bool) -> None:
-        """The round formed: the watch follows it; the changes are recorded once the first step completes."""
-        assert self.healer is not None
-        watch.rebase(env, self.healer.number, left)
+    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
+        step, sent = agree_on_state(steps, state, self.healer)
+        self.watch.rebase(env, self.healer.number, self.left)
         self.healed_from = step
         log.info(
             "round %d: %s; step %d%s (in memory: no checkpoint read)",
             self.healer.number,
             env.describe(),
             step,
-            f", this rank was at step {behind}: state from the ranks ahead" if got_state else "",
+            f", this rank was at step {behind}: state from the ranks ahead" if sent is not None else "",
         )
+        return sent
 
     def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None:
         """After a step (``what``: or the end of training): the first one completed since a heal records (rank 0)
         each change healed since, with the time from it."""
-        if self.healed_from is None or self.healer is None:
+        if self.healed_from is None:
             return
         step, self.healed_from = self.healed_from, None
         what = what or f"the first step after the change (step {step + 1})"
@@ -125,10 +169,7 @@ class HealSeam:
                 membership.write(run_dir, decision.change(step, took))
         self.healer.decisions.clear()
 
-    def trained(self) -> None:
-        if self.healer is not None:
-            self.healer.trained()
-
-    def close(self) -> None:
-        if self.healer is not None:
-            self.healer.close()  # the round's store watch
+    def close(self, trained: bool) -> None:
+        if trained:
+            self.healer.trained()  # a machine still waiting to join need not
+        self.healer.close()  # the round's store watch

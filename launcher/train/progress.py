@@ -1,17 +1,18 @@
 """Where training stands: the position a checkpoint resumes from, the job's span in steps, the loop's running
-totals, and how a round of the loop ends."""
+totals, and how a round of the loop ends (``RoundEnd``)."""
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from launcher.config import JobConfig
+from launcher.heal.protocol import Decision
+from launcher.train.stop import Stopped
 
 
 @dataclass
@@ -67,11 +68,30 @@ class Totals:
         self.logged_step, self.saved_step, self.trained_steps = (max(c) for c in zip(*every_rank))
 
 
-class Outcome(enum.Enum):
-    """How a round of the training loop (or a step boundary) ends."""
+@dataclass(frozen=True)
+class Finished:
+    """Every step trained, the last evaluation and checkpoint written."""
 
-    FINISHED = "every step trained"
-    PREEMPTED = "the ranks agreed to stop at this step (a stop signal), the checkpoint written"
-    GROW = "the ranks agreed to leave the round at this step: a machine joins"
-    HEALED = "the round ended (a machine lost or joining); this rank goes on in the next"
-    LEFT = "this rank is out of the job (declared lost while it ran, or the job ended before it could join)"
+
+@dataclass(frozen=True)
+class Lost:
+    """A machine was lost under the round: the survivors go on in the round after ``decision``."""
+
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Grows:
+    """The ranks agreed to leave the round at this step: a machine joins in the round after ``decision``."""
+
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Left:
+    """This rank is out of the job (declared lost while it ran, or the job ended before it could join)."""
+
+    why: str
+
+
+RoundEnd = Union[Finished, Stopped, Lost, Grows, Left]  # how a round of the training loop ends

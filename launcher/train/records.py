@@ -30,7 +30,7 @@ from launcher.train.progress import Totals
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
 from launcher.train.world import World
-from launcher.watch import stragglers
+from launcher.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,12 @@ def progress_bar(total: int, initial: int, main: bool) -> Iterator[tqdm]:
 
 
 class Records:
-    def __init__(self, job: JobConfig, env: DistEnv, peers: Peers, state: TrainState, start_step: int = 0) -> None:
+    def __init__(
+        self, job: JobConfig, env: DistEnv, peers: Peers, state: TrainState, watch: ProgressWatch, start_step: int = 0
+    ) -> None:
         """``state``: the training state recorded (its position, span, schedule and stepper); ``start_step``: the
         step the run resumes from (0: a fresh start)."""
-        self.job, self.peers, self.state = job, peers, state
+        self.job, self.peers, self.state, self.watch = job, peers, state, watch  # (the watch: its stragglers)
         self.run_dir = Path(job.run_dir)
         self.metrics = MetricsWriter(self.run_dir, env.is_main, job.train.tensorboard, start_step)
         self.exposed_s = 0.0  # communication waited for since the last log
@@ -170,7 +172,7 @@ class Records:
             resumed_from=resumed,
             hosts=hosts,
             membership=membership.changes(self.run_dir),
-            stragglers=stragglers(),
+            stragglers=self.watch.stragglers(),
             precision=job.train.precision,
             accumulate_steps=job.train.accumulate_steps,
             clip_grad_norm=job.optim.clip_grad_norm,

@@ -61,3 +61,10 @@ class TrainState:
         self.scheduler.load_state_dict(state["scheduler"])
         self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+
+    def take(self, state: dict[str, Any], joining: bool) -> None:
+        """Healing in place: the state a live peer sent this rank, behind it; ``joining``: first the job's shape as it
+        started, whatever this rank's place was before it joined."""
+        if joining:
+            self.shape(state["global_batch"], state["steps_per_epoch"])
+        self.load_state_dict(state)

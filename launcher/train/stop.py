@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -33,16 +34,18 @@ from launcher.dist.abort import Abort, wait
 log = logging.getLogger(__name__)
 
 
-class Preempted(Exception):
-    """Raised by the trainer after the stop checkpoint is written."""
+@dataclass(frozen=True)
+class Stopped:
+    """What the trainer returns once every rank stopped at one step on a stop signal, the checkpoint written
+    (``signum``: this rank's signal; 0: another rank was signalled)."""
 
-    def __init__(self, step: int, signum: int) -> None:
-        super().__init__(
-            f"stopped at step {step} on {signal.Signals(signum).name}"
-            if signum
-            else f"stopped at step {step} (another rank was signalled)"
-        )
-        self.step, self.signum = step, signum
+    step: int
+    signum: int
+
+    def __str__(self) -> str:
+        if self.signum:
+            return f"stopped at step {self.step} on {signal.Signals(self.signum).name}"
+        return f"stopped at step {self.step} (another rank was signalled)"
 
 
 class StopRequest:

@@ -4,9 +4,11 @@ branches).
 
 Reading map: ``__init__`` builds every component once, in order, each handed what it needs. ``fit`` runs rounds of
 the loop: a round is the life of one process group and its ``World`` (the gradient sync, the loaders). A round
-returns an ``Outcome``: every step trained, a stop agreed at a step boundary, or the round ended because a machine
-was lost or joins (the one seam to healing: ``in_place.HealSeam``), after which the next round's world is built
-and the loop goes on from the agreed step. Only a failing collective raises."""
+returns how it ended (``progress.RoundEnd``): ``Finished``, ``Stopped`` (a stop agreed at a step boundary, the
+checkpoint written), ``Lost`` or ``Grows`` with the keeper's decision (a machine lost under it, or one joining:
+the one seam to healing, ``in_place.Healing``, tells; the next round's world is built and the loop goes on from
+the agreed step), or ``Left``. Any other error is raised as it is, the user's frames and the trainer's step in its
+traceback."""
 
 from __future__ import annotations
 
@@ -27,21 +29,21 @@ from launcher.dist import helpers as dist_helpers
 from launcher.dist.rendezvous import Group
 from launcher.dist.stall import explain_stall, is_timeout, timed_out
 from launcher.heal.protocol import Decision
-from launcher.heal.rank_side import HealStop, LeftJob
+from launcher.heal.rank_side import LeftJob
 from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
 from launcher.train.data import IMAGE_MODELS, build_datasets
-from launcher.train.in_place import HealSeam
+from launcher.train.in_place import Healing, healing_for
 from launcher.train.model import build_model, check_same_weights
 from launcher.train.optim import build_optimizer
-from launcher.train.progress import Outcome, Totals
+from launcher.train.progress import Finished, Grows, Left, Lost, RoundEnd, Totals
 from launcher.train.records import Records, progress_bar
 from launcher.train.saving import Checkpointer
 from launcher.train.state import TrainState
-from launcher.train.stop import Preempted, StopRequest
+from launcher.train.stop import Stopped, StopRequest
 from launcher.train.world import World
 from launcher.trust.secret import Secret
-from launcher.watch import note_step
+from launcher.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,11 @@ class Trainer:
     totals: Totals
     has_state: bool  # this rank holds the job's state (its own, or from a live peer; not yet: it joins)
     resumed_from: Optional[str]
+    started: float  # when the loop started (perf_counter)
+    wall_s: Optional[float]  # the loop's time, once every step is trained
     # the components
-    seam: HealSeam  # healing in place (a no-op in a job that does not heal)
+    watch: ProgressWatch  # the progress watch (its rounds follow the trainer's)
+    seam: Healing  # healing in place (NoHealing in a job that does not heal)
     stop: Optional[StopRequest]  # a stop signal, agreed by every rank at a step boundary
     checkpointer: Checkpointer
     records: Records  # metrics.jsonl, the comm trace, the evaluation, summary.json
@@ -81,14 +86,18 @@ class Trainer:
         group: Optional[Group] = None,
         stop: Optional[StopRequest] = None,
         secret: Optional[Secret] = None,
+        watch: Optional[ProgressWatch] = None,
     ) -> None:
         # 1. the job, this rank's place in it
         self.job, self.env, self.device, self.backend, self.group = job, env, device, backend, group
         self.run_dir, self.phase, self.faults = Path(job.run_dir), "start-up", faults_for(env)
         # 2. healing in place (sim, ssh): the seam, and the abort signal every collective of the trainer waits through
-        self.seam = HealSeam.from_environ(job.cluster.lost_after_s, backend, secret)
+        self.watch = watch or ProgressWatch()
+        failing = lambda: self.stop is not None and self.stop.failing()  # noqa: E731 (another rank failed on its own)
+        self.seam = healing_for(job.cluster.lost_after_s, backend, secret, self.watch, failing)
         self.peers = dist_helpers.Peers(self.seam.abort, secret)
-        self.stop = stop or (StopRequest() if self.seam.heals else None)  # (the step boundary where a machine joins)
+        heals = self.seam.abort is not None
+        self.stop = stop or (StopRequest() if heals else None)  # (the step boundary where a machine joins)
         joins = self.seam.joins  # no collective until the keeper lets it in
         self.has_state = not joins
         # 3. the model, the same initial weights on every rank; per-rank RNG streams (data order: the sampler's)
@@ -101,11 +110,11 @@ class Trainer:
         optimizer = build_optimizer(job.optim, model, env.world_size, job.train.precision)  # fused where it applies
         self.state = TrainState(job, model, optimizer, device)
         self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)
-        self.totals, self.resumed_from = Totals.on(device), None
-        self.records = Records(job, env, self.peers, self.state, self.checkpointer.start_step)
+        self.totals, self.resumed_from, self.started, self.wall_s = Totals.on(device), None, 0.0, None
+        self.records = Records(job, env, self.peers, self.state, self.watch, self.checkpointer.start_step)
         self.world, self.hosts = None, []
         if joins:
-            return  # the world, the span and the state once the keeper lets it in (``_go_on``), from a live peer
+            return  # the world, the span and the state once the keeper lets it in (``_next_round``), from a peer
         # 5. this round's world (the resumed run's measured choices kept), the span and LR schedule, the banner
         global_batch = (job.train.batch_size_per_rank or job.train.batch_size // env.world_size) * env.world_size
         self.world = self._build_world(global_batch, self.checkpointer.kept(env.world_size))
@@ -121,10 +130,9 @@ class Trainer:
         return self.world
 
     # ---------------------------------------------------------------- the loop
-    def fit(self) -> Optional[RunSummary]:
-        """Train to the end: the summary (rank 0 wrote summary.json); None: this rank left the job, which goes on
-        without it. A stop signal ends the run with ``Preempted`` once the checkpoint is written (the rank's entry
-        then ends as the signal asked)."""
+    def fit(self) -> RunSummary | Stopped | None:
+        """Train to the end: the summary (rank 0 wrote summary.json); ``Stopped``: every rank stopped at one step on a
+        stop signal, the checkpoint written (the rank's entry then ends as it asked); None: this rank left the job."""
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -138,46 +146,45 @@ class Trainer:
             if self.world is not None:
                 self.world.sync.close()
             self.records.close()
-            self.seam.close()
+            self.seam.close(trained=self.wall_s is not None)
 
-    def _fit(self) -> Optional[RunSummary]:
+    def _fit(self) -> RunSummary | Stopped | None:
         self.resumed_from = self.checkpointer.resume(self.state, self.env, self.job.train.seed)
-        start = time.perf_counter()
-        if not self.seam.joins:
-            self.seam.watch(self.group)
-        elif self._go_on(None) is Outcome.LEFT:
+        self.started = time.perf_counter()
+        joining = self.seam.start(self.group)  # a joining rank: the decision that lets it in
+        if joining is not None and self._next_round(joining) is not None:
             return None
         if self.stop is not None:
             self.stop.arm()  # a signal now means: stop at the next step boundary with a checkpoint
         with progress_bar(self.state.span.total_steps, self.state.pos.step, self.env.is_main) as bar:
-            while (outcome := self._round(bar)) is Outcome.HEALED:
-                pass  # a machine was lost, or one joins: on in the next round
-        if outcome is Outcome.LEFT:
-            return None
-        if outcome is Outcome.PREEMPTED:
-            raise Preempted(self.state.pos.step, (self.stop.signum if self.stop else None) or 0)
-        self.seam.trained()
-        self.records.trace_window(self.totals.trained_steps, self.env, end=True)
-        if self.stop is not None:
-            self.stop.disarm()
-        wall = time.perf_counter() - start
-        while True:
-            try:
-                return self._finish(wall)
-            except Exception as exc:  # a machine lost in the last evaluation or checkpoint: those again, healed
-                if self._heal(exc) is Outcome.LEFT:
-                    return None
+            end = self._round(bar)
+            while isinstance(end, (Lost, Grows)):  # a machine was lost, or one joins: on in the next round
+                end = self._next_round(end.decision) or self._round(bar)
+        if not isinstance(end, Finished):
+            return end if isinstance(end, Stopped) else None  # (Left: the job goes on without this rank)
+        sync, wall_s = self._world().sync, self.wall_s or 0.0
+        return self.records.summary(self.env, self.backend, sync, self.totals, wall_s, self.hosts, self.resumed_from)
 
-    def _round(self, bar: tqdm) -> Outcome:
-        """Train in this round: to the end (FINISHED), to a stop (PREEMPTED), or until the round ends (HEALED: on
-        in the next; LEFT)."""
+    def _round(self, bar: tqdm) -> RoundEnd:
+        """Train in this round: to the end (the last evaluation and checkpoint too), to a stop, or until a machine
+        is lost or joins. An error that is no lost machine is raised as it is."""
         try:
-            outcome = self._train(bar, self._world())
-        except Exception as exc:  # a machine lost under a collective? (otherwise raised again)
-            return self._heal(exc)
-        return self._heal(None) if outcome is Outcome.GROW else outcome
+            if self.wall_s is None:  # (a round after a loss in the last evaluation: every step is trained)
+                end = self._train(bar, self._world())
+                if not isinstance(end, Finished):
+                    return end
+                self.wall_s = time.perf_counter() - self.started  # every step trained; a stop signal now acts at once
+                self.records.trace_window(self.totals.trained_steps, self.env, end=True)
+                if self.stop is not None:
+                    self.stop.disarm()
+            self._complete()
+            return Finished()
+        except RuntimeError as exc:  # a collective failed: a machine lost under it? (the keeper's decision tells)
+            if (decision := self.seam.lost(exc)) is None:
+                raise
+            return Lost(decision)
 
-    def _train(self, bar: tqdm, world: World) -> Outcome:
+    def _train(self, bar: tqdm, world: World) -> RoundEnd:
         t, pos, span, totals = self.job.train, self.state.pos, self.state.span, self.totals
         if totals.trained_steps:  # healed: the step whose log or checkpoint the loss cut short, now (each once)
             self.records.log_if_due(self.totals, self.env, world.sync, bar)
@@ -205,11 +212,11 @@ class Trainer:
                 pos.epoch, pos.batch_in_epoch = epoch + 1, 0
                 if (epoch + 1) % t.eval_every_epochs == 0:
                     totals.accuracy, totals.last_eval_epoch = self._evaluate(epoch), epoch
-        return Outcome.FINISHED
+        return Finished()
 
     def _step(self, world: World, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.phase = f"step {self.state.pos.step + 1}"
-        note_step(self.state.pos.step)
+        self.watch.note_step(self.state.pos.step)
         fire_at(self.faults, self.state.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss = self.state.stepper.step(world.sync, x, y)  # micro-batches, precision, clipping: launcher/train/step.py
@@ -217,21 +224,22 @@ class Trainer:
             self.records.exposed_s += exposed
         return loss
 
-    def _step_boundary(self) -> Optional[Outcome]:
-        """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop: PREEMPTED
-        (every rank leaves at this step, with one checkpoint), GROW (a machine joins), or None: on."""
+    def _step_boundary(self) -> Optional[RoundEnd]:
+        """After a step: the checkpoint cadence, then (collective) whether any rank was asked to stop: ``Stopped``
+        (every rank leaves at this step, with one checkpoint), ``Grows`` (a machine joins), or None: on."""
         every, pos = self.job.train.checkpoint_every_steps, self.state.pos
         saved = bool(every) and pos.step % every == 0
         if saved and self.totals.saved_step < pos.step:  # (after a heal, this step's may be written already)
             self._save()
         if self.stop is None:
             return None
-        pipelined, abort = self._world().sync.overlaps_forward, self.peers.abort
-        if self.stop.agreed(self.device, pipelined=pipelined, growing=self.seam.growing(), abort=abort):
+        pipelined, abort, growing = self._world().sync.overlaps_forward, self.peers.abort, self.seam.growth()
+        if self.stop.agreed(self.device, pipelined=pipelined, growing=growing is not None, abort=abort):
             if not saved:
                 self._save()
-            return Outcome.PREEMPTED
-        return Outcome.GROW if self.stop.grow else None
+            return Stopped(pos.step, self.stop.signum or 0)
+        decision = self.seam.growth(agreed=True) if self.stop.grow else None  # (the ranks agreed: it is written)
+        return None if decision is None else Grows(decision)
 
     def _evaluate(self, epoch: int) -> Optional[float]:
         self.phase = f"the evaluation after epoch {epoch}"
@@ -244,57 +252,47 @@ class Trainer:
         self.checkpointer.save(self.state, sync, self.env, self.state.pos.step)
         self.totals.saved_step = self.state.pos.step
 
-    def _finish(self, wall: float) -> RunSummary:
-        """The end: the evaluation and the checkpoint the loop did not write, then the summary."""
+    def _complete(self) -> None:
+        """The end: the evaluation and the checkpoint the loop did not write."""
         totals, pos = self.totals, self.state.pos
         if totals.last_eval_epoch != pos.epoch - 1 or totals.accuracy is None:
             totals.accuracy = self._evaluate(pos.epoch)
         if totals.saved_step != pos.step:
             self._save()
         self.seam.step_completed(self.env, self.run_dir, "the end of training")  # a loss at the end: recorded now
-        sync = self._world().sync
-        return self.records.summary(self.env, self.backend, sync, totals, wall, self.hosts, self.resumed_from)
 
     # ---------------------------------------------------------------- healing in place
-    def _heal(self, exc: Optional[Exception]) -> Outcome:
-        """The round ended: ``exc`` cut it (raised again unless the keeper decided a machine was lost), or None:
-        the ranks agreed a machine joins. HEALED once this rank is in the next round; LEFT."""
-        decision = self.seam.decision_after(exc)
-        if decision is None:
-            raise exc or RuntimeError("the ranks agreed a machine joins, but the keeper's decision is missing")
-        if self.world is not None:
-            self.world.sync.leave()
-        return self._go_on(decision)
-
-    def _go_on(self, decision: Optional[Decision]) -> Outcome:
-        """Into the round after ``decision`` (collective with its members, new ones too; None: a rank joining a
-        running job waits until the keeper lets it in); a machine lost meanwhile: healed again, from the next."""
-        try:
-            self._enter_round(decision or self.seam.wait_to_join(self.group))
-            return Outcome.HEALED
-        except LeftJob as left:
-            log.warning("%s", left)
-            return Outcome.LEFT
-        except HealStop:
-            raise
-        except Exception as again:
-            return self._heal(again)
+    def _next_round(self, decision: Decision) -> Optional[Left]:
+        """Into the round after ``decision`` (collective with its members, new ones too); a machine lost while it
+        formed: into the round after that one. None once this rank is in; ``Left``: it is out of the job."""
+        while True:
+            if self.world is not None:
+                self.world.sync.leave()
+            try:
+                self._enter_round(decision)
+                return None
+            except LeftJob as left:
+                log.warning("%s", left)
+                return Left(str(left))
+            except RuntimeError as exc:
+                if (again := self.seam.lost(exc)) is None:
+                    raise
+                decision = again
 
     def _enter_round(self, decision: Decision) -> None:
         joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
-        self.group, self.env, left = self.seam.enter(self.env, decision)
+        self.group, self.env = self.seam.enter(self.env, decision)
         self.records.entered(self.env)  # (perhaps as the new rank 0)
         # one gather: each rank's step (-1: it joins, it holds none of the job's), its loop counts, its node and host
         behind, env = self.state.pos.step, self.env
         mine = (-1 if joining else behind, self.totals.counts(), env.node_rank, env.hostname)
         facts = self.peers.all_gather_object(mine)
-        step, sent = self.seam.agree([f[0] for f in facts], lambda: self.state.state_dict(env, self._world().sync))
+        sent = self.seam.settle(
+            env, [f[0] for f in facts], behind, lambda: self.state.state_dict(env, self._world().sync)
+        )
         if sent is not None:
-            if joining:  # the job's shape as it started, whatever this rank's place was before it joined
-                self.state.shape(sent["global_batch"], sent["steps_per_epoch"])
-            self.state.load_state_dict(sent)
+            self.state.take(sent, joining)
             self.has_state = True
         self.totals.take_highest([f[1] for f in facts])
         self.world = self._build_world(self.state.span.global_batch, {"healed": True})  # measured again: ranks changed
         self.hosts = node_hosts([f[2:] for f in facts])
-        self.seam.went_on(env, left, step, behind, sent is not None)

@@ -35,9 +35,6 @@ def backstop_s(comm: Any) -> float:
     return collective_timeout_s(comm) + (WATCH_BACKSTOP_S if comm.hang_warn_s > 0 else 0)
 
 
-_current: Optional[Watch] = None
-
-
 class Watch(threading.Thread):
     def __init__(
         self,
@@ -82,59 +79,60 @@ class Watch(threading.Thread):
             pass
 
 
+class ProgressWatch:
+    """One rank's progress watch over its rounds, owned by its work (``rank.work``) and handed to the trainer; it
+    does nothing for a single rank or ``comm.hang_warn_s=0``. Healing in place starts a new round's watch
+    (``rebase``)."""
+
+    def __init__(self, current: Optional[Watch] = None) -> None:
+        self._current = current
+
+    def note_step(self, step: int) -> None:
+        """The trainer's step (the straggler report says from which step)."""
+        if self._current is not None:
+            self._current.publisher.note_step(step)
+
+    def known_groups(self) -> frozenset[str]:
+        """The process groups this rank has had so far (healing in place: taken before it leaves them, so the next
+        round's watch leaves out exactly these, and reads every group formed after)."""
+        return frozenset(recorder.group_ids()) if not recorder.MISSING else frozenset()
+
+    def rebase(self, env: DistEnv, round_: int, left: frozenset[str]) -> None:
+        """Healing in place: watch round ``round_`` as ``env`` (this rank's new place), every group but the ``left``
+        ones (``known_groups`` before the round formed: their open collectives are not a hang)."""
+        if self._current is None:
+            return
+        run_dir, warn_s, timeout_s = self._current.args
+        self._current.end("left for the next round")
+        self._current = None
+        if env.world_size >= 2:
+            self._current = Watch(run_dir, env, warn_s, timeout_s, round_, left)
+            self._current.start()
+
+    def stragglers(self) -> list[dict[str, Any]]:
+        """The stragglers named in this run so far (rank 0): for ``summary.json``."""
+        if self._current is None or self._current.reporter is None:
+            return []
+        return [dict(event) for event in self._current.reporter.stragglers.events]
+
+    def end(self, how: str) -> None:
+        """The rank's work ended (the watch now running, after any rebase)."""
+        if self._current is not None:
+            self._current.end(how)
+
+
 def start_watch(
     run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: Optional[float], entries: int
-) -> Optional[Watch]:
-    """Size the flight recorder (before the rank's first process group) and start the watch thread; None for a
-    single rank or ``comm.hang_warn_s=0``."""
-    global _current
+) -> ProgressWatch:
+    """Size the flight recorder (before the rank's first process group) and start the watch thread (a watch that
+    does nothing for a single rank or ``comm.hang_warn_s=0``)."""
     recorder.enable(entries)
     if env.world_size < 2 or warn_s <= 0:
-        return None
+        return ProgressWatch()
     if recorder.MISSING:
         if env.rank == 0:
             log.warning("%s", recorder.MISSING)
-        return None
-    _current = Watch(run_dir, env, warn_s, timeout_s)
-    _current.start()
-    return _current
-
-
-def known_groups() -> frozenset[str]:
-    """The process groups this rank has had so far (healing in place: taken before it leaves them, so the next
-    round's watch leaves out exactly these, and reads every group formed after)."""
-    return frozenset(recorder.group_ids()) if not recorder.MISSING else frozenset()
-
-
-def rebase(env: DistEnv, round_: int, left: frozenset[str]) -> None:
-    """Healing in place: watch round ``round_`` as ``env`` (this rank's new place), every group but the ``left``
-    ones (``known_groups`` before the round formed: their open collectives are not a hang)."""
-    global _current
-    if _current is None:
-        return
-    run_dir, warn_s, timeout_s = _current.args
-    _current.end("left for the next round")
-    if env.world_size < 2:
-        _current = None
-        return
-    _current = Watch(run_dir, env, warn_s, timeout_s, round_, left)
-    _current.start()
-
-
-def end_watch(how: str) -> None:
-    """The rank's work ended (the watch now running, after any rebase)."""
-    if _current is not None:
-        _current.end(how)
-
-
-def note_step(step: int) -> None:
-    """The trainer's step (the straggler report says from which step)."""
-    if _current is not None:
-        _current.publisher.note_step(step)
-
-
-def stragglers() -> list[dict[str, Any]]:
-    """The stragglers named in this run so far (rank 0): for ``summary.json``."""
-    if _current is None or _current.reporter is None:
-        return []
-    return [dict(event) for event in _current.reporter.stragglers.events]
+        return ProgressWatch()
+    current = Watch(run_dir, env, warn_s, timeout_s)
+    current.start()
+    return ProgressWatch(current)

@@ -295,7 +295,7 @@ def test_without_torchs_flight_recorder_the_watch_is_off_with_one_warning(tmp_pa
 
     monkeypatch.setattr(recorder, "MISSING", "torch 2.4.0 has no backend-neutral flight recorder (...)")
     with caplog.at_level("WARNING", logger="launcher.watch"):
-        assert watch.start_watch(tmp_path, DistEnv(rank=0, world_size=2), 60.0, None, 2000) is None
-        assert watch.start_watch(tmp_path, DistEnv(rank=1, world_size=2), 60.0, None, 2000) is None
+        watches = [watch.start_watch(tmp_path, DistEnv(rank=r, world_size=2), 60.0, None, 2000) for r in (0, 1)]
     assert [r.getMessage() for r in caplog.records] == ["torch 2.4.0 has no backend-neutral flight recorder (...)"]
-    assert watch.known_groups() == frozenset()
+    assert all(w.known_groups() == frozenset() and w.stragglers() == [] for w in watches)
+    assert not any(w._current for w in watches)  # no watch thread

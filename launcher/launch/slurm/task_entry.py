@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
@@ -22,6 +22,9 @@ from launcher.config import ClusterConfig, JobConfig, SlurmClusterConfig, load_f
 from launcher.launch.mode import StartedMode
 from launcher.launch.ports import port_in_use
 from launcher.trust.secret import Secret
+
+if TYPE_CHECKING:
+    from launcher.train.stop import Stopped
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +83,16 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
     )
 
 
-def requeue_after_stop(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+def requeue_after_stop(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
     launcher's head asked for the stop (``RunDir.stop_request``: it was sent SIGTERM, SIGINT or SIGHUP): then the job
     ends."""
     if RunDir(job.run_dir).stop_request.exists():
         if env.is_main:
-            log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", exc)
+            log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", stop)
         raise SystemExit(0)
     if env.is_main:
-        requeue(job, env, exc)
+        requeue(job, env, stop)
     raise SystemExit(0)
 
 
@@ -104,13 +107,13 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
         )
 
 
-def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
+def requeue(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     count_file = RunDir(job.run_dir).requeues
     count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
     c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
     if count >= c.max_requeues:
         raise RuntimeError(
-            f"{exc}; not requeued: cluster.max_requeues={c.max_requeues} reached. HINT: "
+            f"{stop}; not requeued: cluster.max_requeues={c.max_requeues} reached. HINT: "
             f"resubmit with hydra.run.dir={job.run_dir} to resume from the checkpoint"
         )
     write_json_atomic(count_file, {"count": count + 1})
@@ -119,7 +122,7 @@ def requeue(job: JobConfig, env: DistEnv, exc: Exception) -> None:
     # cut short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.run(["scontrol", "requeue", env.launch_id], check=True, timeout=60)
-    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", exc, env.launch_id, count + 1, c.max_requeues)
+    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", stop, env.launch_id, count + 1, c.max_requeues)
     if c.may_shrink:
         ask_node_range_again(c, env)
 
