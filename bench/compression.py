@@ -40,6 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.base.env import DistEnv
+from launcher.base.sync_modes import Compress
 from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
@@ -78,17 +79,20 @@ def bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # no annotations:
     return default_hooks.bf16_compress_hook(state, bucket)  # type: ignore[arg-type]
 
 
-def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> tuple[nn.Module, Callable[[], None]]:
+def build(
+    name: str, topo: Topology, cap_mb: float, auto: tuple[Compress, bool]
+) -> tuple[nn.Module, Callable[[], None]]:
     """(the module to call, the optimizer step) of variant ``name``."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     if name == "compute-only":
         return model, opt.step
     if name.startswith("ours-"):
-        mode, hierarchical = auto if name == "ours-auto" else (name.split("-", 1)[1], True)
+        mode, hierarchical = auto if name == "ours-auto" else (Compress(name.split("-", 1)[1]), True)
         compression = build_compression(mode, RANK, COMPRESS_WARMUP)
-        cap_mb = DDP_BUCKET_CAP_MB if mode == "powersgd" else cap_mb  # as the launcher sizes them (train/sync.py)
-        backward = fast_link_overlap("auto", mode, topo.num_nodes) if name == "ours-auto" else None  # as the trainer
+        cap_mb = DDP_BUCKET_CAP_MB if mode is Compress.powersgd else cap_mb  # as comm/sync_plan.py sizes them
+        auto_on = name == "ours-auto"  # as the plan (comm/sync_plan.py) decides
+        backward = fast_link_overlap(Compress.auto, mode, topo.num_nodes) if auto_on else None
         reducer = BucketedReducer(model, topo, bucket_cap_mb=cap_mb, hierarchical=hierarchical, optimizer=opt,
                                   compression=compression, chunk_mb=cap_mb, prefer_backward=backward)  # fmt: skip
         return model, reducer.step
@@ -102,7 +106,7 @@ def build(name: str, topo: Topology, cap_mb: float, auto: tuple[str, bool]) -> t
         state = torch_powersgd.PowerSGDState(None, matrix_approximation_rank=RANK, start_powerSGD_iter=COMPRESS_WARMUP)
         ddp.register_comm_hook(state, torch_powersgd.powerSGD_hook)
     elif name == "ddp-ours-powersgd":
-        compression = build_compression("powersgd", RANK, COMPRESS_WARMUP)
+        compression = build_compression(Compress.powersgd, RANK, COMPRESS_WARMUP)
         ddp.register_comm_hook(AbortableHook(topo, True, Abort(), compression, keys), abortable_hook)
     return ddp, opt.step
 
@@ -117,7 +121,7 @@ def worker(args: argparse.Namespace) -> None:
         # ours-auto as the trainer decides: the strategy (flat or node-first, measured), then comm.compress=auto
         choice = choose(topo, None, model_bytes // 4, torch.device("cpu"))  # the trainer probes min(model, cap)
         mode, why = auto_compression(link, flat_chosen=not choice.hierarchical)
-        auto = (mode, choice.hierarchical or mode != "none")
+        auto = (mode, choice.hierarchical or mode is not Compress.none)
         chosen = [name for name in VARIANTS if not args.only or name in args.only.split(",")]
         engines = {name: build(name, topo, cap, auto) for name in chosen}
         gen = torch.Generator().manual_seed(env.rank)

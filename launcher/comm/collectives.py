@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from launcher.base.sync_modes import Compress
 from launcher.comm import trace
 from launcher.comm.compress import Compression, Matrix, Piece
 from launcher.comm.sizes import MB, mb
@@ -235,7 +236,7 @@ def start_allreduce(
     Python callback to run on a comm thread. Measured in bench/reducer.py: that callback's GIL hand-off cost
     a few percent of step time. The value of the returned future is unspecified. A compression other than none
     goes node-first (only the leaders' stage is compressed)."""
-    if hierarchical or compression.name != "none":
+    if hierarchical or compression.name is not Compress.none:
         return hierarchical_allreduce(tensor, topology, compression, matrices)
     if topology.world_size == 1:
         return _done(tensor)
@@ -275,14 +276,14 @@ class AbortableHook:
         own lane: ``Topology.add_lane``)."""
         self.topology, self.hierarchical, self.abort = topology, hierarchical, abort
         self.compression, self.keys = compression, keys or {}
-        if compression.name == "powersgd":
+        if compression.name is Compress.powersgd:
             topology.add_lane()
 
 
 def abortable_hook(state: AbortableHook, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """``hierarchical_hook`` or ``flat_hook`` (compressed across nodes if asked), left when ``state.abort`` trips."""
     compression = state.compression
-    if compression.name == "none":
+    if compression.name is Compress.none:
         hook = hierarchical_hook if state.hierarchical else flat_hook
         return state.abort.abortable(hook(state.topology, bucket))
     if bucket.index() == 0:  # DDP hands its buckets over in index order: a new step

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.base.sync_modes import Compress
 from launcher.comm import trace
 from launcher.comm.sizes import mb
 
-MODES = ("none", "bf16", "powersgd")
 Stage = Callable[[torch.Tensor, Any], None]  # (a 1-D piece of a bucket, the leaders' group): reduces it in place
 
 
@@ -72,7 +72,7 @@ class Compression:
     """``none``: the base. ``plan(tensor, matrices, elements)`` cuts a tensor into the pieces the pipeline moves
     (``Piece``); ``begin_step()`` once per synchronised step (the warm-up)."""
 
-    name = "none"
+    name = Compress.none
 
     def __init__(self, warmup_steps: int = 0) -> None:
         if warmup_steps < 0:
@@ -81,12 +81,12 @@ class Compression:
 
     @property
     def active(self) -> bool:
-        return self.name != "none" and self.steps > self.warmup_steps
+        return self.name is not Compress.none and self.steps > self.warmup_steps
 
     def begin_step(self) -> bool:
         """A synchronised step begins; True when compression starts with it (what crosses the link changes)."""
         self.steps += 1
-        return self.name != "none" and self.steps == self.warmup_steps + 1
+        return self.name is not Compress.none and self.steps == self.warmup_steps + 1
 
     def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[Piece]:
         return plain_pieces(tensor, elements)
@@ -95,7 +95,7 @@ class Compression:
         return "uncompressed"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mode": self.name, "steps": self.steps}
+        return {"mode": self.name.value, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> str:
         """Take over a saved state; returns why it was (partly) reset, or ""."""
@@ -104,7 +104,7 @@ class Compression:
 
 
 class Bf16(Compression):
-    name = "bf16"
+    name = Compress.bf16
 
     def plan(self, tensor: torch.Tensor, matrices: Sequence[Matrix], elements: int) -> list[Piece]:
         return plain_pieces(tensor, elements, _bf16_stage if self.active else plain_stage)
@@ -130,7 +130,7 @@ def matrix_shape(view: torch.Tensor) -> tuple[int, int] | None:
 
 
 class PowerSGD(Compression):
-    name = "powersgd"
+    name = Compress.powersgd
 
     def __init__(self, rank: int = 4, warmup_steps: int = 0, seed: int = 0, min_gain: float = 2.0) -> None:
         """``min_gain``: a matrix is compressed when it holds at least this many times its two factors' elements
@@ -210,7 +210,7 @@ class PowerSGD(Compression):
             self.errors.clear()
             self.qs.clear()
             self.shapes.clear()
-            if state.get("mode") != self.name or state.get("rank") != self.rank:
+            if Compress.of(state.get("mode")) is not self.name or state.get("rank") != self.rank:
                 return f"saved with {state.get('mode')} rank {state.get('rank')}: errors and Qs start anew"
             for key, n, m in state.get("fingerprint", []):
                 self.errors[key], self.qs[key] = state["errors"][key], state["qs"][key]
@@ -289,11 +289,12 @@ class _Factors:
                 self.owner.keep(key, (m.shape[0], m.shape[1]), error, q_t.clone())
 
 
-def build_compression(mode: str, rank: int = 4, warmup_steps: int = 0, seed: int = 0) -> Compression:
-    if mode == "bf16":
+def build_compression(mode: Compress | str, rank: int = 4, warmup_steps: int = 0, seed: int = 0) -> Compression:
+    kind = Compress.of(mode)
+    if kind is Compress.bf16:
         return Bf16(warmup_steps)
-    if mode == "powersgd":
+    if kind is Compress.powersgd:
         return PowerSGD(rank, warmup_steps, seed)
-    if mode == "none":
+    if kind is Compress.none:
         return Compression()
-    raise ValueError(f"compress={mode!r} is not one of {', '.join(MODES)}")
+    raise ValueError(f"compress={str(mode)!r} is not one of none, bf16, powersgd")  # (auto: the plan resolves it)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from launcher.base.sync_modes import Compress
 from launcher.comm.collectives import start_allreduce
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import median_seconds
@@ -76,26 +77,29 @@ POWERSGD_BELOW_BPS = 300 * MB
 BF16_BELOW_BPS = 800 * MB
 
 
-def auto_compression(link: LinkFit, flat_chosen: bool = False) -> tuple[str, str]:
+def auto_compression(link: LinkFit, flat_chosen: bool = False) -> tuple[Compress, str]:
     """(mode, why) for ``comm.compress=auto``: PowerSGD on a slow link, bf16 on a middling one, else none; none
     when the flat allreduce was measured faster than node-first (``flat_chosen``: the link is not the bottleneck,
     and compression runs node-first; bench/compression.py at 10 Gbit)."""
     if flat_chosen:
-        return "none", "comm.compress=auto: the flat allreduce measured faster than node-first: nothing compressed"
+        return (
+            Compress.none,
+            "comm.compress=auto: the flat allreduce measured faster than node-first: nothing compressed",
+        )
     rate = f"node-first allreduce at {link.beta_bps / MB:.0f} MB/s"
     if link.beta_bps < POWERSGD_BELOW_BPS:
-        return "powersgd", f"comm.compress=auto: {rate} < {POWERSGD_BELOW_BPS / MB:.0f} MB/s"
+        return Compress.powersgd, f"comm.compress=auto: {rate} < {POWERSGD_BELOW_BPS / MB:.0f} MB/s"
     if link.beta_bps < BF16_BELOW_BPS:
-        return "bf16", f"comm.compress=auto: {rate} < {BF16_BELOW_BPS / MB:.0f} MB/s"
-    return "none", f"comm.compress=auto: {rate}, fast enough: nothing compressed"
+        return Compress.bf16, f"comm.compress=auto: {rate} < {BF16_BELOW_BPS / MB:.0f} MB/s"
+    return Compress.none, f"comm.compress=auto: {rate}, fast enough: nothing compressed"
 
 
-def fast_link_overlap(asked: str, compressed: str, nodes: int) -> str | None:
+def fast_link_overlap(asked: Compress, compressed: Compress, nodes: int) -> str | None:
     """Why the bucketed reducer should take the backward overlap, or None: under ``comm.compress=auto`` (``asked``)
     on a link fast enough that nothing is compressed (``compressed``: what auto chose) between ``nodes`` > 1
     nodes, there is little wire time for the forward overlap to hide and its per-bucket work costs more
     (bench/compression.py at 10 Gbit: ours-auto 0.91x torch DDP flat with the forward overlap, 1.04-1.07x with
     the backward one)."""
-    if asked != "auto" or compressed != "none" or nodes == 1:
+    if asked is not Compress.auto or compressed is not Compress.none or nodes == 1:
         return None
     return "comm.compress=auto: a fast link, nothing compressed: little wire time to hide behind the next forward"

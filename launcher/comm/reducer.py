@@ -25,17 +25,18 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from launcher.base.sync_modes import Compress, Overlap
 from launcher.comm import trace
 from launcher.comm.buckets import Bucket, build_buckets, sparse_allreduce
 from launcher.comm.collectives import start_allreduce
 from launcher.comm.compress import Compression
 from launcher.comm.forward import ForwardOverlap
 from launcher.comm.hooks import weak_hook
+from launcher.comm.model_state import ModelState
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB, mb
-from launcher.comm.state import ModelState
 from launcher.comm.topology import Topology
 from launcher.comm.unused import UnusedParameters
-from launcher.comm.updates import BucketUpdates, choose_overlap
+from launcher.comm.updates import BucketUpdates, choose_overlap, forward_overlap_refusal
 from launcher.dist.abort import abortable
 from launcher.dist.helpers import Peers
 
@@ -51,24 +52,23 @@ class BucketedReducer:
         find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
         optimizer: torch.optim.Optimizer | None = None,
-        overlap: str | None = None,
+        overlap: Overlap | str | None = None,
         chunk_mb: float = 1.0,
         peers: Peers | None = None,
         compression: Compression | None = None,
         prefer_backward: str | None = None,
     ) -> None:
-        """``overlap``: None = "forward" where allowed, else "backward" (why: ``overlap_reason``; ``prefer_backward``:
-        the caller's reason); "forward" where not allowed is a ValueError. ``peers``: waits left when its abort trips,
-        objects signed. ``compression``: of what crosses nodes (compress.py; not none: node-first)."""
+        """``overlap``: None = forward where allowed, else backward (why: ``overlap_reason``; ``prefer_backward``: the
+        caller's reason, kept with backward asked by name: the sync plan's); forward where not allowed is a ValueError.
+        ``peers``: waits left when its abort trips, objects signed. ``compression``: of what crosses nodes."""
         if chunk_mb <= 0:
             raise ValueError(f"chunk_mb={chunk_mb} must be > 0")
         self.compression = compression = compression or Compression()
-        self.overlap, self.overlap_reason = choose_overlap(
-            overlap, optimizer, find_unused_parameters, compression.name, prefer_backward
-        )
+        refusal = forward_overlap_refusal(optimizer, find_unused_parameters)
+        self.overlap, self.overlap_reason = choose_overlap(overlap, refusal, compression.name, prefer_backward)
         self.optimizer, self.abort, self.model = optimizer, (peers or Peers()).abort, model
         self.topology, self.world_size, self.hierarchical = topology, topology.world_size, hierarchical
-        if compression.name == "powersgd":
+        if compression.name is Compress.powersgd:
             topology.add_lane()  # Q's own lane (collective, like this constructor)
         self.find_unused_parameters = find_unused_parameters
         self.state = ModelState(model, self.world_size, broadcast_buffers, peers)  # broadcasts rank 0's state
@@ -86,11 +86,11 @@ class BucketedReducer:
         self.hooks.append(model.register_forward_hook(weak_hook(self, "_after_forward")))
         self.forward: ForwardOverlap | None = None  # the sending side of the forward overlap
         self.updates: BucketUpdates | None = None  # its optimizer side
-        if self.overlap == "forward":
+        if self.overlap is Overlap.forward:
             assert optimizer is not None
             core = weakref.proxy(self)  # a proxy: they do not own the reducer
             self.updates = BucketUpdates(core, model, self.buckets, self.where, optimizer)
-            whole = self.compression.name == "powersgd"
+            whole = self.compression.name is Compress.powersgd
             self.forward = ForwardOverlap(
                 core, model, self.buckets, self.where, self.names, self.updates, int(chunk_mb * MB), whole
             )
@@ -105,8 +105,8 @@ class BucketedReducer:
         overlap = f"{self.overlap} overlap" + (f" ({self.overlap_reason})" if self.overlap_reason else "")
         if self.forward is not None and (tail := self.forward.tail_name()) is not None:
             overlap += f", {tail}'s gradient sent as its rows are computed"
-        path = "hierarchical" if self.hierarchical or self.compression.name != "none" else "flat"
-        path += "" if self.compression.name == "none" else f", {self.compression.describe()}"
+        path = "hierarchical" if self.hierarchical or self.compression.name is not Compress.none else "flat"
+        path += "" if self.compression.name is Compress.none else f", {self.compression.describe()}"
         return f"{len(self.buckets)} bucket(s) [{sizes}] MB, {path}, {overlap}"
 
     def step(self) -> None:

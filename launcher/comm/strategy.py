@@ -9,6 +9,7 @@ and flat then costs less CPU (one collective, no extra hops).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -94,14 +95,23 @@ def choose(
     topology: Topology, hierarchical: bool | None, numel: int, device: torch.device, reps: int = 5
 ) -> StrategyChoice:
     """``hierarchical``: True / False as the user set it, None to decide here (measuring when it matters)."""
+    measured = functools.partial(measure, topology, numel, device, reps)
+    return decide(hierarchical, topology.num_nodes, topology.useful, measured, numel * 4 / MB)
+
+
+def decide(
+    hierarchical: bool | None, nodes: int, useful: bool, measured: Callable[[], tuple[float, float]], size_mb: float
+) -> StrategyChoice:
+    """The rule (pure): ``hierarchical`` as set; else flat on one node or one rank a node; else ``measured()`` (flat
+    ms, node-first ms of ``size_mb``, called only here) and node-first when it wins by ``MARGIN``. ``useful``:
+    several nodes, one of them with several ranks (``Topology.useful``)."""
     if hierarchical is not None:
         return StrategyChoice(hierarchical, f"comm.hierarchical={str(hierarchical).lower()}")
-    if topology.num_nodes == 1:
+    if nodes == 1:
         return StrategyChoice(False, "one node: nothing crosses nodes")
-    if not topology.useful:
+    if not useful:
         return StrategyChoice(False, "one rank per node: nothing to reduce inside a node")
-    flat_ms, hier_ms = measure(topology, numel, device, reps)
-    size_mb = numel * 4 / MB
+    flat_ms, hier_ms = measured()
     if hier_ms < (1 - MARGIN) * flat_ms:
         return StrategyChoice(
             True, f"measured {hier_ms:.1f} ms < flat {flat_ms:.1f} ms on {size_mb:.1f} MB", flat_ms, hier_ms

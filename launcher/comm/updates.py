@@ -21,11 +21,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from launcher.base.sync_modes import Compress, Overlap
 from launcher.comm import trace
 from launcher.comm.buckets import Bucket
 from launcher.comm.hooks import weak_hook
 
-OVERLAPS = ("forward", "backward")
 # optimizers whose step updates each parameter from its own gradient and state only: a step over a subset of the
 # parameters is exactly the full step restricted to that subset
 PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
@@ -43,29 +43,31 @@ PER_PARAMETER_OPTIMIZERS: tuple[type, ...] = (
 
 
 def choose_overlap(
-    asked: str | None,
-    optimizer: torch.optim.Optimizer | None,
-    find_unused_parameters: bool,
-    compress: str = "none",
+    asked: Overlap | str | None,
+    refusal: str | None,
+    compression: Compress = Compress.none,
     prefer_backward: str | None = None,
-) -> tuple[str, str | None]:
-    """The overlap that runs and, when None asked for "forward" where it cannot run (or should not: PowerSGD, or
-    the caller's ``prefer_backward`` reason), why it is "backward"."""
-    if asked not in (None, *OVERLAPS):
+) -> tuple[Overlap, str | None]:
+    """The overlap that runs and why it is backward: ``asked`` by name is kept (``prefer_backward``: the caller's
+    reason for backward, shown); None is forward where it can run (``refusal``: why it cannot here,
+    ``forward_overlap_refusal``) and should (not under PowerSGD, nor with ``prefer_backward`` given)."""
+    wanted = Overlap.of(asked)
+    if asked is not None and wanted is None:
         raise ValueError(f"overlap={asked!r}; HINT: 'forward', 'backward' or None (forward where possible)")
-    refusal = forward_overlap_refusal(optimizer, find_unused_parameters)
-    if asked == "forward" and refusal is not None:
+    if wanted is Overlap.forward and refusal is not None:
         raise ValueError(
             f"overlap='forward' cannot run here: {refusal}; HINT: pass the optimizer (SGD, AdamW, ...) as "
             "BucketedReducer(..., optimizer=opt), or use overlap='backward'"
         )
-    if asked is None and refusal is not None:
-        return "backward", refusal
-    if asked is None and compress == "powersgd":  # measured in bench/compression.py: backward 10-20 % faster
-        return "backward", "PowerSGD: little wire time to hide behind the next forward"
-    if asked is None and prefer_backward is not None:
-        return "backward", prefer_backward
-    return asked or "forward", None
+    if wanted is not None:
+        return wanted, prefer_backward if wanted is Overlap.backward else None
+    if refusal is not None:
+        return Overlap.backward, refusal
+    if compression is Compress.powersgd:  # measured in bench/compression.py: backward 10-20 % faster
+        return Overlap.backward, "PowerSGD: little wire time to hide behind the next forward"
+    if prefer_backward is not None:
+        return Overlap.backward, prefer_backward
+    return Overlap.forward, None
 
 
 def forward_overlap_refusal(optimizer: torch.optim.Optimizer | None, find_unused_parameters: bool) -> str | None:

@@ -53,6 +53,7 @@ from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit, settle_exit_code
 from launcher.base.files import no_world_writable_files
 from launcher.base.run_dir import RunDir
+from launcher.base.sync_modes import Compress
 from launcher.commands.command_line import prepared
 from launcher.commands.plot import plot_all
 from launcher.commands.sweep import Sweep
@@ -65,7 +66,7 @@ from launcher.config import (
     register_resolvers,
     to_yaml,
 )
-from launcher.config.keys import own_model
+from launcher.config.keys import choice_overrides, own_model
 from launcher.launch.plan import plan_job
 from launcher.report.summary import RunSummary
 from launcher.train.banner import describe_span
@@ -171,7 +172,7 @@ def print_doctor(run_dir: str) -> int:
 
 def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
     sync = f"{s.reducer}, {'hierarchical' if s.hierarchical else 'flat'}"
-    sync += "" if s.compression == "none" else f", {s.compression}"
+    sync += "" if s.compression == Compress.none else f", {s.compression}"
     rows = [
         ("layout", f"{s.nodes} node(s) x {s.procs_per_node} rank(s), {s.backend} on {s.device}"),
         ("model / data", f"{s.model} / {s.data}, global batch {s.global_batch}"),
@@ -238,7 +239,7 @@ def main() -> None:
         sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
     check_output_dir(sys.argv[1:])
     try:
-        sys.argv = [sys.argv[0], *prepared(sys.argv[1:])]
+        sys.argv = [sys.argv[0], *choice_overrides(prepared(sys.argv[1:]))]  # comm.hierarchical=true: the member
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

@@ -2,7 +2,9 @@
 added beside ``train.epochs`` and the job would run its 10 epochs as if nothing was said; ``train.epoch=2`` gets
 Hydra's raw ``Key 'epoch' not in 'TrainConfig' (full_key, reference_type ...)``. Either is refused here with the
 key, the closest known ones and exit 2. Open places stay open: ``model`` and ``data`` (a user's classes take any
-keyword), dict-typed fields (``cluster.env``, ``data.kwargs``, ...), and ``hydra.*``."""
+keyword), dict-typed fields (``cluster.env``, ``data.kwargs``, ...), and ``hydra.*``. The values of the choices
+(Enum fields: ``comm.compress``, ``comm.hierarchical``, ...) are checked too, and true or false put as their
+members' names (``choice_overrides``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import difflib
 import typing
 from typing import Any, Optional
 
+from launcher.base.sync_modes import Mode
+from launcher.config.errors import not_a_choice
 from launcher.config.load import CLUSTER_SCHEMAS
 from launcher.config.schema import ConfigError, JobConfig
 
@@ -58,6 +62,51 @@ def unknown(key: str, cluster_schema: type) -> Optional[str]:
         walked.append(part)
         schema = cluster_schema if walked == ["cluster"] else fields[part]
     return None
+
+
+def choice_overrides(args: list[str]) -> list[str]:
+    """``args`` (a command line: flags pass as they are) with every choice's value checked before Hydra composes: one
+    that is no member is a ConfigError naming it and the members. Hydra's grammar reads true and false as bools, which
+    an Enum field refuses: they become the member's name, quoted (``comm.hierarchical=true`` ->
+    ``comm.hierarchical='true'``; sweeps too), so the command lines of a str field work as they did."""
+    return [_choice_override(arg) for arg in args]
+
+
+def _choice_override(arg: str) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, Override, QuotedString, Sweep
+
+    kind = None if arg.startswith("-") or "=" not in arg else _choice(arg.split("=", 1)[0].lstrip("+~"))
+    if kind is None:
+        return arg
+    try:
+        override = OverridesParser.create().parse_overrides([arg])[0]
+    except Exception:  # noqa: BLE001 - a malformed override: Hydra says what is wrong with it
+        return arg
+    value = None if override.is_delete() else override.value()
+    sweep = value if isinstance(value, ChoiceSweep) else None
+    if override.is_delete() or (sweep is None and isinstance(value, (list, dict, Sweep))):
+        return arg  # (Hydra refuses a range or a list for a choice itself)
+    elements: list[Any] = sweep.list if sweep is not None else [value]
+    for element in elements:
+        text = element.text if isinstance(element, QuotedString) else element
+        if kind.of(text) is None and not (isinstance(text, str) and "${" in text):  # (an interpolation: resolved later)
+            raise ConfigError(not_a_choice(override.key_or_group, text, kind))
+    if not any(isinstance(element, bool) for element in elements):
+        return arg
+    named = [f"'{kind.of(e)}'" if isinstance(e, bool) else Override._get_value_element_as_str(e) for e in elements]
+    joined = ",".join(named)
+    return f"{override.get_key_element()}={joined if sweep is None or sweep.simple_form else f'choice({joined})'}"
+
+
+def _choice(key: str) -> Optional[type[Mode]]:
+    """The Enum of the schema's field at ``key`` (dotted), or None (no such field, or not a choice)."""
+    schema: Any = JobConfig
+    for part in key.split("."):
+        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+            return None
+        schema = _fields(schema).get(part)
+    return schema if isinstance(schema, type) and issubclass(schema, Mode) else None
 
 
 def own_model(model: Any, overrides: list[str]) -> None:

@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 from launcher.base.env import DistEnv
 from launcher.base.files import write_atomic
@@ -63,7 +64,10 @@ def load_frozen(run_dir: str | Path) -> JobConfig:
         raise ConfigError(f"{path}: cluster.kind={kind!r} is not one of {', '.join(CLUSTER_SCHEMAS)}; {hint}")
     schema = OmegaConf.structured(JobConfig)
     schema.cluster = OmegaConf.structured(CLUSTER_SCHEMAS[kind])
-    merged = OmegaConf.merge(schema, raw)
+    try:
+        merged = OmegaConf.merge(schema, raw)
+    except ValidationError as exc:  # a value its field refuses: comm.compress: zstd
+        raise ConfigError(f"{path}: {exc.full_key}: {str(exc).splitlines()[0]}; {hint}") from None
     assert isinstance(merged, DictConfig)
     return to_job(merged)
 
@@ -89,7 +93,7 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
     if job.train.resume != "auto" or not old_path.is_file() or not any(where.checkpoints.glob("step-*.pt")):
         return
     old = _flat(OmegaConf.to_container(OmegaConf.load(old_path)))
-    new = _flat(OmegaConf.to_container(OmegaConf.structured(job)))
+    new = _flat(OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True))
     diffs = [
         f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
         for key in sorted(set(old) | set(new))

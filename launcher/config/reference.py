@@ -15,10 +15,12 @@ import inspect
 import json
 import sys
 import textwrap
+import typing
 from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
+from launcher.base.sync_modes import Mode
 from launcher.config.load import CLUSTER_SCHEMAS, CONF_DIR
 from launcher.config.schema import JobConfig
 
@@ -80,7 +82,10 @@ def _continues(line: str, indent: int) -> bool:
     return len(after) - len(after.lstrip()) > 1 and len(line) - len(stripped) == indent
 
 
-def _type(annotation: Any) -> str:
+def _type(annotation: Any, resolved: Any = None) -> str:
+    """The type column: the annotation as written (``Optional[X]``: ``X or null``); a choice's members."""
+    if isinstance(resolved, type) and issubclass(resolved, Mode):
+        return "one of " + ", ".join(member.value for member in resolved)
     text = str(annotation).replace("typing.", "")
     if text.startswith("Optional[") and text.endswith("]"):
         text = text[len("Optional[") : -1] + " or null"
@@ -108,8 +113,9 @@ def rows(cls: Any, prefix: str, only: set[str] | None = None) -> list[tuple[str,
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
             said.update({k: v for k, v in field_comments(klass).items() if v or k not in said})
+    hints = typing.get_type_hints(cls)
     return [
-        (f"{prefix}{f.name}", _type(f.type), _default(f), said.get(f.name, ""))
+        (f"{prefix}{f.name}", _type(f.type, hints.get(f.name)), _default(f), said.get(f.name, ""))
         for f in dataclasses.fields(cls)
         if only is None or f.name in only
     ]

@@ -7,6 +7,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.base.sync_modes import Overlap, Reducer
 from launcher.config.errors import ConfigError
 from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
 
@@ -70,7 +71,7 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
         return "a script= runs its own loop, which cannot rejoin a new process group by itself"
     if job.doctor:
         return "doctor=true"
-    forward = job.comm.reducer == "bucketed" and job.comm.overlap == "forward"
+    forward = job.comm.reducer is Reducer.bucketed and job.comm.overlap is Overlap.forward
     if forward and whole_gradient_reason(job.train, job.optim) is None:
         return (
             "comm.overlap=forward updates bucket by bucket during the next forward: no rank holds a whole step's "

@@ -1,6 +1,8 @@
 """Typed schema of a job (cluster schemas in ``clusters.py``). Hydra composes YAML from ``conf/`` onto these
 dataclasses; ``OmegaConf.to_object`` then builds them, which runs every ``__post_init__``: each check names the
-value and the fix. String choices stay ``str`` with a check: OmegaConf 2.3 rejects ``Literal`` annotations.
+value and the fix. The gradient sync's choices are Enums (``launcher/base/sync_modes.py``: OmegaConf refuses any
+other value, ``config/keys.py`` names it first); other string choices stay ``str`` with a check: OmegaConf 2.3
+rejects ``Literal`` annotations.
 
 Checks that depend on the machine (GPUs present) live in the launch plan, not here.
 """
@@ -17,8 +19,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from launcher.base.liveness import TRAINER_TIMEOUT_S
+from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer
 from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
-from launcher.config.errors import ConfigError, _check
+from launcher.config.errors import ConfigError, _check, _member
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -110,8 +113,9 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    reducer: str = "ddp"  # ddp (torch DistributedDataParallel) | bucketed (our overlapped reducer)
-    hierarchical: str = "auto"  # auto (measure both at start-up) | true | false: reduce inside a node first
+    reducer: Reducer = Reducer.ddp  # ddp (torch DistributedDataParallel) | bucketed (our overlapped reducer)
+    hierarchical: Hierarchical = Hierarchical.auto  # auto (measure both at start-up) | true | false: reduce inside a
+    #                                                 node first
     bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = bucketed: sized from the measured link
     #                                        (launcher/comm/policy.py), ddp: torch's 25 MB
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
@@ -124,30 +128,29 @@ class CommConfig:
     hang_warn_s: float = 60.0  # no rank completed a collective for this long while one waits: the watch names the
     #                            rank(s) holding the job up, with their live stacks (launcher/watch); 0 = no watch
     flight_recorder_entries: int = 2000  # torch's flight recorder (TORCH_FR_BUFFER_SIZE): collectives kept per rank
-    overlap: str = "forward"  # forward: bucketed updates each bucket as soon as it is reduced, hiding the tail of
-    #                           communication behind the optimizer and the next forward (where the run allows it:
-    #                           the banner names what disables it) | backward: wait for every bucket in backward
+    overlap: Overlap = Overlap.forward  # forward: bucketed updates each bucket as soon as it is reduced, hiding the
+    #                                     tail of communication behind the optimizer and the next forward (where the
+    #                                     run allows it: the banner names what disables it) | backward: wait for every
+    #                                     bucket in backward
     trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
     trace_steps: int = 5  # comm.trace: how many steps the timeline covers
-    compress: str = "none"  # what crosses nodes (the sum inside a node stays exact): none | bf16 (half the bytes) |
-    #                         powersgd (low rank, error feedback: launcher/comm/compress.py) | auto (by the link)
+    compress: Compress = Compress.none  # what crosses nodes (the sum inside a node stays exact): none | bf16 (half
+    #                                     the bytes) | powersgd (low rank, error feedback: launcher/comm/compress.py) |
+    #                                     auto (by the link)
     powersgd_rank: int = 4  # comm.compress=powersgd: the rank of each weight matrix's approximation
     compress_warmup_steps: int = 10  # steps sent uncompressed before compression begins
 
     def __post_init__(self) -> None:
-        self.hierarchical = str(self.hierarchical).lower()
-        _check(self.reducer in ("ddp", "bucketed"), f"comm.reducer={self.reducer!r}; HINT: ddp or bucketed")
-        _check(
-            self.hierarchical in ("auto", "true", "false"),
-            f"comm.hierarchical={self.hierarchical!r}; HINT: auto, true or false",
-        )
+        self.reducer = _member(Reducer, self.reducer, "comm.reducer")  # (a member already when OmegaConf built it)
+        self.hierarchical = _member(Hierarchical, self.hierarchical, "comm.hierarchical")
+        self.overlap = _member(Overlap, self.overlap, "comm.overlap")
+        self.compress = _member(Compress, self.compress, "comm.compress")
         if self.bucket_cap_mb is not None:
             _check(
                 self.bucket_cap_mb > 0,
                 f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized from the measured link)",
             )
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
-        _check(self.overlap in ("forward", "backward"), f"comm.overlap={self.overlap!r}; HINT: forward or backward")
         _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(
             self.timeout_s is None or self.timeout_s > 0,
@@ -159,10 +162,6 @@ class CommConfig:
             f"comm.flight_recorder_entries={self.flight_recorder_entries} must be >= 16; HINT: 2000 (torch's default)",
         )
         _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")
-        _check(
-            self.compress in ("none", "bf16", "powersgd", "auto"),
-            f"comm.compress={self.compress!r}; HINT: none, bf16, powersgd or auto",
-        )
         _check(self.powersgd_rank >= 1, f"comm.powersgd_rank={self.powersgd_rank} must be >= 1; HINT: 4")
         _check(self.compress_warmup_steps >= 0, f"comm.compress_warmup_steps={self.compress_warmup_steps} must be >= 0")
 

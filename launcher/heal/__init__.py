@@ -15,12 +15,13 @@ A round's life, as a rank sees it (``Healer``)::
         └─▶ enter_round as above, the new machine last
 
 Reading map: ``protocol.py`` (the words: ``Decision``, ``Keys``, ``Lost``/``Join``, ``Place``), ``membership.py``
-(the machines and their changes), ``rounds.py`` (the keeper's rules, pure), ``keeper.py`` (the keeper process),
-``head_side.py`` (the head's side: ``KeeperClient``, ``wait_healing``, ``Rejoin``: how a mode brings a host back),
+(the machines and their changes: ``Membership.apply(decision)``), ``rounds.py`` (the keeper's rules, pure),
+``keeper.py`` (the keeper process), ``head_side.py`` (``KeeperClient``: the head's handle on the keeper),
 ``node_side.py`` (a node's ranks without an agent), ``rank_side.py`` (a rank's side). What the rest of the launcher
-calls: ``config.rules.heals_in_place(job)``, ``head_side.KeeperClient`` + ``head_side.wait_healing`` (sim, ssh),
-``node_side.run_workers`` (launch/nodes/process.py), and the trainer's ``rank_side.Healer`` (through one seam:
-``launcher.train.in_place.Healing``).
+calls: ``config.rules.heals_in_place(job)``; ``head_side.KeeperClient`` (started by
+``launch.nodes.attempts.run_attempt`` for sim and ssh; the head's wait, ``launch/nodes/waiting.py``, applies each
+decision to the ``Membership``); ``node_side.run_workers`` (launch/nodes/process.py); and the trainer's
+``rank_side.Healer``, through one seam (``launcher.train.in_place.Healing``).
 
 Only the job's own processes speak in it: the head makes a fresh secret per job (``launcher.trust.secret``) and hands
 it on without a command line; every key lives under the secret's namespace and every value the keeper, the node

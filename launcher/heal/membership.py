@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from launcher.base.checkpoint_names import newest_step
 from launcher.base.run_dir import RunDir
@@ -54,27 +54,83 @@ def changes(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+class Decided(Protocol):
+    """What ``Membership.apply`` reads of the keeper's decision (``heal.protocol.Decision``, which builds on this
+    module's ``Change``: the type is named here by its fields)."""
+
+    @property
+    def round(self) -> int: ...
+    @property
+    def members(self) -> tuple[str, ...]: ...
+    @property
+    def lost(self) -> Mapping[str, str]: ...
+    @property
+    def joined(self) -> tuple[str, ...]: ...
+    @property
+    def stop(self) -> str: ...
+
+
 class Membership:
-    """The head's view: the nodes (host names, or ``node-K`` for simulated ones) the next attempt runs on."""
+    """The head's view: the nodes (host names, or ``node-K`` for simulated ones) the next attempt runs on. It changes
+    only through its methods: ``again`` after a failed attempt, ``change`` (the host checks), ``apply`` (the
+    keeper's decision, healing in place)."""
 
     def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int, max_restarts: int) -> None:
-        self.run_dir, self.all, self.min_nodes, self.max_restarts = Path(run_dir), list(names), min_nodes, max_restarts
-        self.live = list(names)
-        self.attempt = 0  # 0-based number of the next attempt (the workers' DistEnv.attempt: faults' attempt=)
-        self.spent_restarts = 0  # restarts after failures, counted against max_restarts (a loss spends none)
+        self.run_dir, self.min_nodes, self.max_restarts = Path(run_dir), min_nodes, max_restarts
+        self._all, self._live = list(names), list(names)
+        self._attempt = 0
+        self._spent = 0
+
+    @property
+    def all(self) -> list[str]:
+        """Every node the job has run on, in the order listed (then joined)."""
+        return list(self._all)
+
+    @property
+    def live(self) -> list[str]:
+        """The nodes the next attempt runs on (healing in place: the running round's)."""
+        return list(self._live)
+
+    @property
+    def attempt(self) -> int:
+        """0-based number of the next attempt (the workers' DistEnv.attempt: faults' attempt=)."""
+        return self._attempt
+
+    @property
+    def spent_restarts(self) -> int:
+        """Restarts after failures, counted against max_restarts (a loss spends none)."""
+        return self._spent
 
     def again(self, lost: dict[str, str], where: str) -> bool:
         """After a failed attempt: go on without the ``lost`` nodes (name -> why) if enough are left, else restart
         on every node while ``max_restarts`` allows (said, naming ``where``: host / node). False: the job ends."""
-        self.attempt += 1
+        self._attempt += 1
         if self.may_shrink and lost and self.change(lost):
             return True
-        if self.spent_restarts == self.max_restarts:
+        if self._spent == self.max_restarts:
             return False
-        self.spent_restarts += 1
+        self._spent += 1
         print(
             f"launcher: restarting the job on every {where} from the newest checkpoint (restart "
-            f"{self.spent_restarts} of {self.max_restarts}, cluster.max_restarts)",
+            f"{self._spent} of {self.max_restarts}, cluster.max_restarts)",
+            file=sys.stderr,
+        )
+        return True
+
+    def apply(self, decision: Decided) -> bool:
+        """The keeper's ``decision`` (healing in place), said; the next restart (if any) runs on its members. False
+        when too few nodes are left (the job stops; no restart either). The ranks record the change themselves."""
+        names = ", ".join(f"{n} ({why})" for n, why in decision.lost.items())
+        if decision.stop:
+            print(f"launcher: lost {names}: {decision.stop}; the job stops", file=sys.stderr)
+            self._spent = self.max_restarts  # too few machines: no restart either
+            return False
+        self._live = list(decision.members)
+        self._all += [name for name in decision.joined if name not in self._all]
+        what = f"lost {names}: the survivors heal in place" if names else f"{', '.join(decision.joined)} joined"
+        print(
+            f"launcher: {what}, continuing on {len(self._live)} of {len(self._all)} nodes (round {decision.round}, "
+            f"cluster.min_nodes={self.min_nodes})",
             file=sys.stderr,
         )
         return True
@@ -82,14 +138,14 @@ class Membership:
     @property
     def may_shrink(self) -> bool:
         """``cluster.min_nodes`` < the nodes listed: the job may go on with fewer (``ClusterConfig.may_shrink``)."""
-        return self.min_nodes < len(self.all)
+        return self.min_nodes < len(self._all)
 
     def change(self, lost: dict[str, str], joined: Sequence[str] = ()) -> bool:
         """Drop the ``lost`` nodes (name -> why) and add ``joined`` (in the listed order). True when the job goes
         on (recorded and said); False when fewer than ``min_nodes`` would be left (nothing changes)."""
-        lost = {name: why for name, why in lost.items() if name in self.live}
-        after = [n for n in self.all if (n in self.live or n in joined) and n not in lost]
-        if not lost and after == self.live:
+        lost = {name: why for name, why in lost.items() if name in self._live}
+        after = [n for n in self._all if (n in self._live or n in joined) and n not in lost]
+        if not lost and after == self._live:
             return True
         names = ", ".join(f"{n} ({why})" for n, why in lost.items())
         if len(after) < self.min_nodes:
@@ -100,10 +156,10 @@ class Membership:
             )
             return False
         step = newest_step(RunDir(self.run_dir).checkpoints)
-        came = [n for n in after if n not in self.live]
+        came = [n for n in after if n not in self._live]
         record = Change(
             step=step,
-            nodes_before=len(self.live),
+            nodes_before=len(self._live),
             nodes_after=len(after),
             hosts_lost=list(lost),
             hosts_joined=came,
@@ -115,9 +171,9 @@ class Membership:
         what += [f"{', '.join(came)} joined"] if came else []
         start = f"the newest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
         print(
-            f"launcher: {'; '.join(what)}: continuing on {len(after)} of {len(self.all)} nodes from {start} "
+            f"launcher: {'; '.join(what)}: continuing on {len(after)} of {len(self._all)} nodes from {start} "
             f"(cluster.min_nodes={self.min_nodes})",
             file=sys.stderr,
         )
-        self.live = after
+        self._live = after
         return True

@@ -4,7 +4,7 @@ of agents, whose store would sit on node 0 and whose end-of-job barrier would wa
 workers, log and error files as under the agent), told their place and the keeper's store, and this process
 beats the node's heartbeat to the keeper (``protocol.BEAT_S``, a signed count) until they end. The ranks get the
 job's secret in their environment, as this process got it. A lost machine's survivors keep their
-processes: the ranks heal among themselves (``rank.py``)."""
+processes: the ranks heal among themselves (``rank_side.py``)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from launcher.trust.signed import SignedStore
 
 
 class NodeArgs(Protocol):
-    """What this node process was started with (``launch.head.NodeArgs``): the nodes of this attempt (a joining
+    """What this node process was started with (``launch.nodes.control.NodeArgs``): the nodes of this attempt (a joining
     one: a place of its own past them), this one's, the keeper's store, the round's nodes by name (a,b,...), this
     node process's start in the attempt (> 0: it joins)."""
 

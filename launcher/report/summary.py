@@ -46,6 +46,9 @@ class RunSummary:
     steps_per_epoch: int = 0  # the optimiser steps of one epoch (with ``steps``: how much of the data was seen)
     compression: str = "none"  # what crossed nodes compressed (comm.compress as it applied: one node, none)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reducer", str(self.reducer))  # comm.reducer's member as the text it is
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

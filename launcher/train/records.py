@@ -179,7 +179,7 @@ class Records:
             loss=job.train.loss,
             skipped_steps=int(self.state.stepper.skipped),
             steps_per_epoch=span.steps_per_epoch,
-            compression=sync.compression.describe() if sync.compression.name != "none" else "none",
+            compression=sync.compression.describe() if sync.plan.compresses else "none",
         )
         if env.is_main:
             summary.write(self.run_dir)

@@ -14,11 +14,13 @@ def compose(*overrides: str, run_dir: Path | None = None):
     from hydra import initialize_config_dir
 
     from launcher.config import register_configs, register_resolvers
+    from launcher.config.keys import choice_overrides
 
     register_resolvers()
     register_configs()
+    given = choice_overrides(list(overrides))  # as the command line: comm.hierarchical=true is the member
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=[f"run_dir={run_dir or '.'}", *overrides])
+        return hydra_compose("config", overrides=[f"run_dir={run_dir or '.'}", *given])
 
 
 def plan(*overrides: str, run_dir: Path | None = None, gpus_visible: int = 0, environ: dict | None = None):

@@ -1,6 +1,6 @@
-"""Healing in place, the head's wait (``heal.head.wait_healing``) on real processes standing in for nodes, with a
+"""Healing in place, the head's wait (``launch.nodes.waiting.wait``) on real processes standing in for nodes, with a
 stand-in keeper; the real keeper process with a stranger writing into its store. (The rules without a process:
-tests/rules/test_healing.py.)"""
+tests/rules/test_healing.py; the attempt loop with a stand-in mode: tests/rules/test_attempts.py.)"""
 
 import signal
 import subprocess
@@ -10,6 +10,8 @@ from launcher.heal import head_side as healing
 from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rounds import Rounds
+from launcher.launch.nodes import waiting
+from launcher.launch.nodes.control import ProcessNode
 
 NAMES = ["node-0", "node-1", "node-2"]
 
@@ -41,7 +43,7 @@ class StandInRejoin:
     ranks, every_s = 2, 0.05
 
     def __init__(self, body: str) -> None:
-        self.body, self.started, self.checked = body, [], []
+        self.body, self.started, self.checked, self.procs = body, [], [], []  # procs: the joiner's
 
     def answering(self, names):
         self.checked.append(list(names))
@@ -49,7 +51,8 @@ class StandInRejoin:
 
     def start(self, name, start, members):
         self.started.append((name, start, members))
-        return nodes(self.body)[0]
+        self.procs = nodes(self.body)
+        return ProcessNode(self.procs[0])
 
 
 def nodes(*codes_after: str) -> list[subprocess.Popen]:
@@ -73,13 +76,13 @@ def end(procs: list[subprocess.Popen]) -> None:
 def wait(procs, keeper, tmp_path, min_nodes, rejoin=None):
     members = Membership(tmp_path, NAMES, min_nodes, max_restarts=0)
     why = lambda code: f"killed by {signal.Signals(-code).name}" if code < 0 else ""  # noqa: E731
-    stop = subprocess.Popen.terminate
+    held = [ProcessNode(proc) for proc in procs]  # a joiner is added to it
     try:
-        return healing.wait_healing(procs, NAMES, keeper, members, stop, why, rejoin), members
+        return waiting.wait(held, NAMES, why, healing=waiting.Healing(keeper, members, rejoin)), members
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        for node in held:
+            node.proc.kill()
+            node.proc.wait()
 
 
 def test_a_killed_node_is_reported_and_the_others_go_on(tmp_path, capfd):
@@ -99,7 +102,7 @@ def test_a_lost_node_that_answers_again_gets_a_node_process_that_joins(tmp_path,
     the round it expects to join: itself last), the keeper is told, its decision brings the world back to 3."""
     keeper, rejoin = StandInKeeper(min_nodes=2), StandInRejoin("input")
     procs = nodes("input", "killed", "input")
-    keeper.join = lambda *said, join=keeper.join: (join(*said), end(procs))  # then all end
+    keeper.join = lambda *said, join=keeper.join: (join(*said), end([*procs, *rejoin.procs]))  # then all end
     out, members = wait(procs, keeper, tmp_path, min_nodes=2, rejoin=rejoin)
     assert rejoin.started == [("node-1", 1, ["node-0", "node-2", "node-1"])]
     assert keeper.told == [("node-1", "killed by SIGKILL"), ("node-1", "joins as start 1 with 2 rank(s)")]
@@ -143,7 +146,7 @@ def test_the_keeper_ending_fails_the_attempt(tmp_path, capfd):
 
 
 def test_a_failing_node_ends_the_attempt_as_without_healing(tmp_path, monkeypatch):
-    monkeypatch.setattr(healing, "AFTER_FAILURE_GRACE_S", 0.0)  # the others' time to end on their own
+    monkeypatch.setattr(waiting, "AFTER_FAILURE_GRACE_S", 0.0)  # the others' time to end on their own
     procs = [subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]), *nodes("wait", "wait")]
     keeper = StandInKeeper(min_nodes=1)
     out, _ = wait(procs, keeper, tmp_path, min_nodes=1)

@@ -134,7 +134,7 @@ def test_a_host_without_tensorboard_is_named_when_the_job_writes_events(fake_ssh
         job, _ = plan(*overrides, "train.batch_size_per_rank=8", f"train.tensorboard={tensorboard}", run_dir=fake_ssh)
         found[tensorboard] = check_hosts(job, job.cluster, ["first", "notensorboard"], "127.0.0.1")
     (first, ok), (facts, problems) = found["true"]
-    assert first["tensorboard"] is True and ok == [] and facts["tensorboard"] is False
+    assert first.tensorboard is True and ok == [] and facts.tensorboard is False
     assert problems == [
         "train.tensorboard=true, but no tensorboard package there; HINT: pip install tensorboard (in this checkout: "
         "pip install -e '.[tensorboard]') on it"

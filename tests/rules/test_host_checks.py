@@ -50,8 +50,7 @@ def test_a_start_up_phase_over_2_s_says_what_the_head_waits_for(monkeypatch, cap
         pass  # fast: well under SLOW_PHASE_S
     monkeypatch.setattr(ssh_nodes, "SLOW_PHASE_S", 0.01)
     heard = threading.Event()
-    with ssh_nodes.saying_if_slow("connecting to vm1, vm2 over ssh", heard):
-        pass  # the wait for ``heard`` outlasts the block: said once it is over SLOW_PHASE_S
+    ssh_nodes.say_if_slow("connecting to vm1, vm2 over ssh", heard)  # said once the wait is over SLOW_PHASE_S
     deadline = time.monotonic() + 10
     while "connecting" not in (err := capfd.readouterr().err) and time.monotonic() < deadline:
         heard.wait(0.05)
@@ -75,3 +74,24 @@ def test_the_head_raises_its_open_files_limit_for_many_machines_or_names_it(monk
     with pytest.raises(ConfigError, match=r"cluster.hosts: 1000 machines need about 6256 open files on this head, "
                        r"over its hard limit of 4096; HINT: raise it \(`ulimit -Hn 6256`"):  # fmt: skip
         open_files_for(1000)
+
+
+def test_a_host_checks_answer_is_read_once_into_its_facts_and_a_wrong_key_names_the_host():
+    """The JSON line ``launch/ssh/host_check.py`` prints on a host becomes one ``HostFacts`` at the head; an answer
+    missing a key, or with one the head does not know (another launcher version there), is an error naming the
+    host and the key; output that is no JSON object is no answer (the check failed before printing)."""
+    import json
+
+    from launcher.launch.ssh.host_check import HostFacts
+
+    facts = HostFacts("vm1", "10.0.0.2", "10.0.0.1", 0.0, 29500, 0, True, [])
+    assert HostFacts.parse(f"a warning first\n{facts.line()}\n", "vm1") == facts
+    raw = json.loads(facts.line())
+    assert sorted(raw) == sorted(["host", "addr", "head", "head_lookup_s", "port", "gpus", "tensorboard", "problems"])
+    del raw["gpus"]
+    with pytest.raises(ValueError, match=r"^the host check on vm1 answered without 'gpus': not this launcher's"):
+        HostFacts.parse(json.dumps(raw), "vm1")
+    with pytest.raises(ValueError, match=r"the host check on vm2 answered with unknown 'cuda'"):
+        HostFacts.parse(json.dumps({**json.loads(facts.line()), "cuda": "12.4"}), "vm2")
+    assert HostFacts.parse("Traceback (most recent call last):", "vm1") is None
+    assert HostFacts.parse("", "vm1") is None

@@ -1,28 +1,27 @@
 """The head of a several-node job (``+cluster=sim``, ``+cluster=ssh``) and its node processes (``nodes/process.py``,
-one per machine, each running torch's elastic agent): how the head starts one (``NodeArgs``: process.py's command line,
-built here and parsed here), what it writes to one (``Control``), waiting for them all and ending the others after
-a failure, and the line a stopped job ends with. No torch here: the head only starts and watches processes."""
+one per machine, running torch's elastic agent or a healing job's ranks): how the head starts one (``NodeArgs``:
+process.py's command line, built here and parsed here), what it writes to one (``Control``), how it holds one
+(``Node``; ``ProcessNode`` for a process of this host), stop signals passed on (``forwarding_stops``) and the line
+a stopped job ends with. The attempts themselves: ``attempts.py``. No torch here: the head only starts and watches
+processes."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import queue
+import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from launcher.base.checkpoint_names import checkpoint_path, newest_step
-from launcher.base.liveness import AFTER_FAILURE_GRACE_S
+from launcher.base.exiting import children
 from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig
-from launcher.report.failures import STOP_CODES
 
 
 class Control(str, Enum):
@@ -116,47 +115,54 @@ def print_stopped(code: int, job: JobConfig) -> None:
     print(stop_message(code, job.run_dir, job.script is not None, job.train.resume), file=sys.stderr)
 
 
-def wait_nodes(
-    nodes: list[subprocess.Popen],
-    stop: Callable[[subprocess.Popen], None] = subprocess.Popen.terminate,
-    at_once: tuple[int, ...] = (),
-    hang_ended: Callable[[], bool] = lambda: False,
-) -> tuple[list[int], int]:
-    """Wait for the node processes of a several-node job (``launch/nodes/process.py``, or the ssh clients running it);
-    returns every exit code (node order) and the node that failed first (-1: none did). After a failure the others
-    get ``AFTER_FAILURE_GRACE_S`` to end on their own (their collectives fail fast once a peer is gone), then
-    ``stop`` is applied to each one still running and they are waited for; after an exit code in ``at_once`` (a
-    machine lost: its peers hang in collectives with it) they get no grace, nor when ``hang_ended()`` says the
-    progress watch ended a hang (its culprit will not end on its own). A node stopped by a stop signal (exit
-    130 / 143) starts no grace period: the others are stopping too."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    for index, proc in enumerate(nodes):
-        threading.Thread(target=lambda n=index, p=proc: done.put((n, p.wait())), daemon=True).start()
-    codes: list[int] = [0] * len(nodes)
-    first, deadline, remaining = -1, None, len(nodes)
-    after = f"{AFTER_FAILURE_GRACE_S:.0f} s after the failure"
-    while remaining:
-        try:  # the grace runs from the first failure, not from each exit after it
-            node, code = done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            print(f"launcher: stopping the nodes still running {after}", file=sys.stderr)
-            for proc in nodes:
-                if proc.poll() is None:
-                    stop(proc)
-            for index, proc in enumerate(nodes):
-                codes[index] = proc.wait()
-            break
-        remaining -= 1
-        codes[node] = code
-        if code != 0 and first < 0:
-            first = node
-        if code in at_once:
-            deadline, after = time.monotonic(), "at once: they wait for a lost machine"
-        elif code not in (0, *STOP_CODES) and deadline is None:
-            deadline = time.monotonic() + AFTER_FAILURE_GRACE_S
-            if hang_ended():
-                deadline, after = time.monotonic(), "at once: the progress watch ended a hang"
-    return codes, first
+class Node(Protocol):
+    """One node process as the head holds it (``ProcessNode``: the process itself, sim; ``ssh.clients.SshNode``:
+    its ssh client): the attempt loop (``nodes/attempts.py``) waits for it, writes it ``Control`` words, kills it
+    when its machine is lost, and finishes with it once the attempt is over."""
+
+    def wait(self) -> int:
+        """Its exit code, once it has ended."""
+        ...
+
+    def request(self, word: Control) -> None:
+        """``INT`` / ``TERM``: stop its ranks as that signal would; ``ABORT``: at once; ``PING``: a heartbeat."""
+        ...
+
+    def kill(self) -> None:
+        """End it and whatever it started at once (its machine is lost: it may be frozen)."""
+        ...
+
+    def finish(self) -> None:
+        """After the attempt: what is left of it here (its output relayed to the end)."""
+        ...
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """End a lost node's process and whatever it started, at once (it may be frozen: SIGKILL reaches it)."""
+    for pid in [*children(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class ProcessNode:
+    """A ``Node`` that is a process of this host (a simulated node's): a stop word is its signal (``ABORT`` too is
+    SIGTERM: its agent ends the ranks), a heartbeat is nothing (no link to lose)."""
+
+    proc: subprocess.Popen
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def request(self, word: Control) -> None:
+        if word is not Control.PING:
+            self.proc.send_signal(word.signum)  # (nothing once it has ended)
+
+    def kill(self) -> None:
+        kill_tree(self.proc)
+
+    def finish(self) -> None:
+        pass
 
 
 # what stops a job when sent to its head alone (a user's kill, a CI runner, a scheduler; Ctrl-C reaches the group)

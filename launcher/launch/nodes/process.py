@@ -1,6 +1,8 @@
-"""One node's process of a several-node job, running torch's elastic agent for this node's ranks:
+"""One node's process of a several-node job, running this node's ranks: under torch's elastic agent
+(``elastic_agent``), or in a job that heals in place without one (``heal_worker``, with ``--members``):
 ``python -m launcher.launch.nodes.process RUN_DIR NODES NODE ENDPOINT LAUNCH_ID ADDR [--stdin-control]
-[--static-rendezvous] [--head-restarts --attempt N] [--members A,B,...]`` (built and parsed by ``head.NodeArgs``).
+[--static-rendezvous] [--head-restarts --attempt N] [--members A,B,... [--start K]]`` (built and parsed by
+``control.NodeArgs``).
 
 Started once per node by the head: the sim launcher (inside the node's network namespace when there is one) and
 the ssh launcher on each host. The head reports once for all nodes.
@@ -10,7 +12,7 @@ the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based
 under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launcher.heal.node_side``
 runs the ranks, ENDPOINT is the keeper's store). The job's secret comes in the first line of stdin with
 ``--stdin-control`` (ssh; with the forwarded environment, ``cluster.env``'s values), else in the environment.
-``--stdin-control``: the head controls this node through stdin (``head.Control``: a line ``INT`` or ``TERM`` stops
+``--stdin-control``: the head controls this node through stdin (``control.Control``: a line ``INT`` or ``TERM`` stops
 the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no checkpoint can be
 agreed; ``PING`` is a heartbeat; the end of input, when the head or its connection is gone, stops it as SIGTERM),
 and the workers' output goes through a pipe this process copies to the ssh channel: when the channel breaks, lines
@@ -27,11 +29,12 @@ import select
 import signal
 import sys
 import threading
+from typing import Optional
 
 from launcher.base.env import HEAD_ATTEMPT
 from launcher.base.exiting import children
 from launcher.base.files import no_world_writable_files
-from launcher.config import load_frozen
+from launcher.config import JobConfig, load_frozen
 from launcher.launch.nodes.control import Control, NodeArgs
 from launcher.trust.secret import Secret, read_handoff
 
@@ -114,6 +117,15 @@ def relay_output() -> None:
 
 def main(argv: list[str]) -> int:
     args = NodeArgs.parse(argv)
+    job, secret = set_up(args)
+    if args.members:  # healing in place (``--members``)
+        return heal_worker(job, args, secret)
+    return elastic_agent(job, args)
+
+
+def set_up(args: NodeArgs) -> tuple[JobConfig, Optional[Secret]]:
+    """What both paths need first: the head's hand-off (ssh), torch loaded quietly, the job's frozen config and
+    secret, the head's attempt, and with ``--stdin-control`` the relayed output and the head's words."""
     if args.stdin_control:  # over ssh: the job's secret and the forwarded environment (cluster.env) come first on
         os.environ.update(read_handoff(0))  # stdin, never on a command line; set before torch reads its variables
     # This agent's own C++ warnings are noise (when a job ends, each agent whose store went away prints ~20 lines
@@ -121,7 +133,7 @@ def main(argv: list[str]) -> int:
     # workers, the user's code, do not inherit it.
     users_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = users_level or "ERROR"
-    from launcher.launch.nodes.agent import agent_config, run_agent  # torch loads here
+    import launcher.launch.nodes.agent  # noqa: F401  (torch loads here)
 
     if users_level is None:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
@@ -133,12 +145,13 @@ def main(argv: list[str]) -> int:
     if args.stdin_control:
         relay_output()
         stop_on_request(float(getattr(job.cluster, "heartbeat_timeout_s", 60.0)))
-    if args.members:  # healing in place: no agents' rendezvous (launcher.heal.node_side)
-        from launcher.heal.node_side import run_workers
+    return job, secret
 
-        if secret is None:
-            raise SystemExit("launcher: a node of a job that heals in place got no job secret from its head")
-        return run_workers(job, args, secret)
+
+def elastic_agent(job: JobConfig, args: NodeArgs) -> int:
+    """This node's ranks under torch's elastic agent, meeting the other nodes' agents at ``args.endpoint``."""
+    from launcher.launch.nodes.agent import agent_config, run_agent
+
     config = agent_config(
         job,
         args.nodes,
@@ -150,6 +163,16 @@ def main(argv: list[str]) -> int:
         head_restarts=args.head_restarts,
     )
     return run_agent(job, config, node=args.node, report=False)
+
+
+def heal_worker(job: JobConfig, args: NodeArgs, secret: Optional[Secret]) -> int:
+    """This node's ranks in a job that heals in place: no agents' rendezvous (``launcher.heal.node_side``), the
+    keeper's store at ``args.endpoint``."""
+    from launcher.heal.node_side import run_workers
+
+    if secret is None:
+        raise SystemExit("launcher: a node of a job that heals in place got no job secret from its head")
+    return run_workers(job, args, secret)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The head's ssh clients of a ``+cluster=ssh`` job, one per host (``SshNode``), and what the head does to all of
-them while the job runs: stop signals forwarded (``forwarding_stops``) and heartbeats written (``heartbeats``)."""
+"""The head's ssh clients of a ``+cluster=ssh`` job, one per host (``SshNode``: the ``Node`` the attempt loop holds,
+``launch/nodes/attempts.py``), and the line a slow start-up phase says (``say_if_slow``)."""
 
 from __future__ import annotations
 
@@ -10,36 +10,40 @@ import threading
 from collections.abc import Iterator
 from typing import IO
 
-from launcher.base.liveness import HEAD_PING_S, SLOW_PHASE_S
+from launcher.base.liveness import SLOW_PHASE_S
 from launcher.config import SshClusterConfig
-from launcher.launch.nodes import control as head
-from launcher.launch.nodes.control import Control
+from launcher.launch.nodes.control import Control, kill_tree
 from launcher.launch.ssh.hosts import handoff, remote_shell, ssh_command
 from launcher.trust.secret import Secret
 
 
-@contextlib.contextmanager
-def saying_if_slow(what: str, done: threading.Event | None = None) -> Iterator[None]:
-    """One line on the console, ``[launcher] what ...``, when the block (or, with ``done``, the wait for that
-    event, which may outlast the block) takes over ``SLOW_PHASE_S``: a user who sees nothing for half a minute
-    (host checks, connections, a slow name look-up) knows what the head waits for."""
-    finished = done or threading.Event()
+def say_if_slow(what: str, done: threading.Event) -> None:
+    """One line on the console, ``[launcher] what ...``, unless ``done`` is set within ``SLOW_PHASE_S``: a user who
+    sees nothing for half a minute (host checks, connections, a slow name look-up) knows what the head waits for."""
 
     def say() -> None:
-        if not finished.wait(SLOW_PHASE_S):
+        if not done.wait(SLOW_PHASE_S):
             print(f"[launcher] {what} ...", file=sys.stderr, flush=True)
 
     threading.Thread(target=say, daemon=True).start()
+
+
+@contextlib.contextmanager
+def saying_if_slow(what: str) -> Iterator[None]:
+    """``say_if_slow`` for the block: said when it takes over ``SLOW_PHASE_S``."""
+    finished = threading.Event()
+    say_if_slow(what, finished)
     try:
         yield
     finally:
-        if done is None:
-            finished.set()
+        finished.set()
 
 
 class SshNode:
     """One host's node process (``nodes/process.py``), through its ssh client: output streamed here with the host as
-    prefix, ``Control`` words written to its stdin (``process.py --stdin-control``)."""
+    prefix, ``Control`` words written to its stdin (``process.py --stdin-control``). Its end is its ssh client's
+    (``hosts.SSH_LOST``: the connection dropped); killed, it is its ssh client that ends (the host, cut off, stops
+    its ranks once it hears nothing)."""
 
     def __init__(  # noqa: PLR0913
         self,
@@ -73,6 +77,12 @@ class SshNode:
                 dst.write(f"[{self.host}] {line.decode(errors='replace')}")
                 dst.flush()
 
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        kill_tree(self.proc)
+
     def request(self, word: Control) -> None:
         """``INT`` or ``TERM``: the node stops its ranks as that signal would; ``ABORT``: at once; ``PING``: a
         heartbeat."""
@@ -92,33 +102,3 @@ class SshNode:
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-
-
-def forwarding_stops(nodes: list[SshNode]) -> contextlib.AbstractContextManager[list[int]]:
-    """``head.forwarding_stops`` to every node of ``nodes`` (the list may grow while the nodes start)."""
-
-    def send(word: Control) -> None:
-        for node in nodes:
-            node.request(word)
-
-    return head.forwarding_stops(send, "on every host")
-
-
-@contextlib.contextmanager
-def heartbeats(nodes: list[SshNode]) -> Iterator[None]:
-    """``PING`` to every node every ``HEAD_PING_S``: a node that hears nothing for ``cluster.heartbeat_timeout_s``
-    stops its ranks (its host cannot reach us, so nobody else would stop them)."""
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(HEAD_PING_S):
-            for node in nodes:
-                node.request(Control.PING)
-
-    thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()

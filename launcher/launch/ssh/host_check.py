@@ -1,11 +1,12 @@
 """The check one host of an ssh job passes before anything starts (``+cluster=ssh``, run over ssh by the
 head): ``python -m launcher.launch.ssh.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
 
-Prints one JSON line: the host's name, the address the head reached it on (from ``SSH_CONNECTION``), its GPU
-count, whether the tensorboard package is there, how long a reverse look-up of the head's address takes, where it
-resolves MASTER_ADDR, and whether the run dir is the head's (the token file the head wrote is there) and writable.
-With ``PORT`` other than "-" (only on the master host), the port the rendezvous will use: a free one when ``PORT``
-is 0, else ``PORT`` checked free. Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
+Prints one JSON line, its ``HostFacts`` (the head reads it back with ``HostFacts.parse``): the host's name, the
+address the head reached it on (from ``SSH_CONNECTION``), its GPU count, whether the tensorboard package is there,
+how long a reverse look-up of the head's address takes, where it resolves MASTER_ADDR, and whether the run dir is the
+head's (the token file the head wrote is there) and writable. With ``PORT`` other than "-" (only on the master
+host), the port the rendezvous will use: a free one when ``PORT`` is 0, else ``PORT`` checked free. Problems go into
+``problems``; the exit code is 0 whenever the JSON was printed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,48 @@ import os
 import socket
 import sys
 import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
 
 from launcher.base.run_dir import RunDir
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What one host's check found: one JSON line printed there (``line``), read by the head (``parse``)."""
+
+    host: str  # its own name (socket.gethostname())
+    addr: str  # its address, as the head reached it (SSH_CONNECTION's server side; "" without one)
+    head: str  # the head's address, as this host sees it (SSH_CONNECTION's client side): where the keeper listens
+    head_lookup_s: float  # a reverse look-up of ``head`` takes this long here (c10d makes one per connection)
+    port: Optional[int]  # the master host's rendezvous port (None: not asked for, or not free)
+    gpus: int
+    tensorboard: bool  # the tensorboard package would import here
+    problems: list[str]
+
+    def line(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, stdout: str, host: str) -> Optional[HostFacts]:
+        """``host``'s facts from its check's output (its last line); None when that is no JSON object (the check
+        failed before printing). A ``ValueError`` naming the host when the keys are not the ones read here."""
+        try:
+            raw: Any = json.loads(stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return None
+        if not isinstance(raw, dict):
+            return None
+        keys = [f.name for f in fields(cls)]
+        missing, unknown = [k for k in keys if k not in raw], sorted(set(raw) - set(keys))
+        if missing or unknown:
+            said = [f"without {', '.join(map(repr, missing))}"] if missing else []
+            said += [f"with unknown {', '.join(map(repr, unknown))}"] if unknown else []
+            raise ValueError(
+                f"the host check on {host} answered {' and '.join(said)}: not this launcher's check; HINT: the same "
+                "launcher version on every host (cluster.python, cluster.setup)"
+            )
+        return cls(**raw)
 
 
 def lookup_s(addr: str) -> float:
@@ -31,19 +72,19 @@ def lookup_s(addr: str) -> float:
     return round(time.monotonic() - start, 1)
 
 
-def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> dict:
-    facts: dict = {"host": socket.gethostname(), "problems": []}
-    problems: list[str] = facts["problems"]
+def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> HostFacts:
+    problems: list[str]
+    name, problems = socket.gethostname(), []
+    picked: Optional[int] = None  # the rendezvous port, on the master host
     connection = os.environ.get("SSH_CONNECTION", "").split()  # client address, port, server address, port
-    facts["addr"] = connection[2] if len(connection) == 4 else ""
-    facts["head"] = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
-    facts["head_lookup_s"] = lookup_s(facts["head"]) if facts["head"] else 0.0
+    addr = connection[2] if len(connection) == 4 else ""
+    head = connection[0] if len(connection) == 4 else ""  # the head as this host sees it (the keeper)
     run = RunDir(run_dir)
     shared = run.host_check(token)
     try:
         if shared.read_text() != token:
             raise OSError("its content differs")
-        mine = run.host_check_probe(token, facts["host"], os.getpid())
+        mine = run.host_check_probe(token, name, os.getpid())
         mine.write_text(token)
         mine.unlink()
     except OSError as exc:
@@ -68,14 +109,13 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> di
         elif port == "0":
             from launcher.launch.ports import free_port
 
-            facts["port"] = free_port(master_ip)
+            picked = free_port(master_ip)
         else:
-            facts["port"] = int(port)
+            picked = int(port)
     from launcher.base.devices import gpu_count
 
-    facts["gpus"] = gpu_count()
-    facts["tensorboard"] = findable("tensorboard")
-    return facts
+    found = lookup_s(head) if head else 0.0
+    return HostFacts(name, addr, head, found, picked, gpu_count(), findable("tensorboard"), problems)
 
 
 def findable(name: str) -> bool:
@@ -87,4 +127,4 @@ def findable(name: str) -> bool:
 
 
 if __name__ == "__main__":
-    print(json.dumps(check_this_host(*sys.argv[1:5])), flush=True)
+    print(check_this_host(*sys.argv[1:5]).line(), flush=True)

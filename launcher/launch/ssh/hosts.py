@@ -5,7 +5,6 @@ anything starts (``launch/ssh/host_check.py`` over ssh, in parallel), also befor
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig
 
@@ -20,6 +20,7 @@ from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import TENSORBOARD_HINT, writes_tensorboard
 from launcher.heal.membership import Membership
+from launcher.launch.ssh.host_check import HostFacts
 from launcher.trust.secret import SECRET_ENV, Secret, handoff_line
 
 # Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
@@ -123,7 +124,7 @@ def resolve_hosts(cluster: DictConfig) -> None:
 
 def ready_hosts(
     job: JobConfig, c: SshClusterConfig, members: Membership, skip: list[str]
-) -> tuple[list[str], str, list[dict]]:
+) -> tuple[list[str], str, list[HostFacts]]:
     """The hosts the next attempt runs on, their master address and their facts. The first start needs every host
     (each failing one is named, nothing starts). A restart checks the running hosts and, under
     ``cluster.min_nodes``, those lost earlier but not in ``skip`` (just lost: not waited for): a running host that
@@ -140,7 +141,7 @@ def ready_hosts(
         if candidates[0] in failing:  # the master is gone: check the others again against the next one
             candidates = [h for h in candidates if h not in failing]
             continue
-        ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if not problems]
+        ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if facts and not problems]
         members.change({}, joined=[host for host, _ in ready if host not in members.live])
         return [host for host, _ in ready], master, [facts for _, facts in ready]
 
@@ -191,7 +192,7 @@ def ssh_problem(stderr: str, host: str) -> str:
 
 def check_host(
     job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
-) -> tuple[dict, list[str]]:
+) -> tuple[Optional[HostFacts], list[str]]:
     """One host's facts (``launch/ssh/host_check.py``) and its problems."""
     argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port]
     try:
@@ -203,45 +204,47 @@ def check_host(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return {}, [
+        return None, [
             f"did not answer within {c.check_timeout_s:.0f} s (cluster.check_timeout_s); HINT: is it up and "
             "reachable? (ssh -o BatchMode=yes HOST true)"
         ]
     said = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
     if out.returncode == SSH_LOST:
-        return {}, [ssh_problem(out.stderr, host)]
+        return None, [ssh_problem(out.stderr, host)]
     if out.returncode == NO_CWD:
-        return {}, [f"no directory {os.getcwd()} there; HINT: start the launcher from a directory every host shares"]
+        return None, [f"no directory {os.getcwd()} there; HINT: start the launcher from a directory every host shares"]
     if out.returncode == SETUP_FAILED:
-        return {}, [f"cluster.setup failed there ({said}); HINT: try the lines with ssh {host}"]
+        return None, [f"cluster.setup failed there ({said}); HINT: try the lines with ssh {host}"]
     if out.returncode == NOT_FOUND:
-        return {}, [
+        return None, [
             f"cluster.python={c.python} is not there ({said}); HINT: the same python must exist on every host: set "
             "cluster.python, or cluster.setup to activate an environment"
         ]
     if "No module named" in out.stderr:
-        return {}, [
+        return None, [
             f"{c.python} cannot import the launcher there ({said}); HINT: install it on every host (pip install "
             "-e .), or reach it through PYTHONPATH (forwarded) or cluster.setup"
         ]
     try:
-        facts = json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {}, [f"the check failed (exit {out.returncode}): {said or out.stdout.strip()[-300:]}"]
-    problems = list(facts["problems"])
-    if (c.gpus_per_node or 0) > facts["gpus"]:
+        facts = HostFacts.parse(out.stdout, host)
+    except ValueError as exc:  # its answer, but not with the keys read here
+        return None, [str(exc)]
+    if facts is None:
+        return None, [f"the check failed (exit {out.returncode}): {said or out.stdout.strip()[-300:]}"]
+    problems = list(facts.problems)
+    if (c.gpus_per_node or 0) > facts.gpus:
         problems.append(
-            f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts['gpus']} GPU(s); HINT: "
-            f"cluster.gpus_per_node={facts['gpus']}"
+            f"cluster.gpus_per_node={c.gpus_per_node} but it has {facts.gpus} GPU(s); HINT: "
+            f"cluster.gpus_per_node={facts.gpus}"
         )
-    if writes_tensorboard(job) and not facts.get("tensorboard", True):  # any host may hold rank 0 after a heal
+    if writes_tensorboard(job) and not facts.tensorboard:  # any host may hold rank 0 after a heal
         problems.append(f"train.tensorboard=true, but no tensorboard package there; HINT: {TENSORBOARD_HINT} on it")
     return facts, problems
 
 
 def check_hosts(
     job: JobConfig, c: SshClusterConfig, hosts: list[str], master: str, picks_port: bool = True
-) -> list[tuple[dict, list[str]]]:
+) -> list[tuple[Optional[HostFacts], list[str]]]:
     """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
     master, picks the port, unless not ``picks_port``: hosts that join a running job)."""
     token = uuid.uuid4().hex
@@ -254,9 +257,9 @@ def check_hosts(
     finally:
         marker.unlink(missing_ok=True)
     unused = {
-        host: facts["gpus"]
+        host: facts.gpus
         for host, (facts, problems) in zip(hosts, results)
-        if not problems and facts["gpus"] and not c.gpus_per_node
+        if facts and not problems and facts.gpus and not c.gpus_per_node
     }
     if unused:
         print(
