@@ -143,7 +143,7 @@ class Joiner:
         return self.machines.start(args, name)
 
 
-def run_attempt(  # noqa: PLR0913
+def run_attempt(
     machines: Machines,
     job: JobConfig,
     members: Membership,
@@ -209,7 +209,7 @@ def heartbeats(nodes: list[Node]) -> Iterator[None]:
         thread.join()
 
 
-def said_end(  # noqa: PLR0913
+def said_end(
     machines: Machines, job: JobConfig, launch_id: str, out: Outcome, stops: list[int], healing: bool
 ) -> Ended:
     """The attempt's end, said once: a stop (the stop line), success, machines lost without healing (named; their
