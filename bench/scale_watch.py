@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.env import DistEnv
+from launcher.base.run_dir import RunDir
 from launcher.watch import Watch, recorder
 from launcher.watch.publisher import Publisher
 
@@ -83,7 +84,7 @@ def host(run: str, t0: float, ranks: int, nodes: int, first: int, last: int, sta
     _fake_torch_side(ranks)
     pubs = []
     for rank in range(first, last):
-        pub = Publisher(run, _env(rank, ranks, nodes))
+        pub = Publisher(RunDir(run), _env(rank, ranks, nodes))
         pub.recorder = FakeRecorder(rank, t0, stall_at, culprit)  # type: ignore[assignment]
         pubs.append(pub)
     while True:

@@ -20,9 +20,9 @@ console_fd: int | None = None  # a rank other than 0: its console before stdout/
 _talks = {"console": False}  # this process logs to the console (rank 0)
 
 
-def setup_logging(run_dir: str | Path, env: DistEnv, redirect_output: bool = True) -> Path:
+def setup_logging(run_dir: RunDir, env: DistEnv, redirect_output: bool = True) -> Path:
     """Configure the ``launcher`` logger for this rank; returns the rank's log file."""
-    path = RunDir(run_dir).rank_log(env.rank)
+    path = run_dir.rank_log(env.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger("launcher")
     logger.setLevel(logging.INFO)

@@ -80,13 +80,13 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     env = DistEnv.resolve()
     try:
         job, plan, mode = plan_job(cfg, env, gpus_visible=gpu_count())
-        check_resumable(job, job.run_dir)
+        check_resumable(job)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         with contextlib.suppress(Exception):  # the run dir Hydra made, empty: nothing started, nothing left
             Path(cfg.run_dir).rmdir()
         if sweep is not None:
-            sweep.add("", code=EXIT_CONFIG)
+            sweep.add(None, code=EXIT_CONFIG)
         return EXIT_CONFIG
     if job.dry_run:
         try:  # built here, so an error in the user's class shows before anything starts
@@ -109,37 +109,37 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
             return EXIT_OK
         if not job.doctor:
             if finished:
-                print_summary(job.run_dir, job.train.plots)  # no head prints it: rank 0 does, as the launcher would
+                print_summary(job.run, job.train.plots)  # no head prints it: rank 0 does, as the launcher would
             return EXIT_OK
-        code = print_doctor(job.run_dir)
+        code = print_doctor(job.run)
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
         return code
-    freeze(job, job.run_dir)
+    freeze(job)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
         if mode.batch and sweep is not None:
-            sweep.add(job.run_dir, submitted=mode.submit(plan, job))
+            sweep.add(job.run, submitted=mode.submit(plan, job))
             return EXIT_OK
         code = mode.run(plan, job, env)
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         code = EXIT_CONFIG
     if code == EXIT_OK and job.doctor:
-        code = print_doctor(job.run_dir)
+        code = print_doctor(job.run)
     elif code == EXIT_OK:
-        print_summary(job.run_dir, job.train.plots)
+        print_summary(job.run, job.train.plots)
     if sweep is not None:
-        sweep.add(job.run_dir, code=code)
+        sweep.add(job.run, code=code)
     return code
 
 
-def print_summary(run_dir: str, plots: bool = True) -> None:
+def print_summary(run_dir: RunDir, plots: bool = True) -> None:
     """The end-of-run table (what summary.json holds) and the curves, rendered next to it (``plots``)."""
     s = RunSummary.read(run_dir)
     if s is None:
         return
     seen = describe_span(s.steps, s.steps_per_epoch) if s.steps_per_epoch else f"{s.epochs} epoch(s)"
-    rows = [("run dir", run_dir)]
+    rows = [("run dir", str(run_dir))]
     try:
         paths = plot_all(run_dir) if plots else []
         rows += [("curves" if i == 0 else "timeline", str(path)) for i, path in enumerate(paths)]
@@ -154,14 +154,14 @@ def print_summary(run_dir: str, plots: bool = True) -> None:
     )
 
 
-def print_doctor(run_dir: str) -> int:
+def print_doctor(run_dir: RunDir) -> int:
     """The doctor's report (doctor.json, written by rank 0); exit code 1 when it found problems."""
     from launcher.rank.doctor import format_report
 
-    path = RunDir(run_dir).doctor
+    path = run_dir.doctor
     if not path.is_file():
         print(
-            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {RunDir(run_dir).logs}",
+            f"launcher: error: the doctor wrote no report ({path}); see the rank logs in {run_dir.logs}",
             file=sys.stderr,
         )
         return EXIT_FAILED
@@ -194,7 +194,7 @@ def plot_command(args: list[str]) -> int:
         print("usage: python -m launcher plot RUN_DIR", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        print("\n".join(str(path) for path in plot_all(args[0])))
+        print("\n".join(str(path) for path in plot_all(RunDir(args[0]))))
     except ValueError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

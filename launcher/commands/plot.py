@@ -20,11 +20,11 @@ Record = dict[str, Any]
 _NO_COMM = "exposed communication not measured (comm.reducer=ddp)"
 
 
-def load_metrics(run_dir: str | Path) -> tuple[list[Record], list[Record]]:
+def load_metrics(run_dir: RunDir) -> tuple[list[Record], list[Record]]:
     """Train and eval records of ``run_dir/metrics.jsonl``, each sorted by step. A resumed run re-logs
     steps into the same file: the last record for each (kind, step) wins. Unparsable lines (a killed
     run's truncated last line) are skipped with a warning. Raises ValueError if there is nothing to read."""
-    path = RunDir(run_dir).metrics
+    path = run_dir.metrics
     hint = (
         f"no metrics in {path}: is {run_dir} a launcher run dir? Runs write metrics.jsonl after the "
         "first train.log_every_steps steps"
@@ -67,7 +67,7 @@ def _xy(records: list[Record], key: str, x: str = "step", scale: float = 1.0) ->
     return [float(r[x]) for r in have], [scale * float(r[key]) for r in have]
 
 
-def plot_run(run_dir: str | Path) -> Path:
+def plot_run(run_dir: RunDir) -> Path:
     """Render the 2×2 curves of ``run_dir`` into ``run_dir/plots/curves.png`` and return that path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -121,7 +121,7 @@ def plot_run(run_dir: str | Path) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out = RunDir(run_dir).curves_plot
+    out = run_dir.curves_plot
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
@@ -170,7 +170,7 @@ def _kind(event: str) -> str:
     return event.rstrip("0123456789 ")
 
 
-def plot_trace(run_dir: str | Path) -> Path:
+def plot_trace(run_dir: RunDir) -> Path:
     """Render ``run_dir/trace.json`` as a timeline into ``run_dir/plots/trace.png`` and return that path.
     Events nested in one of another kind (``wait for buckets`` in ``backward``) are drawn thinner and hatched
     on top; overlapping events of one kind (buckets in flight together) semi-transparent."""
@@ -179,7 +179,7 @@ def plot_trace(run_dir: str | Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    path = RunDir(run_dir).trace
+    path = run_dir.trace
     if not path.is_file():
         raise ValueError(f"no trace in {path}: run with comm.trace=true to record one")
     labels, lanes = _trace_lanes(path)
@@ -236,12 +236,12 @@ def plot_trace(run_dir: str | Path) -> Path:
         fontsize="small",
         frameon=False,
     )
-    out = RunDir(run_dir).trace_plot
+    out = run_dir.trace_plot
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", bbox_inches="tight")
     return out
 
 
-def plot_all(run_dir: str | Path) -> list[Path]:
+def plot_all(run_dir: RunDir) -> list[Path]:
     """``plots/curves.png`` and, if the run recorded ``trace.json``, ``plots/trace.png``: the paths written."""
-    return [plot_run(run_dir)] + ([plot_trace(run_dir)] if RunDir(run_dir).trace.is_file() else [])
+    return [plot_run(run_dir)] + ([plot_trace(run_dir)] if run_dir.trace.is_file() else [])

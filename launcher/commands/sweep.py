@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from launcher.base.liveness import SWEEP_POLL_S
+from launcher.base.run_dir import RunDir
 from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, Control
 from launcher.report.failures import STOP_CODES
 from launcher.report.summary import RunSummary
@@ -23,7 +24,7 @@ from launcher.report.summary import RunSummary
 @dataclass
 class _Point:
     label: str
-    run_dir: str = ""
+    run_dir: Optional[RunDir] = None  # None: its config was refused
     code: Optional[int] = None
     submitted: Any = None
 
@@ -59,7 +60,7 @@ class Sweep:
                     p.submitted.stop(Control.stop_for(signum))
         self.stops.append(signum)
 
-    def add(self, run_dir: str, code: Optional[int] = None, submitted: Any = None) -> None:
+    def add(self, run_dir: Optional[RunDir], code: Optional[int] = None, submitted: Any = None) -> None:
         """``submitted``: a pending job (``done()``, ``finish()``, ``job_id``) of a batch mode."""
         p = self.points[-1]
         p.run_dir, p.code, p.submitted = run_dir, code, submitted
@@ -79,7 +80,7 @@ class Sweep:
             p.code = p.submitted.finish()
         lines = ["[launcher] sweep results:"]
         for k, p in enumerate(self.points):
-            lines.append(f"[launcher]   {k}: {p.label}: {_result(p)}  ({p.run_dir})")
+            lines.append(f"[launcher]   {k}: {p.label}: {_result(p)}  ({p.run_dir or ''})")
         if self.stops:
             lines.append(
                 f"[launcher] the sweep was stopped by {signal.Signals(self.stops[0]).name}: later points not run"
@@ -95,7 +96,7 @@ def _result(p: _Point) -> str:
         return f"stopped by {signal.Signals(p.code - 128).name} (exit {p.code})"
     if p.code != 0:
         return f"FAILED (exit {p.code})"
-    s = RunSummary.read(p.run_dir)
+    s = RunSummary.read(p.run_dir) if p.run_dir is not None else None
     if s is None:
         return "ok"
     acc = f", test accuracy {s.test_accuracy:.4f}" if s.test_accuracy is not None else ""

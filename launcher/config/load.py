@@ -43,9 +43,9 @@ def to_yaml(job: JobConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(job))
 
 
-def freeze(job: JobConfig, run_dir: str | Path) -> Path:
-    """Write the resolved config the workers will run, once, on the submitting host."""
-    path = RunDir(run_dir).config
+def freeze(job: JobConfig) -> Path:
+    """Write the resolved config the workers will run into its run dir, once, on the submitting host."""
+    path = job.run.config
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, to_yaml(job))
 
@@ -84,11 +84,11 @@ def _flat(tree: object, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
+def check_resumable(job: JobConfig) -> None:
     """Before anything starts: ``train.resume=auto`` into a run dir whose checkpoints come from a different job
     (another model, data, optimizer or global batch) is refused, with the differing keys named. Another world size
     with the same global batch resumes (the same samples per step, the same schedule)."""
-    where = RunDir(run_dir)
+    where = job.run
     old_path = where.config
     if job.train.resume != "auto" or not old_path.is_file() or not any(where.checkpoints.glob("step-*.pt")):
         return
@@ -106,7 +106,7 @@ def check_resumable(job: JobConfig, run_dir: str | Path) -> None:
         diffs.insert(0, f"global batch: {batch(old)} -> {batch(new)} (world size {world(old)} -> {world(new)}; {fix})")
     if diffs:
         raise ConfigError(
-            f"{run_dir} holds checkpoints of a different job ({'; '.join(diffs)}); HINT: use a new hydra.run.dir, "
+            f"{where} holds checkpoints of a different job ({'; '.join(diffs)}); HINT: use a new hydra.run.dir, "
             "train.resume=never to start over there, or train.resume=force to load them anyway"
         )
 

@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from launcher.base.liveness import TRAINER_TIMEOUT_S
+from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer
 from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 from launcher.config.errors import ConfigError, _check, _member
@@ -224,6 +225,11 @@ class JobConfig:
     script: Optional[str] = None  # run this torchrun-compatible script instead of the built-in trainer
     script_args: list[str] = field(default_factory=list)  # the script's own arguments: script_args=[--lr,0.1]
     run_dir: str = "."  # filled from Hydra's run dir; every file of the run goes there
+
+    @property
+    def run(self) -> RunDir:
+        """The run dir (``run_dir``) with every file of the run named (``launcher.base.run_dir``)."""
+        return RunDir(self.run_dir)
 
     def __post_init__(self) -> None:
         _check(

@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from launcher.base.checkpoint_names import newest_step
@@ -40,15 +39,15 @@ class Change:
     answer_to_step_s: Optional[float] = None  # in place: from the joining machine's answer to the first step with it
 
 
-def write(run_dir: str | Path, change: Change) -> None:
+def write(run_dir: RunDir, change: Change) -> None:
     """Append one change to the run dir's record."""
-    with open(RunDir(run_dir).membership, "a", encoding="utf-8") as f:
+    with open(run_dir.membership, "a", encoding="utf-8") as f:
         f.write(json.dumps(asdict(change)) + "\n")
 
 
-def changes(run_dir: str | Path) -> list[dict[str, Any]]:
+def changes(run_dir: RunDir) -> list[dict[str, Any]]:
     """Every change recorded in the run dir, oldest first (for ``summary.json``)."""
-    path = RunDir(run_dir).membership
+    path = run_dir.membership
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -75,8 +74,8 @@ class Membership:
     only through its methods: ``again`` after a failed attempt, ``change`` (the host checks), ``apply`` (the
     keeper's decision, healing in place)."""
 
-    def __init__(self, run_dir: str | Path, names: list[str], min_nodes: int, max_restarts: int) -> None:
-        self.run_dir, self.min_nodes, self.max_restarts = Path(run_dir), min_nodes, max_restarts
+    def __init__(self, run_dir: RunDir, names: list[str], min_nodes: int, max_restarts: int) -> None:
+        self.run_dir, self.min_nodes, self.max_restarts = run_dir, min_nodes, max_restarts
         self._all, self._live = list(names), list(names)
         self._attempt = 0
         self._spent = 0
@@ -155,7 +154,7 @@ class Membership:
                 file=sys.stderr,
             )
             return False
-        step = newest_step(RunDir(self.run_dir).checkpoints)
+        step = newest_step(self.run_dir.checkpoints)
         came = [n for n in after if n not in self._live]
         record = Change(
             step=step,

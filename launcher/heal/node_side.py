@@ -21,7 +21,6 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 
 from launcher.base.env import TORCHRUN_VARS, head_attempt
 from launcher.base.liveness import NODE_BEAT_S
-from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig
 from launcher.dist.rendezvous import attempt_prefix
 from launcher.heal.protocol import Keys, Place, node_id
@@ -102,7 +101,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     stop = threading.Event()
     threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
     envs = worker_envs(job, args, secret)
-    logs = DefaultLogsSpecs(log_dir=str(RunDir(job.run_dir).node_logs(args.node)))
+    logs = DefaultLogsSpecs(log_dir=str(job.run.node_logs(args.node)))
     entry = ("-u", "-m", "launcher.rank.entry", job.run_dir)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
     try:
@@ -118,7 +117,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
         return 0
     procs = len(envs)
     record_exits(
-        RunDir(job.run_dir).failure_attempt(args.launch_id, head_attempt(os.environ)),
+        job.run.failure_attempt(args.launch_id, head_attempt(os.environ)),
         [
             exit_failure(args.node * procs + local, f.pid, f.exitcode, socket.gethostname(), args.node, args.nodes)
             for local, f in result.failures.items()

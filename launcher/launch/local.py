@@ -31,7 +31,6 @@ from omegaconf import DictConfig
 from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit
 from launcher.base.gpus import by_free_memory
-from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.agent import agent_config, run_agent
@@ -124,7 +123,7 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # workers inherit it: gloo listens on loopback only
     if c.nodes > 1:  # by hand: the same launch id on every machine; an earlier run's records must not count
         node, launch_id = int(c.node_rank or 0), f"nodes-{c.master_port}"
-        shutil.rmtree(RunDir(job.run_dir).launch_failures(launch_id), ignore_errors=True)
+        shutil.rmtree(job.run.launch_failures(launch_id), ignore_errors=True)
         addr = c.master_addr if node == 0 else socket.gethostname()
         endpoint = f"{c.master_addr}:{c.master_port}"
         config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)

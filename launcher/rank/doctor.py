@@ -178,7 +178,7 @@ def verdict(intra: dict[int, float], links: dict[tuple[int, int], float], hosts:
 def run_doctor(
     env: DistEnv,
     device: torch.device,
-    run_dir: str,
+    run_dir: RunDir,
     use_gpu: bool,
     log_report: bool = True,
     timeout_s: float | None = None,
@@ -201,7 +201,7 @@ def run_doctor(
         "problems": problems,
     }
     if env.is_main:
-        write_json_atomic(RunDir(run_dir).doctor, report)
+        write_json_atomic(run_dir.doctor, report)
     for line in format_report(report).splitlines() if log_report else []:
         if line.startswith("PROBLEM"):
             log.warning("%s", line)

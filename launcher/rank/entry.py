@@ -55,9 +55,9 @@ def rank_main(
     """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
     every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
     if composed_here and env.is_main:
-        freeze(job, job.run_dir)
+        freeze(job)
     stop = StopRequest().install(*stop_signals)
-    failures = FailureLog(job.run_dir, env, task=task, on_failure=stop.hold)
+    failures = FailureLog(job.run, env, task=task, on_failure=stop.hold)
     stop.failing = failures.others_failed
     elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes
     elastic_errors.initialize()

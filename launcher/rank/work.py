@@ -42,13 +42,13 @@ def run_rank_work(
     one step with a checkpoint); the doctor's report with ``doctor=true``; None for a user script. ``failures``
     records an error the moment it is caught, before the process group (ours, or the script's as long as it does
     not tear it down itself) goes down and makes the peers fail."""
-    failures = failures or FailureLog(job.run_dir, env)
-    setup_logging(job.run_dir, env)
+    failures = failures or FailureLog(job.run, env)
+    setup_logging(job.run, env)
     c = job.comm
     # a script's job without comm.timeout_s: the watch names a hang and leaves the end to the script's own group
     ends = c.timeout_s is not None or job.script is None
     timeout_s = collective_timeout_s(c) if ends else None
-    watch = start_watch(job.run_dir, env, c.hang_warn_s, timeout_s, c.flight_recorder_entries)
+    watch = start_watch(job.run, env, c.hang_warn_s, timeout_s, c.flight_recorder_entries)
     how = "raised"
     try:
         result = _run(job, env, stop, failures, watch)
@@ -105,7 +105,7 @@ def _run(
             report = run_doctor(
                 env,
                 device,
-                job.run_dir,
+                job.run,
                 device.type == "cuda",
                 log_report=job.preflight,
                 timeout_s=collective_timeout_s(job.comm),

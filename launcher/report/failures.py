@@ -111,13 +111,13 @@ class FailureLog:
 
     def __init__(
         self,
-        run_dir: str | Path,
+        run_dir: RunDir,
         env: DistEnv,
         task: str = "",
         on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.env, self.task, self.on_failure = env, task, on_failure
-        self.path = RunDir(run_dir).failure_record(env.launch_id, env.attempt, env.rank)
+        self.path = run_dir.failure_record(env.launch_id, env.attempt, env.rank)
         self.written = False
 
     def record(self, exc: BaseException) -> None:
@@ -196,9 +196,9 @@ def record_exits(directory: Path, exits: Iterable[Failure]) -> None:
             _write(path, failure)
 
 
-def load(run_dir: str | Path, launch_id: str) -> list[Failure]:
+def load(run_dir: RunDir, launch_id: str) -> list[Failure]:
     """The records of the newest attempt of ``launch_id``."""
-    attempts = RunDir(run_dir).failure_attempts(launch_id)
+    attempts = run_dir.failure_attempts(launch_id)
     return _read(attempts[-1]) if attempts else []
 
 
@@ -212,9 +212,9 @@ def _read(directory: Path) -> list[Failure]:
     return failures
 
 
-def hang_ended(run_dir: str | Path, launch_id: str, attempt: int) -> bool:
+def hang_ended(run_dir: RunDir, launch_id: str, attempt: int) -> bool:
     """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
-    return any(f.kind == "hang" for f in _read(RunDir(run_dir).failure_attempt(launch_id, attempt)))
+    return any(f.kind == "hang" for f in _read(run_dir.failure_attempt(launch_id, attempt)))
 
 
 def ranked(failures: Iterable[Failure]) -> list[Failure]:
@@ -222,25 +222,25 @@ def ranked(failures: Iterable[Failure]) -> list[Failure]:
     return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
 
 
-def format_report(failures: list[Failure], run_dir: str | Path, limit: int = 8) -> str:
+def format_report(failures: list[Failure], run_dir: RunDir, limit: int = 8) -> str:
     cause, *others = ranked(failures)
     nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
     says = {"died": cause.summary, "stopped": cause.summary, "hang": f"hung: {cause.summary}"}
     what = says.get(cause.kind, "failed:")
     lines = [f"launcher: {cause.who(nodes)} {what}"]
     lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
-    lines.append(f"launcher: log of rank {cause.rank}: {RunDir(run_dir).rank_log(cause.rank)}")
+    lines.append(f"launcher: log of rank {cause.rank}: {run_dir.rank_log(cause.rank)}")
     for other in others[:limit]:
         how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)
         detail = other.summary if len(other.summary) <= 160 else other.summary[:157] + "..."
         where = f"node {other.node}, {other.host}" if nodes else other.host
         lines.append(f"launcher: failed too: rank {other.rank} on {where}, {how} ({detail})")
     if len(others) > limit:
-        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {RunDir(run_dir).failures})")
+        lines.append(f"launcher: failed too: {len(others) - limit} more rank(s) (see {run_dir.failures})")
     return "\n".join(line.rstrip() for line in lines if line)
 
 
-def report(run_dir: str | Path, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
+def report(run_dir: RunDir, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
     """Print the job's failure report from the records (plus ``known`` failures of ranks without one).
     Returns False when there is nothing to report."""
     failures = {f.rank: f for f in known}

@@ -57,13 +57,13 @@ class RunSummary:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def write(self, run_dir: str | Path) -> Path:
-        return write_json_atomic(RunDir(run_dir).summary, self.to_json())
+    def write(self, run_dir: RunDir) -> Path:
+        return write_json_atomic(run_dir.summary, self.to_json())
 
     @classmethod
-    def read(cls, run_dir: str | Path) -> Optional[RunSummary]:
+    def read(cls, run_dir: RunDir) -> Optional[RunSummary]:
         """The run's summary, or None when it has none (not finished) or it cannot be read (logged)."""
-        path = RunDir(run_dir).summary
+        path = run_dir.summary
         if not path.is_file():
             return None
         try:

@@ -4,7 +4,6 @@ rank that died without one, the lines of its log that say why (``launcher.report
 from __future__ import annotations
 
 import traceback
-from pathlib import Path
 
 from launcher.base.run_dir import RunDir
 
@@ -40,11 +39,11 @@ def format_traceback(exc: BaseException) -> str:
     return "\n".join(kept)
 
 
-def log_tail(run_dir: str | Path, rank: int) -> str:
+def log_tail(run_dir: RunDir, rank: int) -> str:
     """A rank that died without a record: why, when its log says (a C++ abort: gloo's "what():  ... Received data
     size doesn't match expected size. Is there a distributed collective mismatch in your code?")."""
     try:
-        text = RunDir(run_dir).rank_log(rank).read_text(errors="replace").splitlines()
+        text = run_dir.rank_log(rank).read_text(errors="replace").splitlines()
     except OSError:
         return ""
     said = [i for i, line in enumerate(text) if "what():" in line or line.startswith("terminate called")]

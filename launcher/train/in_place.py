@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from launcher.base.env import DistEnv
+from launcher.base.run_dir import RunDir
 from launcher.dist.abort import Abort
 from launcher.dist.rendezvous import Group
 from launcher.heal import membership
@@ -56,7 +56,7 @@ class Healing(Protocol):
         """Collective, the new round formed: the state of a rank at the highest step on the ranks behind it."""
         ...
 
-    def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None: ...
+    def step_completed(self, env: DistEnv, run_dir: RunDir, what: str = "") -> None: ...
 
     def close(self, trained: bool) -> None: ...
 
@@ -82,7 +82,7 @@ class NoHealing:
     def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
         raise AssertionError("a job that does not heal has one round")
 
-    def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None:
+    def step_completed(self, env: DistEnv, run_dir: RunDir, what: str = "") -> None:
         pass
 
     def close(self, trained: bool) -> None:
@@ -148,7 +148,7 @@ class InPlace:
         )
         return sent
 
-    def step_completed(self, env: DistEnv, run_dir: Path, what: str = "") -> None:
+    def step_completed(self, env: DistEnv, run_dir: RunDir, what: str = "") -> None:
         """After a step (``what``: or the end of training): the first one completed since a heal records (rank 0)
         each change healed since, with the time from it."""
         if self.healed_from is None:

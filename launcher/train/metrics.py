@@ -25,10 +25,10 @@ class MetricsWriter:
     """Appends JSON lines to ``run_dir/metrics.jsonl`` (a resumed run continues the same file); with
     ``tensorboard``, writes their numbers into ``run_dir/tensorboard/`` too (``TensorBoardWriter``)."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool, tensorboard: bool = False, start_step: int = 0) -> None:
+    def __init__(self, run_dir: RunDir, enabled: bool, tensorboard: bool = False, start_step: int = 0) -> None:
         """``start_step``: the step this run starts from (a resumed run's); TensorBoard drops the events an earlier
         run wrote after it, which this run writes again."""
-        run = RunDir(run_dir)
+        run = run_dir
         self.path = run.metrics
         self._file: Optional[TextIO] = None
         self.board = TensorBoardWriter(run.tensorboard) if tensorboard else None

@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from pathlib import Path
 from typing import Optional
 
 from tqdm import tqdm
@@ -17,7 +16,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from launcher.base.env import DistEnv
 from launcher.base.logs import take_the_console
-from launcher.base.run_dir import RunDir
 from launcher.comm import trace
 from launcher.comm.trace import Tracer, write_trace
 from launcher.config import JobConfig
@@ -55,7 +53,7 @@ class Records:
         """``state``: the training state recorded (its position, span, schedule and stepper); ``start_step``: the
         step the run resumes from (0: a fresh start)."""
         self.job, self.peers, self.state, self.watch = job, peers, state, watch  # (the watch: its stragglers)
-        self.run_dir = Path(job.run_dir)
+        self.run_dir = job.run
         self.metrics = MetricsWriter(self.run_dir, env.is_main, job.train.tensorboard, start_step)
         self.exposed_s = 0.0  # communication waited for since the last log
         self._tracer: Optional[Tracer] = Tracer(env.rank, env.hostname) if job.comm.trace else None
@@ -121,7 +119,7 @@ class Records:
             self._tracing.close()
             events = self.peers.all_gather_object(self._tracer.trace_events())
             if env.is_main:
-                written = write_trace(RunDir(self.run_dir).trace, events)
+                written = write_trace(self.run_dir.trace, events)
                 log.info("comm.trace: %s (open in https://ui.perfetto.dev)", written)
             self._tracer = None
 

@@ -13,7 +13,6 @@ import torch
 from launcher.base.checkpoint_names import checkpoint_path, list_checkpoints
 from launcher.base.devices import rng_state, seed_all, set_rng_state
 from launcher.base.env import DistEnv
-from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.train import checkpoint as ckpt
@@ -27,7 +26,7 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, job: JobConfig, device: torch.device, peers: Peers, joins: bool) -> None:
         """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
-        self.dir = RunDir(job.run_dir).checkpoints
+        self.dir = job.run.checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers = peers
         self.resume_path, self._resume_state = (

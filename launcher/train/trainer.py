@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -24,6 +23,7 @@ from tqdm import tqdm
 from launcher.base.devices import seed_all
 from launcher.base.env import DistEnv
 from launcher.base.faults import Fault, faults_for, fire_at
+from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig, collective_timeout_s
 from launcher.dist import helpers as dist_helpers
 from launcher.dist.rendezvous import Group
@@ -53,7 +53,7 @@ class Trainer:
     job: JobConfig
     device: torch.device
     backend: str
-    run_dir: Path
+    run_dir: RunDir
     peers: dist_helpers.Peers  # every collective of the trainer: left when a machine is lost; objects signed
     # this round: this rank's place and group, and what holds the round's ranks (built again after a heal)
     env: DistEnv
@@ -90,7 +90,7 @@ class Trainer:
     ) -> None:
         # 1. the job, this rank's place in it
         self.job, self.env, self.device, self.backend, self.group = job, env, device, backend, group
-        self.run_dir, self.phase, self.faults = Path(job.run_dir), "start-up", faults_for(env)
+        self.run_dir, self.phase, self.faults = job.run, "start-up", faults_for(env)
         # 2. healing in place (sim, ssh): the seam, and the abort signal every collective of the trainer waits through
         self.watch = watch or ProgressWatch()
         failing = lambda: self.stop is not None and self.stop.failing()  # noqa: E731 (another rank failed on its own)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from launcher.base.env import DistEnv
 from launcher.base.liveness import WATCH_BACKSTOP_S, WATCH_BEAT_S
+from launcher.base.run_dir import RunDir
 from launcher.config import collective_timeout_s
 from launcher.watch import recorder
 from launcher.watch.publisher import Publisher
@@ -38,7 +38,7 @@ def backstop_s(comm: Any) -> float:
 class Watch(threading.Thread):
     def __init__(
         self,
-        run_dir: str | Path,
+        run_dir: RunDir,
         env: DistEnv,
         warn_s: float,
         timeout_s: Optional[float],
@@ -122,7 +122,7 @@ class ProgressWatch:
 
 
 def start_watch(
-    run_dir: str | Path, env: DistEnv, warn_s: float, timeout_s: Optional[float], entries: int
+    run_dir: RunDir, env: DistEnv, warn_s: float, timeout_s: Optional[float], entries: int
 ) -> ProgressWatch:
     """Size the flight recorder (before the rank's first process group) and start the watch thread (a watch that
     does nothing for a single rank or ``comm.hang_warn_s=0``)."""

@@ -53,9 +53,9 @@ def stacks(skip: int | None = None) -> str:
 
 
 class Publisher:
-    def __init__(self, run_dir: str | Path, env: DistEnv, round_: int = 0, left: frozenset[str] = frozenset()) -> None:
+    def __init__(self, run_dir: RunDir, env: DistEnv, round_: int = 0, left: frozenset[str] = frozenset()) -> None:
         self.env = env
-        self.dir = RunDir(run_dir).watch(env.launch_id, env.attempt, round_)
+        self.dir = run_dir.watch(env.launch_id, env.attempt, round_)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = progress_file(self.dir, env.rank)
         self.recorder = recorder.Recorder(ignored=set(left))  # a healed round: not the groups it left

@@ -66,14 +66,14 @@ def _ranks(numbers: tuple[int, ...] | list[int]) -> str:
 class Reporter:
     def __init__(  # noqa: PLR0913
         self,
-        run_dir: str | Path,
+        run_dir: RunDir,
         env: DistEnv,
         folder: Path,
         warn_s: float,
         timeout_s: Optional[float],
         round_: int = 0,
     ) -> None:
-        self.run, self.env, self.dir = RunDir(run_dir), env, folder
+        self.run, self.env, self.dir = run_dir, env, folder
         # each report's folder: the attempt's, and the round's after a heal (a round's first report must not find
         # the stacks of an earlier round's in a folder of the same name)
         self.round = round_

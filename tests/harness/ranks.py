@@ -119,6 +119,6 @@ def train_layout(tmp_path, layout, *overrides):
     world, per_node = LAYOUTS[layout]
     run = tmp_path / "run"
     job, _ = plan(*LAYOUT_JOB, *overrides, f"cluster.procs_per_node={world}", run_dir=run)
-    freeze(job, run)
+    freeze(job)
     spawn_ranks(_train_and_dump, world, tmp_path, per_node)
     return [torch.load(tmp_path / f"params-{r}.pt") for r in range(world)]

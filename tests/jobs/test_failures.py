@@ -65,7 +65,7 @@ def test_unreachable_master_is_named(tmp_path):
 def test_node_agent_alone_times_out_naming_the_rendezvous(tmp_path):
     """A virtual node whose peers never start: its elastic agent gives up after cluster.join_timeout_s."""
     job, _ = plan("+cluster=sim", "cluster.join_timeout_s=3", run_dir=tmp_path)
-    freeze(job, str(tmp_path))
+    freeze(job)
     port = free_port("127.0.0.1")
     result = subprocess.run(
         [

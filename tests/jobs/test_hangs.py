@@ -9,6 +9,7 @@ import re
 import time
 
 from harness.run import run_launcher
+from launcher.base.run_dir import RunDir
 from launcher.watch.verdict import find_hang, find_stragglers
 
 NOW = 1_000_000 * 10**9
@@ -123,7 +124,7 @@ def reporter_over(timeout_s, tmp_path, monkeypatch, seconds=600):
     from launcher.watch.reporter import Reporter
 
     said, ended = [], []
-    reporter = Reporter(tmp_path, DistEnv(rank=0, world_size=2), tmp_path, 2.0, timeout_s)
+    reporter = Reporter(RunDir(tmp_path), DistEnv(rank=0, world_size=2), tmp_path, 2.0, timeout_s)
     monkeypatch.setattr(reporter, "_read", lambda rank: None)
     monkeypatch.setattr(reporter, "_end", lambda hang: ended.append(now))
     monkeypatch.setattr(reporter.stragglers, "update", lambda *a: None)
@@ -295,7 +296,7 @@ def test_without_torchs_flight_recorder_the_watch_is_off_with_one_warning(tmp_pa
 
     monkeypatch.setattr(recorder, "MISSING", "torch 2.4.0 has no backend-neutral flight recorder (...)")
     with caplog.at_level("WARNING", logger="launcher.watch"):
-        watches = [watch.start_watch(tmp_path, DistEnv(rank=r, world_size=2), 60.0, None, 2000) for r in (0, 1)]
+        watches = [watch.start_watch(RunDir(tmp_path), DistEnv(rank=r, world_size=2), 60.0, None, 2000) for r in (0, 1)]
     assert [r.getMessage() for r in caplog.records] == ["torch 2.4.0 has no backend-neutral flight recorder (...)"]
     assert all(w.known_groups() == frozenset() and w.stragglers() == [] for w in watches)
     assert not any(w._current for w in watches)  # no watch thread

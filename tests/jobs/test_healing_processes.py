@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+from launcher.base.run_dir import RunDir
 from launcher.heal import head_side as healing
 from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
@@ -74,7 +75,7 @@ def end(procs: list[subprocess.Popen]) -> None:
 
 
 def wait(procs, keeper, tmp_path, min_nodes, rejoin=None):
-    members = Membership(tmp_path, NAMES, min_nodes, max_restarts=0)
+    members = Membership(RunDir(tmp_path), NAMES, min_nodes, max_restarts=0)
     why = lambda code: f"killed by {signal.Signals(-code).name}" if code < 0 else ""  # noqa: E731
     held = [ProcessNode(proc) for proc in procs]  # a joiner is added to it
     try:

@@ -29,7 +29,7 @@ def scalars_expected(run_dir) -> dict[str, list[tuple[int, float]]]:
     """The same from metrics.jsonl: every numeric field but the step of each train and eval record (the last
     record of a (kind, step): a resumed run's), tagged ``train/<field>``, ``eval/<field without test_>``."""
     expected: dict[str, list[tuple[int, float]]] = {}
-    train, evals = load_metrics(run_dir)
+    train, evals = load_metrics(RunDir(run_dir))
     for record in train + evals:
         kind = record["kind"]
         for key, value in record.items():

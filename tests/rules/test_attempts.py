@@ -133,7 +133,7 @@ def job_of(tmp_path, min_nodes: int, max_restarts: int = 0):
 
 def test_a_plain_attempt_that_finishes(tmp_path, capfd):
     machines, job = StandInMachines([None]), job_of(tmp_path, min_nodes=3)
-    members = Membership(tmp_path, NAMES, 3, max_restarts=1)
+    members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
     assert run_job(machines, job, members, Secret.new()) == 0
     assert machines.placed == [(NAMES, [])] and members.attempt == 0  # one attempt, nothing spent
     assert [(n.args.node, n.args.nodes, n.args.endpoint, n.args.members) for n in machines.started] == [
@@ -152,7 +152,7 @@ def test_a_machine_lost_restarts_the_job_while_restarts_are_left_then_it_stops(t
     rank fails: the others are stopped after the grace, the job's report names the failing rank, and with no
     restart left the job ends with exit 1."""
     machines, job = StandInMachines([("node-1", KILLED), ("node-0", 1)]), job_of(tmp_path, min_nodes=3)
-    members = Membership(tmp_path, NAMES, 3, max_restarts=1)
+    members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
     assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
     first, second = machines.started[:3], machines.started[3:]
     assert [n.args.attempt for n in machines.started] == [0, 0, 0, 1, 1, 1]
@@ -175,7 +175,7 @@ def test_a_stop_signal_to_the_head_stops_every_node_and_ends_the_job(tmp_path, c
     """SIGHUP to the head while the nodes start: passed on as TERM to every node, those started after it included;
     the job ends with 129 and the stop line, no restart although one is left."""
     machines, job = StandInMachines([("node-2", SIGHUP_TO_THE_HEAD)]), job_of(tmp_path, min_nodes=3)
-    members = Membership(tmp_path, NAMES, 3, max_restarts=1)
+    members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
     before = signal.signal(signal.SIGHUP, lambda *_: None)  # (a driver that forwards nothing: the test fails, lives)
     try:
         assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 129
@@ -192,7 +192,7 @@ def test_a_machine_lost_under_min_nodes_goes_on_without_it(tmp_path, capfd):
     """``cluster.min_nodes=2``: the next attempt runs on the two left (a loss spends no restart); losing one more
     leaves too few: the job stops."""
     machines, job = StandInMachines([("node-1", KILLED), ("node-2", KILLED)]), job_of(tmp_path, min_nodes=2)
-    members = Membership(tmp_path, NAMES, 2, max_restarts=0)
+    members = Membership(RunDir(tmp_path), NAMES, 2, max_restarts=0)
     assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
     assert machines.placed == [(NAMES, []), (["node-0", "node-2"], ["node-1"])]
     assert [n.args.nodes for n in machines.started] == [3, 3, 3, 2, 2]
@@ -206,7 +206,7 @@ def test_a_healing_attempt_shrinks_the_membership_through_the_keepers_decision(t
     """Healing in place: node-1's process killed is told to the keeper, whose decision drops it: the head's
     Membership follows it (``Membership.apply``), nothing restarts, the survivors finish, exit 0."""
     machines, job = StandInMachines([("node-1", KILLED)], heals=True), job_of(tmp_path, min_nodes=2)
-    members = Membership(tmp_path, NAMES, 2, max_restarts=1)
+    members = Membership(RunDir(tmp_path), NAMES, 2, max_restarts=1)
     keepers: list[StandInKeeper] = []
 
     def keeper(*args) -> StandInKeeper:

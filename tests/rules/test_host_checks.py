@@ -5,6 +5,7 @@ Each host's checks over ssh (a stand-in ssh running the probe): tests/jobs/test_
 import pytest
 
 from harness.config import plan
+from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError
 from launcher.heal.membership import Membership
 from launcher.launch.local import launch_local
@@ -28,7 +29,7 @@ def test_node_0_by_hand_must_run_on_master_addr(tmp_path):
 def test_fewer_than_min_nodes_left_stops_the_job(tmp_path, capsys):
     """docs/healing.md: losing machines down to ``cluster.min_nodes`` goes on; one more lost and the job stops,
     saying so, with no membership change recorded."""
-    members = Membership(tmp_path, ["a", "b", "c"], 2, 0)
+    members = Membership(RunDir(tmp_path), ["a", "b", "c"], 2, 0)
     assert members.again({"a": "its link went down"}, "host")
     assert members.live == ["b", "c"]
     assert not members.again({"b": "its link went down"}, "host")

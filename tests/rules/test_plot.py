@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from launcher.base.run_dir import RunDir
 from launcher.commands.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
 from launcher.report.summary import RunSummary
 
@@ -66,7 +67,7 @@ def _assert_png(path):
 def test_load_metrics_last_record_wins_and_sorted(tmp_path, caplog):
     run = _resumed_run(tmp_path / "run")
     with caplog.at_level(logging.WARNING, logger="launcher.commands.plot"):
-        train, evals = load_metrics(run)
+        train, evals = load_metrics(RunDir(run))
     assert [r["step"] for r in train] == [10, 20, 30, 40]
     assert [r["loss"] for r in train] == [2.0, 1.5, 1.1, 0.9]  # the resumed run's values
     assert [(r["step"], r["test_accuracy"], r["test_loss"]) for r in evals] == [(20, 0.70, 0.9), (40, 0.85, 0.6)]
@@ -78,7 +79,7 @@ def test_load_metrics_sorts_out_of_order_steps(tmp_path):
         tmp_path / "run",
         [_train(30, 0.3), _train(10, 0.1), _eval(22, 1, 0.5, 0.9), _train(20, 0.2), _eval(11, 0, 0.7, 0.8)],
     )
-    train, evals = load_metrics(run)
+    train, evals = load_metrics(RunDir(run))
     assert [(r["step"], r["loss"]) for r in train] == [(10, 0.1), (20, 0.2), (30, 0.3)]
     assert [r["epoch"] for r in evals] == [0, 1]
 
@@ -86,7 +87,7 @@ def test_load_metrics_sorts_out_of_order_steps(tmp_path):
 @pytest.mark.parametrize("comm", [True, False])
 def test_plot_run_writes_png(tmp_path, comm):
     run = _resumed_run(tmp_path / "run", comm=comm)
-    out = plot_run(str(run))  # str accepted as well as Path
+    out = plot_run(RunDir(run))
     assert out == run / "plots" / "curves.png"
     _assert_png(out)
 
@@ -106,9 +107,9 @@ def test_plot_without_evals_and_with_summary(tmp_path):
             }
         )
     )
-    train, evals = load_metrics(run)
+    train, evals = load_metrics(RunDir(run))
     assert len(train) == 2 and evals == []
-    _assert_png(plot_run(run))
+    _assert_png(plot_run(RunDir(run)))
 
 
 def test_run_title_from_the_typed_summary(tmp_path):
@@ -119,17 +120,17 @@ def test_run_title_from_the_typed_summary(tmp_path):
         hosts=["a", "b"],
     )  # fmt: skip
     assert run_title(summary) == "LeNet · digits · 2 nodes × 2 ranks · bucketed, hierarchical"
-    summary.write(tmp_path)
-    assert RunSummary.read(tmp_path) == summary
+    summary.write(RunDir(tmp_path))
+    assert RunSummary.read(RunDir(tmp_path)) == summary
     assert run_title(None) == ""
     (tmp_path / "summary.json").write_text("{not json")
-    assert RunSummary.read(tmp_path) is None  # unreadable: plots lose the title, nothing fails
+    assert RunSummary.read(RunDir(tmp_path)) is None  # unreadable: plots lose the title, nothing fails
 
 
 def test_missing_run_dir_names_path(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(ValueError, match=re.escape(f"no metrics in {missing / 'metrics.jsonl'}")):
-        plot_run(missing)
+        plot_run(RunDir(missing))
     assert not (missing / "plots").exists()
 
 
@@ -139,7 +140,7 @@ def test_empty_or_unreadable_metrics_raise(tmp_path, content):
     run.mkdir()
     (run / "metrics.jsonl").write_text(content)
     with pytest.raises(ValueError, match="metrics.jsonl"):
-        load_metrics(run)
+        load_metrics(RunDir(run))
 
 
 def _span(rank, name, tid, ts, dur, **args):
@@ -174,9 +175,9 @@ def _trace(run_dir):
 
 def test_plot_trace_and_plot_all(tmp_path):
     run_dir = _resumed_run(tmp_path / "run")
-    assert plot_all(run_dir) == [run_dir / "plots" / "curves.png"]  # no trace.json: curves only
+    assert plot_all(RunDir(run_dir)) == [run_dir / "plots" / "curves.png"]  # no trace.json: curves only
     _trace(run_dir)
-    paths = plot_all(run_dir)
+    paths = plot_all(RunDir(run_dir))
     assert paths == [run_dir / "plots" / "curves.png", run_dir / "plots" / "trace.png"]
     for path in paths:
         _assert_png(path)
@@ -184,11 +185,11 @@ def test_plot_trace_and_plot_all(tmp_path):
 
 def test_plot_trace_without_trace_names_the_fix(tmp_path):
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "trace.json")) + ".*comm.trace=true"):
-        plot_trace(tmp_path)
+        plot_trace(RunDir(tmp_path))
 
 
 def test_a_single_logged_step_still_plots(tmp_path):
-    _assert_png(plot_run(_write(tmp_path / "run", [_train(5, 2.0, 0.003)])))
+    _assert_png(plot_run(RunDir(_write(tmp_path / "run", [_train(5, 2.0, 0.003)]))))
 
 
 def _write_trace(run_dir):
@@ -223,7 +224,7 @@ def _write_trace(run_dir):
 
 def test_plot_trace_sorted_ranks_tracks_with_args(tmp_path):
     run = _write_trace(tmp_path / "run")
-    out = plot_trace(str(run))
+    out = plot_trace(RunDir(run))
     assert out == run / "plots" / "trace.png"
     _assert_png(out)
 
@@ -231,4 +232,4 @@ def test_plot_trace_sorted_ranks_tracks_with_args(tmp_path):
 def test_plot_trace_without_events_raises(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": [], "displayTimeUnit": "ms"}))
     with pytest.raises(ValueError, match="no events"):
-        plot_trace(tmp_path)
+        plot_trace(RunDir(tmp_path))

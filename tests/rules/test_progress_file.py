@@ -4,6 +4,7 @@ list made every file 7 KB, read once a second each by rank 0: bench/scale.py); r
 import json
 
 from launcher.base.env import DistEnv
+from launcher.base.run_dir import RunDir
 from launcher.watch import publisher as publisher_module
 from launcher.watch.publisher import Publisher
 from launcher.watch.reporter import group_label
@@ -22,7 +23,7 @@ class _Recorder:
 
 def test_members_of_every_rank_are_left_out_and_read_back_as_every_rank(tmp_path, monkeypatch):
     monkeypatch.setattr(publisher_module.recorder, "members", lambda: {"0": [0, 1, 2], "7": [1, 2]})
-    pub = Publisher(tmp_path, DistEnv(rank=1, world_size=3, local_world_size=1, node_rank=1, num_nodes=3))
+    pub = Publisher(RunDir(tmp_path), DistEnv(rank=1, world_size=3, local_world_size=1, node_rank=1, num_nodes=3))
     pub.recorder = _Recorder()
     pub.beat(with_arrivals=False)
     groups = json.loads(pub.path.read_text())["groups"]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from launcher.base.run_dir import RunDir
 from launcher.launch.slurm import job_state as slurm_state
 from launcher.launch.slurm.ending import ended_on_their_own
 from launcher.launch.slurm.job_state import JobWatch, Live
@@ -30,7 +31,7 @@ def controller(monkeypatch):
 
 def test_a_job_that_looks_failed_while_its_requeue_is_on_the_way_is_waited_for(controller, tmp_path):
     said, _, clock = controller
-    watch = JobWatch(Submitted(), str(tmp_path))
+    watch = JobWatch(Submitted(), RunDir(tmp_path))
     said.append(Live("RUNNING", "None", 1, "2026-11-26T05:00:00"))
     assert watch.ended() is None
     (tmp_path / "requeues.json").write_text(json.dumps({"count": 2}))  # rank 0 counted its requeue, then asks
@@ -46,12 +47,12 @@ def test_a_job_ended_with_every_requeue_seen_is_ended_at_once(controller, tmp_pa
     said, _, _ = controller
     (tmp_path / "requeues.json").write_text(json.dumps({"count": 1}))
     said.append(Live("COMPLETED", "None", 1, "2026-11-26T05:00:00"))
-    assert JobWatch(Submitted(), str(tmp_path)).ended() == "COMPLETED"
+    assert JobWatch(Submitted(), RunDir(tmp_path)).ended() == "COMPLETED"
 
 
 def test_the_requeue_hold_is_released_once_per_requeue_and_never_on_the_first_start(controller, tmp_path):
     said, released, _ = controller
-    watch = JobWatch(Submitted(), str(tmp_path))
+    watch = JobWatch(Submitted(), RunDir(tmp_path))
     said.append(Live("PENDING", "BeginTime", 0, "2026-11-26T05:00:00"))  # the user's --begin: kept
     assert watch.ended() is None and released == []
     said.append(Live("PENDING", "BeginTime", 1, "2026-11-26T05:01:00"))

@@ -19,7 +19,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launcher.base.env import head_attempt
 from launcher.base.files import remove_empty_dirs
-from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig
 from launcher.dist.rendezvous import listening_store
 from launcher.launch.nodes.control import print_stopped
@@ -61,7 +60,7 @@ def agent_config(
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,
-        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(job.run_dir).node_logs(node))),
+        logs_specs=DefaultLogsSpecs(log_dir=str(job.run.node_logs(node))),
     )
 
 
@@ -99,14 +98,14 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> in
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)
         record_exits(
-            RunDir(job.run_dir).failure_attempt(config.run_id, config.max_restarts + head_attempt(os.environ)),
+            job.run.failure_attempt(config.run_id, config.max_restarts + head_attempt(os.environ)),
             [
                 exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), node, config.max_nodes)
                 for rank, f in exc.failures.items()
             ],
         )
         if report:
-            report_failures(job.run_dir, config.run_id)
+            report_failures(job.run, config.run_id)
         return 1
     except RendezvousTimeoutError:
         print(

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from launcher.base.liveness import HEAD_PING_S
-from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig
 from launcher.heal.head_side import KeeperClient
 from launcher.heal.membership import Membership
@@ -174,7 +173,7 @@ def run_attempt(
                 joiner = Joiner(machines, job, endpoint, launch_id, attempt, nodes, placement.rejoin_every_s)
                 healing = Healing(client, members, joiner)
             with heartbeats(nodes):
-                ended = lambda: hang_ended(job.run_dir, launch_id, attempt)  # noqa: E731
+                ended = lambda: hang_ended(job.run, launch_id, attempt)  # noqa: E731
                 out = wait(nodes, names, machines.lost, ended, healing)
     finally:
         if client is not None:
@@ -221,7 +220,7 @@ def said_end(
     if code == 0:
         return Ended(0, final=True)
     gone = {i: why for i, c in enumerate(out.codes) if (why := machines.lost(c)) and i not in out.stopped | out.lost}
-    logs = RunDir(job.run_dir).logs
+    logs = job.run.logs
     if gone and not healing:  # the other ranks were ended by the head (ABORT): a report would blame them
         for index, why in gone.items():
             print(f"launcher: node {index} ({out.names[index]}): {why}", file=sys.stderr)
@@ -230,7 +229,7 @@ def said_end(
             f"{', '.join(out.names[i] for i in gone)} in collectives); their logs: {logs}",
             file=sys.stderr,
         )
-    elif not out.keeper_ended and not report_failures(job.run_dir, launch_id):
+    elif not out.keeper_ended and not report_failures(job.run, launch_id):
         what = "process" if healing else "agent"
         print(
             f"launcher: node {out.first}'s {what} on {out.names[out.first]} exited with code {code} (no rank recorded "

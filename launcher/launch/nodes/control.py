@@ -87,7 +87,7 @@ class NodeArgs:
         return cls(**vars(parser.parse_args(argv)))
 
 
-def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") -> str:
+def stop_message(code: int, run_dir: RunDir, script: bool, resume: str = "auto") -> str:
     """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143), saying only what the launcher
     knows: it writes no checkpoint for a ``script`` (a user's torchrun-style script); the built-in trainer's newest
     checkpoint in ``run_dir`` is read from its name, not assumed written at the stop (a stop during start-up comes
@@ -98,7 +98,7 @@ def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") ->
             f"{stopped}; the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether "
             "it saved anything is up to the script)"
         )
-    checkpoints = RunDir(run_dir).checkpoints
+    checkpoints = run_dir.checkpoints
     step = newest_step(checkpoints)
     if step is None:
         start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"
@@ -112,7 +112,7 @@ def stop_message(code: int, run_dir: str, script: bool, resume: str = "auto") ->
 
 def print_stopped(code: int, job: JobConfig) -> None:
     """Print ``stop_message`` for ``job``, stopped by a signal (exit ``code``: 130 / 143)."""
-    print(stop_message(code, job.run_dir, job.script is not None, job.train.resume), file=sys.stderr)
+    print(stop_message(code, job.run, job.script is not None, job.train.resume), file=sys.stderr)
 
 
 class Node(Protocol):

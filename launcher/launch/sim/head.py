@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 
 from launcher.base.env import DistEnv
 from launcher.base.files import remove_empty_dirs
-from launcher.base.run_dir import RunDir
 from launcher.base.threads import RANKS_ON_MACHINE
 from launcher.config import JobConfig, SimClusterConfig
 from launcher.config.rules import heals_in_place
@@ -62,11 +61,11 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
         raise TypeError(f"cluster.kind={c.kind!r}: the sim launcher needs +cluster=sim")
     # cluster.min_nodes: the head restarts the job (on the survivors, or after failures), the agents do not
     head_max_restarts = c.max_restarts if c.may_shrink else 0
-    members = Membership(job.run_dir, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
+    members = Membership(job.run, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
     secret = Secret.new()  # the job's: the keeper and the node processes get it in their environment
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
         code = run_job(SimMachines(job, c, net, secret, bool(heals_in_place(job))), job, members, secret)
-        remove_empty_dirs(RunDir(job.run_dir).elastic_logs)  # every node process has ended
+        remove_empty_dirs(job.run.elastic_logs)  # every node process has ended
     return code
 
 

@@ -22,20 +22,20 @@ def failure_recorded(job: JobConfig, job_id: str) -> bool:
     """A rank of the job's newest start has recorded its own failure (an error, a hang named by the watch): the job
     is ending, the report need not wait. Peers' records alone do not count: a rank killed without a record (by a
     signal, the OOM killer) is named from submitit's word once the job has ended, first."""
-    return any(f.kind != "peer" for f in load(job.run_dir, job_id))
+    return any(f.kind != "peer" for f in load(job.run, job_id))
 
 
 def report_first_failure(job: JobConfig, job_id: str) -> int:
     """The report from the ranks' records, once they stopped coming (``SLURM_SETTLE_S`` without a new one, at most
     ``AFTER_FAILURE_GRACE_S``): exit code 1. Slurm ends the other tasks (srun's ``--kill-on-bad-exit``)."""
     deadline, tick = time.monotonic() + AFTER_FAILURE_GRACE_S, threading.Event()
-    seen = len(load(job.run_dir, job_id))
+    seen = len(load(job.run, job_id))
     while time.monotonic() < deadline and not tick.wait(SLURM_SETTLE_S):
-        now = len(load(job.run_dir, job_id))
+        now = len(load(job.run, job_id))
         if now == seen:
             break
         seen = now
-    report_failures(job.run_dir, job_id)
+    report_failures(job.run, job_id)
     return 1
 
 
@@ -126,5 +126,5 @@ def report(submitted: Any, job: JobConfig, state: str | None = None) -> int:
             known.append(failure(rank, "died" if isinstance(exc, FailedJobError) else "stopped", first.strip()))
     if not known:
         return 0
-    report_failures(job.run_dir, job_id, known)
+    report_failures(job.run, job_id, known)
     return 1

@@ -48,10 +48,10 @@ def live(job_id: str) -> Live | None:
     return Live(fields["JobState"], fields.get("Reason", ""), int(fields.get("Restarts") or 0), fields["SubmitTime"])
 
 
-def requeues_asked(run_dir: str) -> int:
+def requeues_asked(run_dir: RunDir) -> int:
     """How many requeues rank 0 asked for (``task_entry.requeue`` writes the count before it asks)."""
     try:
-        return int(json.loads(RunDir(run_dir).requeues.read_text())["count"])
+        return int(json.loads(run_dir.requeues.read_text())["count"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
@@ -62,7 +62,7 @@ class JobWatch:
     ranks' stop checkpoint, nothing needs that pause but the credential's second (``REVOKED_MARGIN_S``; a ``--begin``
     the user asked for holds only the first start, ``Restarts=0``)."""
 
-    def __init__(self, submitted: Any, run_dir: str) -> None:
+    def __init__(self, submitted: Any, run_dir: RunDir) -> None:
         self.submitted, self.run_dir = submitted, run_dir
         self.job_id = str(submitted.job_id)
         self.ended_since: float | None = None

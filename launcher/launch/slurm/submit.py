@@ -29,7 +29,6 @@ from typing import Any
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
 from launcher.base.liveness import SLURM_POLL_S
-from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig, SlurmClusterConfig
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.control import Control, forwarding_stops, print_stopped
@@ -57,7 +56,7 @@ class SlurmMode(BaseMode):
 
     def submit(self, plan: LaunchPlan, job: JobConfig) -> PendingJob:
         submitted = submit_slurm(plan, job)
-        return PendingJob(submitted, job, JobWatch(submitted, job.run_dir))
+        return PendingJob(submitted, job, JobWatch(submitted, job.run))
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def executor(job: JobConfig) -> Any:
     c = job.cluster
     if not isinstance(c, SlurmClusterConfig):
         raise TypeError(f"cluster.kind={c.kind!r}: the Slurm launcher needs +cluster=slurm")
-    ex = submitit.AutoExecutor(folder=RunDir(job.run_dir).submitit_jobs(c.folder), cluster="slurm")
+    ex = submitit.AutoExecutor(folder=job.run.submitit_jobs(c.folder), cluster="slurm")
     additional = dict(c.extra_sbatch)
     if c.may_shrink:
         additional["nodes"] = node_range(c)  # replaces submitit's --nodes=MAX (extra_sbatch cannot set nodes)
@@ -127,12 +126,12 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
     """Submit; Slurm's refusal (bad partition, account, ...) becomes a ConfigError with Slurm's reason."""
     from submitit.core.utils import FailedJobError
 
-    RunDir(job.run_dir).stop_request.unlink(missing_ok=True)  # an earlier run's stop is not this one's
+    job.run.stop_request.unlink(missing_ok=True)  # an earlier run's stop is not this one's
 
     try:
         ex, c = executor(job), job.cluster
         assert isinstance(c, SlurmClusterConfig)  # (executor refuses any other)
-        private = RunDir(job.run_dir).submitit(c.folder)  # the pickled task carries the job's secret: its owner's only
+        private = job.run.submitit(c.folder)  # the pickled task carries the job's secret: its owner's only
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
         private.chmod(0o700)
         submitted = ex.submit(SlurmTask(job.run_dir, Secret.new()))
@@ -146,7 +145,7 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
         )
     print(
         f"[launcher] submitted Slurm job {submitted.job_id}: {layout}\n"
-        f"[launcher] rank 0 log: {RunDir(job.run_dir).rank_log(0)}\n"
+        f"[launcher] rank 0 log: {job.run.rank_log(0)}\n"
         f"[launcher] submitit files: {submitted.paths.folder}",
         file=sys.stderr,
     )
@@ -157,10 +156,10 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
     submitted = submit_slurm(plan, job)
     if isinstance(job.cluster, SlurmClusterConfig) and not job.cluster.wait:
         return 0
-    job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run_dir)
+    job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run)
     stop = lambda word: stop_job(job, job_id, word)  # noqa: E731
     with forwarding_stops(stop, "on Slurm (its ranks checkpoint; no requeue)") as stops:
-        state = stream_until_done(watch, RunDir(job.run_dir).rank_log(0), lambda: failure_recorded(job, job_id))
+        state = stream_until_done(watch, job.run.rank_log(0), lambda: failure_recorded(job, job_id))
     if stops:
         code = 128 + stops[0]  # the head's own signal (SIGHUP is passed on as a SIGTERM)
         print_stopped(code, job)
@@ -174,7 +173,7 @@ def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
     """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the job's ranks stop at one step with a checkpoint,
     as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``RunDir.stop_request`` says why);
     a job still pending is cancelled."""
-    write_json_atomic(RunDir(job.run_dir).stop_request, {"stop": word.value})
+    write_json_atomic(job.run.stop_request, {"stop": word.value})
     now = live(job_id)
     how = ["scancel", job_id] if now is not None and now.state == "PENDING" else ["scancel", "--signal=USR2", job_id]
     try:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
-from launcher.base.run_dir import RunDir
 from launcher.config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from launcher.launch.mode import StartedMode
 from launcher.launch.ports import port_in_use
@@ -87,7 +86,7 @@ def requeue_after_stop(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
     launcher's head asked for the stop (``RunDir.stop_request``: it was sent SIGTERM, SIGINT or SIGHUP): then the job
     ends."""
-    if RunDir(job.run_dir).stop_request.exists():
+    if job.run.stop_request.exists():
         if env.is_main:
             log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", stop)
         raise SystemExit(0)
@@ -108,7 +107,7 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
 
 
 def requeue(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
-    count_file = RunDir(job.run_dir).requeues
+    count_file = job.run.requeues
     count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
     c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
     if count >= c.max_requeues:

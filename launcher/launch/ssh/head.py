@@ -54,7 +54,6 @@ from dataclasses import dataclass, field, replace
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import heals_in_place
 from launcher.heal.membership import Membership
@@ -94,12 +93,12 @@ class SshMode(BaseMode):
 
 def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
     open_files_for(len(c.hosts))
-    members = Membership(job.run_dir, list(c.hosts), plan.min_nodes, c.max_restarts)
+    members = Membership(job.run, list(c.hosts), plan.min_nodes, c.max_restarts)
     secret = Secret.new()  # the job's: each host gets it as the first line of its connection's stdin
     try:
         return run_job(SshMachines(job, c, secret, bool(heals_in_place(job))), job, members, secret)
     finally:
-        for marker in RunDir(job.run_dir).host_checks():  # a rejoin check still in flight
+        for marker in job.run.host_checks():  # a rejoin check still in flight
             marker.unlink(missing_ok=True)
 
 

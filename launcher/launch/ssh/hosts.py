@@ -16,7 +16,6 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import TENSORBOARD_HINT, writes_tensorboard
 from launcher.heal.membership import Membership
@@ -248,7 +247,7 @@ def check_hosts(
     """Every host in parallel, before anything starts: each one's facts and problems (the first host, the
     master, picks the port, unless not ``picks_port``: hosts that join a running job)."""
     token = uuid.uuid4().hex
-    marker = RunDir(job.run_dir).host_check(token)
+    marker = job.run.host_check(token)
     marker.write_text(token)
     try:
         with ThreadPoolExecutor(len(hosts)) as pool:
