@@ -6,10 +6,19 @@ import atexit
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
 _EXIT_CODE: Optional[int] = None
+_LAST: list[Callable[[], None]] = []  # run right before the process ends (``at_the_end``)
+
+
+def at_the_end(hook: Callable[[], None]) -> None:
+    """Run ``hook`` as this process ends, after its output is flushed, whether through ``end_process_at_exit`` or
+    the interpreter's own exit (logs.py: wait for rank 0's ``tee`` to pass on its last lines)."""
+    _LAST.append(hook)
+    atexit.register(hook)
 
 
 def end_process_at_exit(code: int) -> None:
@@ -42,6 +51,8 @@ def _end() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    for hook in _LAST:
+        hook()
     os._exit(_EXIT_CODE or 0)
 
 

@@ -49,3 +49,6 @@ REQUEUE_GRACE_S = 60.0
 # from that second or before ("Job credential revoked": the job FAILED). Slurm's own hold (~10 s) avoids that; the
 # launcher's release keeps this margin after the requeue instead
 REVOKED_MARGIN_S = 2
+
+# rank 0's output: at its end, each tee (its output to the console and its log) passes on what is left within this
+TEE_DRAIN_S = 5.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -40,7 +41,16 @@ def to_job(cfg: DictConfig) -> JobConfig:
 
 
 def to_yaml(job: JobConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(job))
+    """The job as YAML that reads back as this job: a script's arguments stay verbatim (a ``${`` in one escaped, not
+    an interpolation when the ranks load it)."""
+    config = OmegaConf.structured(job)
+    config.script_args = [literal(arg) for arg in job.script_args]
+    return OmegaConf.to_yaml(config)
+
+
+def literal(text: str) -> str:
+    """``text`` as OmegaConf gives it back verbatim: each ``${`` escaped (with the backslashes before it)."""
+    return re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", text)
 
 
 def freeze(job: JobConfig) -> Path:

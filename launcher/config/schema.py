@@ -223,7 +223,7 @@ class JobConfig:
     doctor: bool = False  # check the cluster (reachability, interfaces, GPUs, link speeds) instead of training
     preflight: bool = False  # run the doctor's checks at the start of training and log them
     script: Optional[str] = None  # run this torchrun-compatible script instead of the built-in trainer
-    script_args: list[str] = field(default_factory=list)  # the script's own arguments: script_args=[--lr,0.1]
+    script_args: list[str] = field(default_factory=list)  # the script's arguments: after --, or script_args=[--lr,0.1]
     run_dir: str = "."  # filled from Hydra's run dir; every file of the run goes there
 
     @property

@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from typing import Optional
 
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from launcher.base.env import DistEnv
-from launcher.base.logs import take_the_console
+from launcher.base.logs import console_stream, take_the_console
 from launcher.comm import trace
 from launcher.comm.trace import Tracer, write_trace
 from launcher.config import JobConfig
@@ -37,11 +36,11 @@ log = logging.getLogger(__name__)
 def progress_bar(total: int, initial: int, main: bool) -> Iterator[tqdm]:
     """The steps' progress bar on rank 0's console (the launcher's log lines print above it)."""
     bar = tqdm(
-        total=total, initial=initial, disable=None if main else True, unit="step", dynamic_ncols=True, leave=False
-    )
-    try:
-        with logging_redirect_tqdm(loggers=[logging.getLogger("launcher")]) if main else nullcontext():
-            yield bar
+        total=total, initial=initial, disable=None if main else True, unit="step", dynamic_ncols=True, leave=False,
+        file=console_stream(),  # the console itself (a terminal: the bar shows), not into the log file
+    )  # fmt: skip
+    try:  # (the launcher's log lines print above it: base/logs.py writes them through tqdm)
+        yield bar
     finally:
         bar.close()
 

@@ -51,11 +51,13 @@ def user_env(env: dict | None = None, drop: tuple[str, ...] = ()) -> dict[str, s
 def launcher_argv(run_dir: Path, *args: str, module: Sequence[str] = LAUNCHER) -> list[str]:
     """``python -m launcher [flags] hydra.run.dir=<run_dir> overrides...``: flags (``-m``, ...) first, as Hydra
     wants them before the overrides."""
+    tail = list(args[args.index("--") :]) if "--" in args else []  # a script's own arguments: last, verbatim
+    args = args[: len(args) - len(tail)]
     flags = [a for a in args if a.startswith("-")]
     rest = [a for a in args if not a.startswith("-")]
     if module[-1] == "launcher" and rest and not any(a.startswith("train.plots=") for a in rest):
         rest.append(NO_PLOTS)  # (a bare hydra.run.dir=X is the resume command the launcher prints: kept bare)
-    return [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest]
+    return [sys.executable, *module, *flags, f"hydra.run.dir={run_dir}", *rest, *tail]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Rank 0's output to the console and to its log (``logs.py``): ``python -m launcher.base.tee LOG IN OUT IN OUT``,
+one process for both streams, handed (``pass_fds``) the read end of the rank's stdout pipe and the console's stdout,
+then the same for stderr. Each chunk read goes to its console stream, then to the log, whole:
+stdout and stderr stay apart on the console and do not cut each other's lines where both reach one terminal or
+file (``2>&1``), as two ``tee`` processes would. It ends when the rank and every process holding its output have
+ended, after writing what was left (a rank killed by SIGKILL loses nothing it wrote). Torch-free, and quick to
+start: only the standard library."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+
+CHUNK = 65536
+
+
+def tee(log_path: str, sources: dict[int, int]) -> None:
+    """Copy each fd of ``sources`` (read end -> console fd) to its console fd and to ``log_path`` until every one
+    is at its end."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with selectors.DefaultSelector() as selector:
+        for source in sources:
+            selector.register(source, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select():
+                data = os.read(key.fd, CHUNK)
+                if not data:
+                    selector.unregister(key.fd)
+                    continue
+                for out in (sources[key.fd], log):
+                    write_all(out, data)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:  # a console gone (its reader ended): the log still gets every line
+        pass
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C to the terminal: the rank's to answer; this one drains
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    fds = [int(arg) for arg in sys.argv[2:]]
+    tee(sys.argv[1], dict(zip(fds[::2], fds[1::2])))
+
+
+if __name__ == "__main__":
+    main()
