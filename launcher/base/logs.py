@@ -2,9 +2,10 @@
 
 Every rank's raw stdout/stderr (a script's prints, warnings, C++ messages) is in its log file too. Ranks other than
 0 send it there only, so the console shows one rank's story (a failing rank's traceback still reaches the console
-through the launcher). Rank 0's goes to the console and, through a ``tee`` process per stream, to its log file as
-well: a rank killed by SIGKILL loses nothing it wrote (the ranks run with ``python -u``; ``tee`` drains the pipe
-after the rank is gone, in a session of its own, so a signal to the rank's process group does not cut it short).
+through the launcher). Rank 0's goes to the console and, through one tee process for both streams (``tee.py``), to its
+log file as well: a rank killed by SIGKILL loses nothing it wrote (the ranks run with ``python -u``; the tee drains
+the pipes after the rank is gone, in a session of its own, so a signal to the rank's process group does not cut it
+short).
 The launcher's own log lines go to the file through their handler and to the console straight, not through ``tee``.
 """
 
@@ -75,21 +76,16 @@ def _tee(path: Path, out_fd: Optional[int] = None) -> None:
     out = out_fd if out_fd is not None else console_fd
     pipes = [os.pipe(), os.pipe()]  # stdout's, stderr's: (read, write)
     fds = [pipes[0][0], out, pipes[1][0], console_fd]
-    argv = [sys.executable, "-S", "-u", "-m", "launcher.base.tee", str(path), *map(str, fds)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_package_root(), os.environ.get("PYTHONPATH")]))}
-    _tees.append(subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+    argv = [sys.executable, "-S", "-u", str(Path(__file__).with_name("tee.py")), str(path), *map(str, fds)]
+    if not _tees:  # (once: it waits for every tee of this process)
+        at_the_end(_drain)
+    _tees.append(subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True))
     for fd, (read, write) in zip((1, 2), pipes):
         os.close(read)
         os.dup2(write, fd)
         os.close(write)
     if out_fd is not None:
         os.close(out_fd)
-    at_the_end(_drain)
-
-
-def _package_root() -> str:
-    """The folder holding this ``launcher`` package (``-S``: the tee starts without site-packages)."""
-    return str(Path(__file__).resolve().parents[2])
 
 
 def _drain() -> None:

@@ -1,10 +1,10 @@
-"""Rank 0's output to the console and to its log (``logs.py``): ``python -m launcher.base.tee LOG IN OUT IN OUT``,
+"""Rank 0's output to the console and to its log (``logs.py``): ``python -S -u tee.py LOG IN OUT IN OUT``,
 one process for both streams, handed (``pass_fds``) the read end of the rank's stdout pipe and the console's stdout,
 then the same for stderr. Each chunk read goes to its console stream, then to the log, whole:
 stdout and stderr stay apart on the console and do not cut each other's lines where both reach one terminal or
 file (``2>&1``), as two ``tee`` processes would. It ends when the rank and every process holding its output have
 ended, after writing what was left (a rank killed by SIGKILL loses nothing it wrote). Torch-free, and quick to
-start: only the standard library."""
+start: run as a file, without site-packages, it imports only the standard library."""
 
 from __future__ import annotations
 
