@@ -54,6 +54,7 @@ from launcher.base.exiting import end_process_at_exit, settle_exit_code
 from launcher.base.files import no_world_writable_files
 from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress
+from launcher.base.titles import name_process
 from launcher.commands.command_line import prepared
 from launcher.commands.plot import plot_all
 from launcher.commands.sweep import Sweep
@@ -67,6 +68,7 @@ from launcher.config import (
     to_yaml,
 )
 from launcher.config.keys import choice_overrides, own_model
+from launcher.config.rules import entry_words
 from launcher.launch.plan import plan_job
 from launcher.report.summary import RunSummary
 from launcher.train.banner import describe_span
@@ -115,6 +117,7 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
         return code
     freeze(job)
+    name_process(f"head {mode.name}", entry_words(job), job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
         if mode.batch and sweep is not None:

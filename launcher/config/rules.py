@@ -4,7 +4,9 @@ the ranks again as they run)."""
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from launcher.base.sync_modes import Overlap, Reducer
@@ -12,6 +14,27 @@ from launcher.config.errors import ConfigError
 from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
 
 TENSORBOARD_HINT = "pip install tensorboard (in this checkout: pip install -e '.[tensorboard]')"
+
+
+def entry_argv(job: JobConfig) -> list[str]:
+    """What ``job`` runs, in a few words (process titles): the script and its arguments, the doctor, or the trainer
+    with its model and data."""
+    if job.script is not None:
+        return [Path(job.script).name, *job.script_args]
+    if job.doctor:
+        return ["doctor"]
+    return ["train", str(job.model["_target_"]).rsplit(".", 1)[-1], "on", job.data.name]
+
+
+def entry_words(job: JobConfig) -> str:
+    """``entry_argv`` as a shell takes it: ``train.py --lr 0.1``."""
+    return shlex.join(entry_argv(job))
+
+
+def rank_command(job: JobConfig) -> tuple[str, ...]:
+    """The arguments of ``python`` for one rank of ``job`` started by an agent (``launcher.rank.entry``): its run
+    dir, then what it runs (``ps`` shows the script until the rank names itself, and its title has the room)."""
+    return ("-u", "-m", "launcher.rank.entry", job.run_dir, *entry_argv(job))
 
 
 def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:

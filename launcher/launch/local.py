@@ -31,7 +31,9 @@ from omegaconf import DictConfig
 from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit
 from launcher.base.gpus import by_free_memory
+from launcher.base.titles import name_process
 from launcher.config import ConfigError, JobConfig
+from launcher.config.rules import entry_words
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.agent import agent_config, run_agent
 from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, print_stopped
@@ -95,6 +97,7 @@ def run_here(job: JobConfig) -> int:
     its exit code is settled by the caller once known (a sweep runs several jobs). A stop signal (SIGINT, SIGTERM,
     SIGHUP) stops it as it stops every job: a checkpoint at the next step, the stop line, exit 128 + the signal."""
     end_process_at_exit(0)
+    name_process("rank 0/1", entry_words(job), job.run_dir)
     stop = StopRequest().install(*HEAD_STOP_SIGNALS)
     try:
         result = run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)

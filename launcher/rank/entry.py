@@ -26,7 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_e
 from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit
 from launcher.base.run_dir import RunDir
+from launcher.base.titles import name_process
 from launcher.config import JobConfig, freeze, load_frozen
+from launcher.config.rules import entry_words
 from launcher.rank.work import run_rank_work
 from launcher.report.failures import STOP_SIGNALS, FailureLog
 from launcher.train.stop import Stopped, StopRequest
@@ -54,6 +56,7 @@ def rank_main(
 ) -> Any:
     """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
     every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
+    name_process(f"rank {env.rank}/{env.world_size} node {env.node_rank}", entry_words(job), job.run_dir)
     if composed_here and env.is_main:
         freeze(job)
     stop = StopRequest().install(*stop_signals)
@@ -92,9 +95,10 @@ def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseExceptio
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m launcher.rank.entry RUN_DIR``: one worker of the launcher's own elastic agents. A failure's
-    traceback goes to the rank's log, not the console: the launcher prints the job's report, root cause first."""
-    (run_dir,) = sys.argv[1:] if argv is None else argv
+    """``python -m launcher.rank.entry RUN_DIR [WORDS...]``: one worker of the launcher's own elastic agents
+    (``config.rules.rank_command``; WORDS: what the job runs, for ``ps``). A failure's traceback goes to the rank's
+    log, not the console: the launcher prints the job's report, root cause first."""
+    run_dir = (sys.argv[1:] if argv is None else argv)[0]
     env = DistEnv.resolve()
     try:
         rank_main(load_frozen(run_dir), env)

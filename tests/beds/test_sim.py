@@ -319,7 +319,8 @@ def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
 
 
 def job_processes(run_dir) -> list[str]:
-    """The processes whose command line names ``run_dir`` (the node processes and their ranks)."""
+    """The processes whose command line (or title: ``launcher.base.titles``) names ``run_dir`` (the node processes
+    and their ranks)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
@@ -327,7 +328,7 @@ def job_processes(run_dir) -> list[str]:
                 argv = f.read().split(b"\0")
         except (OSError, ValueError):
             continue
-        if entry.isdigit() and int(entry) != os.getpid() and str(run_dir).encode() in argv:
+        if entry.isdigit() and int(entry) != os.getpid() and str(run_dir).encode() in b" ".join(argv):
             found.append(f"{entry}: {b' '.join(argv).decode(errors='replace')[:200]}")
     return found
 

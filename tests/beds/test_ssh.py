@@ -28,11 +28,12 @@ AT_ONCE_S = 3.0  # a lost machine's peers are ended at once: well under the 5 s 
 
 
 def ranks_on(hosts: list[str]) -> list[str]:
-    """The pids of the ranks (``launcher.rank.entry`` workers) running on ``hosts``."""
+    """The pids of the ranks (``launcher.rank.entry`` workers, titled ``launcher rank ...`` once they run) on
+    ``hosts``."""
     pids = []
     for host in hosts:
         pids += subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
-    return [p for p in pids if "launcher.rank.entry" in command_line(p)]
+    return [p for p in pids if any(w in command_line(p) for w in ("launcher.rank.entry", "launcher rank "))]
 
 
 def ssh_client(head: heads.Process, host: str) -> str:

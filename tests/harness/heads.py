@@ -261,4 +261,10 @@ def _child(request: dict, fds: list[int]) -> None:
 
 if __name__ == "__main__":
     sys.path[0] = str(REPO)
+    # setproctitle finds the room for a title (the command line, the environment after it) once, at its first
+    # call; a forked head replaces its environment (above), after which it would find none: set up here instead
+    # (the titles: launcher.base.titles), so a forked head shows its title as a fresh one does
+    import setproctitle
+
+    setproctitle.getproctitle()
     _serve(socket.socket(fileno=int(sys.argv[1])))

@@ -35,3 +35,13 @@ def test_an_unparsable_script_args_names_the_double_dash_and_the_quoting():
     said = str(refused.value)
     assert "'script_args=[config/x.py,--device=cpu]' is not a list Hydra can read" in said
     assert "-- config/x.py --lr=3e-4" in said and '\'script_args=["config/x.py","--lr=3e-4"]\'' in said
+
+
+def test_a_node_process_reads_back_the_jobs_words_verbatim():
+    """The node process's command line carries what the job runs (``ps``, room for its title) after ``--``."""
+    from launcher.launch.nodes.control import NodeArgs
+
+    args = NodeArgs("runs/x", 2, 1, "10.0.0.1:29500", "id", "10.0.0.2", members="a,b", words=("t.py", *ODD))
+    assert NodeArgs.parse(args.argv("python")[4:]) == args
+    plain = NodeArgs("runs/x", 2, 0, "10.0.0.1:29500", "id", "10.0.0.1", head_restarts=True, attempt=2)
+    assert NodeArgs.parse(plain.argv("python")[4:]) == plain

@@ -20,6 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from launcher.base.env import head_attempt
 from launcher.base.files import remove_empty_dirs
 from launcher.config import JobConfig
+from launcher.config.rules import rank_command
 from launcher.dist.rendezvous import listening_store
 from launcher.launch.nodes.control import print_stopped
 from launcher.report.failures import exit_failure, record_exits
@@ -93,7 +94,7 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> in
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
-        elastic_launch(config, sys.executable)("-u", "-m", "launcher.rank.entry", job.run_dir)
+        elastic_launch(config, sys.executable)(*rank_command(job))
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)

@@ -24,6 +24,7 @@ from typing import Optional, Protocol
 
 from launcher.base.liveness import HEAD_PING_S
 from launcher.config import ConfigError, JobConfig
+from launcher.config.rules import entry_argv
 from launcher.heal.head_side import KeeperClient
 from launcher.heal.membership import Membership
 from launcher.launch.nodes.control import Control, Node, NodeArgs, forwarding_stops, print_stopped
@@ -137,7 +138,7 @@ class Joiner:
         node = len(self.nodes)  # a place of its own until it joins (its ranks' log and failure files)
         args = NodeArgs(
             self.job.run_dir, node + 1, node, self.endpoint, self.launch_id, "", attempt=self.attempt,
-            members=",".join(members), start=start,
+            members=",".join(members), start=start, words=tuple(entry_argv(self.job)),
         )  # fmt: skip
         return self.machines.start(args, name)
 
@@ -163,8 +164,9 @@ def run_attempt(
             for position, name in enumerate(names):
                 heal = ",".join(names) if client is not None else ""
                 args = NodeArgs(
-                    job.run_dir, len(names), position, endpoint, launch_id, "", attempt=attempt, members=heal
-                )
+                    job.run_dir, len(names), position, endpoint, launch_id, "", attempt=attempt, members=heal,
+                    words=tuple(entry_argv(job)),
+                )  # fmt: skip
                 nodes.append(machines.start(args, name))
             if stops:  # a stop signal while the nodes were being started
                 request_all(nodes, Control.stop_for(stops[0]))

@@ -63,6 +63,7 @@ class NodeArgs:
     attempt: int = 0  # the head's 0-based attempt number (with ``head_restarts``): the workers' DistEnv.attempt
     members: str = ""  # healing in place: this attempt's nodes by name (a,b,...); ``endpoint`` is the keeper's store
     start: int = 0  # healing in place: this node process's start in the attempt (``membership.node_id``); > 0: joins
+    words: tuple[str, ...] = ()  # what the job runs (``config.rules.entry_argv``): for ps, and room for the title
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-u", "-m", "launcher.launch.nodes.process", self.run_dir, str(self.nodes), str(self.node)]
@@ -72,7 +73,7 @@ class NodeArgs:
         argv += ["--head-restarts", "--attempt", str(self.attempt)] if self.head_restarts else []
         argv += ["--members", self.members] if self.members else []
         argv += ["--start", str(self.start)] if self.start else []
-        return argv
+        return argv + ["--", *self.words]
 
     @classmethod
     def parse(cls, argv: list[str]) -> NodeArgs:
@@ -84,7 +85,8 @@ class NodeArgs:
         parser.add_argument("--attempt", type=int, default=0)
         parser.add_argument("--members", default="")
         parser.add_argument("--start", type=int, default=0)
-        return cls(**vars(parser.parse_args(argv)))
+        cut = argv.index("--") if "--" in argv else len(argv)  # the job's words after it, as they are
+        return cls(**vars(parser.parse_args(argv[:cut])), words=tuple(argv[cut + 1 :]))
 
 
 def stop_message(code: int, run_dir: RunDir, script: bool, resume: str = "auto") -> str:

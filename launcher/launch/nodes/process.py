@@ -34,7 +34,9 @@ from typing import Optional
 from launcher.base.env import HEAD_ATTEMPT
 from launcher.base.exiting import children
 from launcher.base.files import no_world_writable_files
+from launcher.base.titles import name_process
 from launcher.config import JobConfig, load_frozen
+from launcher.config.rules import entry_words
 from launcher.launch.nodes.control import Control, NodeArgs
 from launcher.trust.secret import Secret, read_handoff
 
@@ -140,6 +142,7 @@ def set_up(args: NodeArgs) -> tuple[JobConfig, Optional[Secret]]:
     no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
     secret = Secret.from_environ(os.environ, keep=True)  # the agent's workers inherit it (and take it out of theirs)
     job = load_frozen(args.run_dir)
+    name_process(f"node {args.node}/{args.nodes}", entry_words(job), job.run_dir)
     if args.head_restarts:
         os.environ[HEAD_ATTEMPT] = str(args.attempt)  # the workers' DistEnv.attempt (faults' attempt=)
     if args.stdin_control:
