@@ -12,19 +12,30 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# torchrun / torch.distributed.elastic (and any launcher following the env:// convention).
+# torchrun / torch.distributed.elastic (and any launcher following the env:// convention): every variable torch's
+# agent gives a worker (LocalElasticAgent._start_workers, torch 2.13; OMP_NUM_THREADS from torchrun itself), each
+# given to a script= job with the same meaning in every mode (``DistEnv.torchrun_environ``).
 TORCHRUN_VARS = {
     "rank": "RANK",
     "local_rank": "LOCAL_RANK",
     "world_size": "WORLD_SIZE",
     "local_world_size": "LOCAL_WORLD_SIZE",
     "node_rank": "GROUP_RANK",
+    "num_nodes": "GROUP_WORLD_SIZE",
+    "role_rank": "ROLE_RANK",  # one role: the rank
+    "role_world_size": "ROLE_WORLD_SIZE",  # one role: the world size
+    "role": "ROLE_NAME",
     "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT",
     "launch_id": "TORCHELASTIC_RUN_ID",
     "agent_store": "TORCHELASTIC_USE_AGENT_STORE",
     "attempt": "TORCHELASTIC_RESTART_COUNT",
+    "max_restarts": "TORCHELASTIC_MAX_RESTARTS",
+    "threads": "OMP_NUM_THREADS",
+    "nccl_async_errors": "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # torchrun's agent: 1 unless set (nccl's own: 3)
 }
+ROLE = "default"  # torchrun's --role default (one role per job)
+NO_RUN_ID = "none"  # torchrun's --rdzv-id default: the run id where none is known
 
 # Slurm, one task per rank (srun / submitit); never nested under torchrun.
 SLURM_VARS = {
@@ -72,6 +83,10 @@ class DistEnv:
     launch_id: str = ""  # this launch's identity: the elastic run id, or Slurm's job id
     agent_store: bool = False  # the elastic agent already hosts the TCPStore at master_addr:master_port
     attempt: int = 0  # 0-based: restarts / requeues so far; logs mark it, store keys and failure records kept apart
+    role: str = ROLE  # the elastic role (torchrun's --role): one per job
+    # the restarts the elastic agent that started this rank may make (torchrun's --max-restarts, ours): None where
+    # no agent restarts it (Slurm, one process, a head that restarts the job itself): the job's config says
+    max_restarts: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -96,19 +111,35 @@ class DistEnv:
             f"local {self.local_rank}/{self.local_world_size}) on {self.hostname or '?'} via {self.source}{attempt}"
         )
 
-    def torchrun_environ(self) -> dict[str, str]:
-        """The torchrun variables describing this rank (the reverse of ``TORCHRUN_VARS``), for scripts written
-        against torchrun and for processes this one starts."""
+    def torchrun_environ(self, max_restarts: int, threads: int | None = None) -> dict[str, str]:
+        """Every variable torchrun gives a worker, describing this rank with torchrun's meaning (the reverse of
+        ``TORCHRUN_VARS``), whichever launcher started it: for scripts written against torchrun and for processes
+        this one starts. ``max_restarts``: how many times the job's ranks may be started again
+        (TORCHELASTIC_MAX_RESTARTS; TORCHELASTIC_RESTART_COUNT is ``attempt``, every restart counted, the head's
+        too); ``threads``: the rank's threads (OMP_NUM_THREADS; None: left to the rank). The script's store is
+        hosted before it starts (by the agent, or by rank 0: ``rank.work``), so every rank's
+        ``init_process_group`` connects to it as a client: TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun."""
         v = TORCHRUN_VARS
-        return {
+        environ = {
             v["rank"]: str(self.rank),
             v["local_rank"]: str(self.local_rank),
             v["world_size"]: str(self.world_size),
             v["local_world_size"]: str(self.local_world_size),
             v["node_rank"]: str(self.node_rank),
+            v["num_nodes"]: str(self.num_nodes),
+            v["role_rank"]: str(self.rank),
+            v["role_world_size"]: str(self.world_size),
+            v["role"]: self.role,
             v["master_addr"]: self.master_addr,
             v["master_port"]: str(self.master_port),
+            v["launch_id"]: self.launch_id or NO_RUN_ID,
+            v["agent_store"]: str(True),
+            v["attempt"]: str(self.attempt),
+            v["max_restarts"]: str(max_restarts),
         }
+        if threads is not None:
+            environ[v["threads"]] = str(threads)
+        return environ
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -138,13 +169,15 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     world = _int(environ, v["world_size"])
     local_world = _int(environ, v["local_world_size"], world)
     rank = _int(environ, v["rank"])
+    role = environ.get(v["role"]) or ROLE
+    heads_restarts = HEAD_ATTEMPT in environ  # the agent's own count and limit (0) are not the job's
     return DistEnv(
         rank=rank,
         local_rank=_int(environ, v["local_rank"], rank % local_world),
         world_size=world,
         local_world_size=local_world,
         node_rank=_int(environ, v["node_rank"], rank // local_world),
-        num_nodes=max(1, world // local_world),
+        num_nodes=_int(environ, v["num_nodes"], max(1, world // local_world)),
         master_addr=environ[v["master_addr"]],
         master_port=_int(environ, v["master_port"]),
         source="elastic",
@@ -152,6 +185,8 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         launch_id=environ.get(v["launch_id"], ""),
         agent_store=environ.get(v["agent_store"], "") == "True",
         attempt=_int(environ, v["attempt"], 0) + head_attempt(environ),
+        role=role,
+        max_restarts=None if heads_restarts or v["max_restarts"] not in environ else _int(environ, v["max_restarts"]),
     )
 
 

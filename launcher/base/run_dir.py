@@ -13,7 +13,9 @@ file system in every multi-node mode). What it holds (who writes it):
                                        (rank 0's watch)
   tensorboard/events.out.tfevents.*    metrics.jsonl's train and eval numbers as TensorBoard scalars,
                                        ``train.tensorboard=true`` (rank 0; one file per process that wrote)
-  summary.json                         the run's summary, at the end (rank 0)
+  summary.json                         the run's summary, at the end (rank 0: training; the head: the entry,
+                                       layout, exit and attempts, a script's too; rank 0 under torchrun)
+  attempts/<launch>-attempt-<n>/       node-<k>.json: node k's start of attempt n (its first rank)
   membership.jsonl                     one JSON line per change of machines (the head; rank 0 when healing
                                        in place)
   trace.json                           a few steps' timeline, ``comm.trace=true`` (rank 0)
@@ -105,6 +107,18 @@ class RunDir:
     def summary(self) -> Path:
         """The run's summary, written at the end by rank 0 (``launcher.report.summary``)."""
         return self.path / "summary.json"
+
+    @property
+    def attempt_markers(self) -> Path:
+        """Each node's start of each attempt of the newest run (``launcher.report.attempts``)."""
+        return self.path / "attempts"
+
+    def attempt_marker(self, launch_id: str, attempt: int, node: int) -> Path:
+        """Node ``node``'s start of ``attempt`` (its first rank)."""
+        return self.attempt_markers / f"{launch_id or 'local'}-attempt-{attempt}" / f"node-{node}.json"
+
+    def attempt_marker_files(self) -> Iterator[Path]:
+        return self.attempt_markers.glob("*-attempt-*/node-*.json")
 
     @property
     def membership(self) -> Path:

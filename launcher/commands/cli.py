@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -61,6 +62,7 @@ from launcher.commands.sweep import Sweep
 from launcher.config import (
     CONF_DIR,
     ConfigError,
+    JobConfig,
     check_resumable,
     freeze,
     register_configs,
@@ -69,7 +71,9 @@ from launcher.config import (
 )
 from launcher.config.keys import choice_overrides, own_model
 from launcher.config.rules import entry_words
+from launcher.launch.mode import LaunchPlan
 from launcher.launch.plan import plan_job
+from launcher.report import attempts
 from launcher.report.summary import RunSummary
 from launcher.train.banner import describe_span
 
@@ -79,7 +83,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     """Validate, plan, freeze and launch one job. Returns the exit code. In a sweep, batch jobs (Slurm) are only
     submitted here; ``Sweep.finish`` waits for all of them together."""
-    env = DistEnv.resolve()
+    env, since = DistEnv.resolve(), time.time()
     try:
         job, plan, mode = plan_job(cfg, env, gpus_visible=gpu_count())
         check_resumable(job)
@@ -110,13 +114,15 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         if not env.is_main:
             return EXIT_OK
         if not job.doctor:
-            if finished:
-                print_summary(job.run, job.train.plots)  # no head prints it: rank 0 does, as the launcher would
+            if finished:  # no head writes and prints the summary: rank 0 does, as the launcher would
+                end_job(job, plan, EXIT_OK, since, launch=env.launch_id)
+                print_summary(job.run, job.train.plots)
             return EXIT_OK
         code = print_doctor(job.run)
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
         return code
     freeze(job)
+    attempts.clear(job.run)  # the markers describe this run's attempts
     name_process(f"head {mode.name}", entry_words(job), job.run_dir)
     print(f"[launcher] {plan.describe()}".replace("\n", "\n[launcher] "), file=sys.stderr)
     try:
@@ -127,6 +133,7 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     except ConfigError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         code = EXIT_CONFIG
+    end_job(job, plan, code, since)
     if code == EXIT_OK and job.doctor:
         code = print_doctor(job.run)
     elif code == EXIT_OK:
@@ -134,6 +141,13 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
     if sweep is not None:
         sweep.add(job.run, code=code)
     return code
+
+
+def end_job(job: JobConfig, plan: LaunchPlan, code: int, since: float, launch: Optional[str] = None) -> None:
+    """summary.json's job part (every entry's: ``launcher.report.attempts``), and the attempts when several."""
+    layout = (plan.nodes, plan.procs_per_node)
+    for line in attempts.end_of_job(job.run, entry_words(job), layout, code, since, launch):
+        print(line, file=sys.stderr)
 
 
 def print_summary(run_dir: RunDir, plots: bool = True) -> None:

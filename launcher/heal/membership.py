@@ -23,6 +23,8 @@ from typing import Any, Optional, Protocol
 
 from launcher.base.checkpoint_names import newest_step
 from launcher.base.run_dir import RunDir
+from launcher.report.attempts import cause_of, restart_line
+from launcher.report.failures import Failure
 
 
 @dataclass(frozen=True)
@@ -100,19 +102,20 @@ class Membership:
         """Restarts after failures, counted against max_restarts (a loss spends none)."""
         return self._spent
 
-    def again(self, lost: dict[str, str], where: str) -> bool:
-        """After a failed attempt: go on without the ``lost`` nodes (name -> why) if enough are left, else restart
-        on every node while ``max_restarts`` allows (said, naming ``where``: host / node). False: the job ends."""
-        self._attempt += 1
+    def again(self, lost: dict[str, str], where: str, failures: Sequence[Failure] = ()) -> bool:
+        """After a failed attempt (its ranks' ``failures``): go on without the ``lost`` nodes (name -> why) if
+        enough are left, else restart on every node while ``max_restarts`` allows (said with the attempt's cause,
+        naming ``where``: host / node). False: the job ends."""
+        ended, self._attempt = self._attempt, self._attempt + 1
         if self.may_shrink and lost and self.change(lost):
             return True
         if self._spent == self.max_restarts:
             return False
         self._spent += 1
+        lost_ones = "; ".join(f"{where} {name} lost ({why})" for name, why in lost.items())
+        cause = lost_ones or cause_of(list(failures))
         print(
-            f"launcher: restarting the job on every {where} from the newest checkpoint (restart "
-            f"{self._spent} of {self.max_restarts}, cluster.max_restarts)",
-            file=sys.stderr,
+            restart_line(ended, cause, self._spent, self.max_restarts - self._spent, f"every {where}"), file=sys.stderr
         )
         return True
 

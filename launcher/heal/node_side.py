@@ -19,9 +19,10 @@ from typing import Protocol
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
 
-from launcher.base.env import TORCHRUN_VARS, head_attempt
+from launcher.base.env import DistEnv, head_attempt
 from launcher.base.liveness import NODE_BEAT_S
 from launcher.config import JobConfig
+from launcher.config.rules import rank_command
 from launcher.dist.rendezvous import attempt_prefix
 from launcher.heal.protocol import Keys, Place, node_id
 from launcher.report.failures import exit_failure, record_exits
@@ -70,23 +71,22 @@ def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dic
     round), the keeper's store as the rendezvous (as a client), the job's secret."""
     procs = int(job.cluster.procs_per_node or 1)
     host, port = args.endpoint.rsplit(":", 1)
-    v = TORCHRUN_VARS
-    place = {
-        v["world_size"]: str(args.nodes * procs),
-        v["local_world_size"]: str(procs),
-        v["node_rank"]: str(args.node),
-        v["master_addr"]: host,
-        v["master_port"]: port,
-        v["launch_id"]: args.launch_id,
-        v["agent_store"]: "True",
-        v["attempt"]: "0",
-        **Place(node_name(args), args.start).environ(),
-        **secret.environ(),
-    }
-    return {
-        local: {**os.environ, **place, v["rank"]: str(args.node * procs + local), v["local_rank"]: str(local)}
-        for local in range(procs)
-    }
+    ours = {**Place(node_name(args), args.start).environ(), **secret.environ()}
+    envs = {}
+    for local in range(procs):
+        place = DistEnv(  # no agent: torchrun's variables as its agent sets them (the head's attempt is added)
+            rank=args.node * procs + local,
+            local_rank=local,
+            world_size=args.nodes * procs,
+            local_world_size=procs,
+            node_rank=args.node,
+            num_nodes=args.nodes,
+            master_addr=host,
+            master_port=int(port),
+            launch_id=args.launch_id,
+        )  # the rank's threads are its own (launcher.base.threads): not set here
+        envs[local] = {**os.environ, **place.torchrun_environ(job.cluster.max_restarts), **ours}
+    return envs
 
 
 def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
@@ -102,7 +102,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     threading.Thread(target=beat, args=(store, me, stop), name="heartbeat", daemon=True).start()
     envs = worker_envs(job, args, secret)
     logs = DefaultLogsSpecs(log_dir=str(job.run.node_logs(args.node)))
-    entry = ("-u", "-m", "launcher.rank.entry", job.run_dir)
+    entry = rank_command(job)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
     try:
         result = ranks.wait(period=0.1)

@@ -4,24 +4,27 @@ script), and always close the group."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import runpy
 import sys
+import uuid
 from pathlib import Path
 
 import torch
 
 from launcher.base.devices import rank_device
-from launcher.base.env import TORCHRUN_VARS, DistEnv
+from launcher.base.env import HEAD_ATTEMPT, TORCHRUN_VARS, DistEnv
 from launcher.base.faults import faults_for
 from launcher.base.gpus import backend_for
 from launcher.base.logs import setup_logging
 from launcher.base.threads import for_this_rank
-from launcher.config import JobConfig, collective_timeout_s
+from launcher.config import JobConfig, SlurmClusterConfig, collective_timeout_s
 from launcher.dist.helpers import Peers
 from launcher.dist.rendezvous import listening_store, process_group
 from launcher.heal.protocol import Place
+from launcher.report.attempts import mark_start
 from launcher.report.failures import FailureLog
 from launcher.report.summary import RunSummary
 from launcher.train.stop import Stopped, StopRequest
@@ -44,6 +47,8 @@ def run_rank_work(
     not tear it down itself) goes down and makes the peers fail."""
     failures = failures or FailureLog(job.run, env)
     setup_logging(job.run, env)
+    if env.local_rank == 0:  # this node's start of this attempt (summary.json's attempts)
+        mark_start(job.run, env)
     c = job.comm
     # a script's job without comm.timeout_s: the watch names a hang and leaves the end to the script's own group
     ends = c.timeout_s is not None or job.script is None
@@ -65,17 +70,7 @@ def _run(
     threads, why = for_this_rank(job.train.threads_per_rank, env.local_world_size)  # the script's too
     torch.set_num_threads(threads)
     if job.script is not None:
-        os.environ.update(env.torchrun_environ())  # what the script reads, whichever launcher started us
-        store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only
-        if env.world_size > 1:
-            if env.rank == 0 and not env.agent_store:
-                store = listening_store(env.master_addr, env.master_port)
-            os.environ[TORCHRUN_VARS["agent_store"]] = "True"  # so the script's init connects as a client
-        try:
-            with failures.catching():
-                run_script(job.script, job.script_args)
-        finally:
-            del store
+        run_script_rank(job, job.script, env, threads, failures)
         return None
     from launcher.train.trainer import Trainer  # heavy imports only where training happens
 
@@ -114,6 +109,39 @@ def _run(
             if job.doctor:
                 return report
         return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret, watch=watch).fit()
+
+
+def run_script_rank(job: JobConfig, script: str, env: DistEnv, threads: int, failures: FailureLog) -> None:
+    """One rank of a ``script=`` job: ``script`` runs in this process with every variable torchrun gives a worker,
+    with torchrun's meaning, whichever launcher started this rank (docs/running.md: torchrun's environment)."""
+    store = None  # rank 0 hosts the script's env:// store, listening on MASTER_ADDR only (one rank too: torchrun's
+    if env.rank == 0 and not env.agent_store:  # agent hosts one for --nproc_per_node=1)
+        store = listening_store(env.master_addr, env.master_port)
+        env = dataclasses.replace(env, master_port=store.port)  # port 0 (one process): the one it took
+    if not env.launch_id:  # one process the launcher runs itself: a run id of its own, as torchrun --standalone
+        env = dataclasses.replace(env, launch_id=uuid.uuid4().hex[:12])
+    os.environ.update(env.torchrun_environ(restarts_allowed(job, env), threads))
+    os.environ.setdefault(TORCHRUN_VARS["nccl_async_errors"], "1")  # torchrun's agent's default, the user's kept
+    os.environ.pop(HEAD_ATTEMPT, None)  # counted in TORCHELASTIC_RESTART_COUNT: not twice in a DistEnv of its own
+    try:
+        with failures.catching():
+            run_script(script, job.script_args)
+    finally:
+        del store
+
+
+def restarts_allowed(job: JobConfig, env: DistEnv) -> int:
+    """How many times this rank's job may be started again (a script's TORCHELASTIC_MAX_RESTARTS): what the elastic
+    agent that started it says (torchrun's ``--max-restarts``, our local and simulated nodes' agents); a Slurm job
+    is started again when it is requeued, never after a failure: ``cluster.max_requeues`` (the requeues so far are
+    the attempt); one process the launcher runs itself is never restarted: 0; else the launcher's head restarts
+    the job (ssh, sim under ``cluster.min_nodes``): ``cluster.max_restarts``."""
+    if env.max_restarts is not None:
+        return env.max_restarts
+    if env.source == "slurm":  # a user's sbatch composes no Slurm cluster: its requeues are the defaults' (task_entry)
+        c = job.cluster
+        return c.max_requeues if isinstance(c, SlurmClusterConfig) else SlurmClusterConfig().max_requeues
+    return 0 if env.source == "single" else job.cluster.max_restarts
 
 
 def run_script(script: str, args: list[str]) -> None:

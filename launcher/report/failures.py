@@ -76,6 +76,7 @@ class Failure:
     task: str = ""  # the scheduler's name for the process, e.g. "task 2 of Slurm job 17"
     traceback: str = ""
     time_ns: int = 0
+    exitcode: Optional[int] = None  # ended without a record of its own: its exit code (negative: the signal)
 
     def who(self, with_node: bool = False) -> str:
         ids = ", ".join(
@@ -185,6 +186,7 @@ def exit_failure(
         pid=pid,
         task=task,
         time_ns=time.time_ns(),
+        exitcode=exitcode,
     )
 
 
@@ -202,6 +204,11 @@ def load(run_dir: RunDir, launch_id: str) -> list[Failure]:
     return _read(attempts[-1]) if attempts else []
 
 
+def load_attempt(run_dir: RunDir, launch_id: str, attempt: int) -> list[Failure]:
+    """The records of one attempt of ``launch_id``."""
+    return _read(run_dir.failure_attempt(launch_id, attempt))
+
+
 def _read(directory: Path) -> list[Failure]:
     failures = []
     for path in failure_record_files(directory):
@@ -214,7 +221,7 @@ def _read(directory: Path) -> list[Failure]:
 
 def hang_ended(run_dir: RunDir, launch_id: str, attempt: int) -> bool:
     """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
-    return any(f.kind == "hang" for f in _read(run_dir.failure_attempt(launch_id, attempt)))
+    return any(f.kind == "hang" for f in load_attempt(run_dir, launch_id, attempt))
 
 
 def ranked(failures: Iterable[Failure]) -> list[Failure]:

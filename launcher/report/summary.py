@@ -67,7 +67,39 @@ class RunSummary:
         if not path.is_file():
             return None
         try:
-            return cls.from_json(json.loads(path.read_text(encoding="utf-8")))
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and "steps" not in data:
+                return None  # a job's part only (a script's, a failed run's): no training to summarise
+            return cls.from_json(data)
         except (OSError, ValueError, TypeError) as exc:
             log.warning("ignoring %s: %s", path, exc)
             return None
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """What every job's ``summary.json`` says, whatever its entry (a ``script=`` too): written by the head at the
+    end (rank 0 under torchrun), beside the training's ``RunSummary`` when rank 0 wrote one in this run."""
+
+    entry: str  # what ran: "train.py --lr 0.1", "train LeNet on digits", "doctor"
+    world_size: int
+    nodes: int
+    procs_per_node: int
+    hosts: list[str]  # each node's host name, in node order (the last attempt's)
+    wall_s: float  # the head's: from the start to the end of every attempt
+    exit: int  # the job's exit code
+    attempts: list[dict[str, Any]]  # launcher.report.attempts.attempts: one record per attempt
+
+    def write(self, run_dir: RunDir, since: float) -> Path:
+        """Into ``summary.json``: the training's summary when rank 0 wrote it after ``since`` (its layout, hosts
+        and wall time are the training's own), and this."""
+        training: dict[str, Any] = {}
+        path = run_dir.summary
+        try:
+            if path.stat().st_mtime >= since:
+                training = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            if path.exists():
+                log.warning("rewriting %s: %s", path, exc)
+        job = asdict(self)
+        return write_json_atomic(path, {**job, **training, **{k: job[k] for k in ("entry", "exit", "attempts")}})

@@ -15,6 +15,7 @@ from launcher.base.devices import rng_state, seed_all, set_rng_state
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
+from launcher.report.attempts import mark_resumed
 from launcher.train import checkpoint as ckpt
 from launcher.train.progress import Span
 from launcher.train.state import TrainState
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, job: JobConfig, device: torch.device, peers: Peers, joins: bool) -> None:
         """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
-        self.dir = job.run.checkpoints
+        self.run, self.dir = job.run, job.run.checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers = peers
         self.resume_path, self._resume_state = (
@@ -77,6 +78,8 @@ class Checkpointer:
         same world size; on another, restarted from (seed, rank, step)), and what the resume says."""
         rngs = state.get("rng") or []
         step = state["step"]
+        if env.is_main:  # this attempt's start, in summary.json's attempts
+            mark_resumed(self.run, env, step)
         saved_world = state.get("world_size", len(rngs))
         if saved_world == env.world_size and len(rngs) == saved_world:
             set_rng_state(rngs[env.rank])

@@ -277,10 +277,15 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
         env={"LAUNCHER_FAULT": "step=15,rank=3,attempt=0"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "launcher: restarting the job on every host from the newest checkpoint (restart 1 of 1" in out.stderr
     assert re.search(rf"^launcher: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed:", out.stderr, re.M)
+    said = rf"^launcher: attempt 0 ended: rank 3 \(node 1, pid \d+\) on {HOSTS[1]} failed: RuntimeError: "
+    said += r".*; restarting on every host: attempt 1 starts \(restart 1 of 1, 0 left: cluster.max_restarts\)$"
+    assert re.search(said, out.stderr, re.M), out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
+    first, second = summary["attempts"]  # the head restarted the job: two attempts, two launches
+    assert first["ended"] == "failed" and first["cause"]["rank"] == 3 and first["cause"]["host"] == HOSTS[1]
+    assert second["ended"] == "finished" and second["resumed_from_step"] == 10 and summary["exit"] == 0
 
 
 def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines, tmp_path, one_process_heal_job):

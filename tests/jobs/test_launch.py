@@ -83,8 +83,14 @@ def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
         *SHORT, "cluster.max_restarts=1", run_dir=tmp_path, env={"LAUNCHER_FAULT": "step=15,rank=0,attempt=0"}
     )
     assert result.returncode == 0, result.stderr
+    said = r"^launcher: attempt 0 ended: rank 0 \(pid \d+\) on \S+ failed: RuntimeError: injected fault at step 15 on "
+    said += r"rank 0 \(LAUNCHER_FAULT\); restarting: attempt 1 starts \(restart 1 of 1, 0 left"
+    assert len(re.findall(said, result.stderr, re.M)) == 1, result.stderr[-3000:]  # announced once, with its cause
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-00000010.pt")
+    first, second = summary["attempts"]
+    assert (first["ended"], first["cause"]["rank"], first["cause"]["kind"]) == ("failed", 0, "error"), first
+    assert (second["ended"], second["resumed_from_step"], summary["exit"]) == ("finished", 10, 0), summary
     assert_trained_once_up_to(tmp_path, 10)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
@@ -265,7 +271,13 @@ def test_killed_rank_with_restarts_resumes(tmp_path, uninterrupted):
         env={"LAUNCHER_FAULT": "step=15,rank=1,signal=KILL,attempt=0"},
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith("step-00000010.pt")
+    said = r"^launcher: attempt 0 ended: rank 1 \(pid \d+\) on \S+ died with signal 9 \(SIGKILL\); restarting: "
+    assert re.search(said + r"attempt 1 starts \(restart 1 of 1, 0 left", result.stderr, re.M), result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-00000010.pt")
+    cause = summary["attempts"][0]["cause"]  # the killed rank, not the peer that saw its connection close
+    assert (cause["rank"], cause["signal"], cause["kind"]) == (1, "SIGKILL", "died"), summary["attempts"]
+    assert [a["ended"] for a in summary["attempts"]] == ["failed", "finished"]
     assert_trained_once_up_to(tmp_path, 10)
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 

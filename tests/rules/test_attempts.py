@@ -164,7 +164,10 @@ def test_a_machine_lost_restarts_the_job_while_restarts_are_left_then_it_stops(t
     assert "launcher: stopping the nodes still running at once: they wait for a lost machine" in err
     assert "launcher: node 1 (node-1): killed by SIGKILL" in err
     assert "launcher: the ranks on the other nodes were ended (they waited for node-1 in collectives)" in err
-    said = "launcher: restarting the job on every node from the newest checkpoint (restart 1 of 1, cluster.max_restarts"
+    said = (
+        "launcher: attempt 0 ended: node node-1 lost (killed by SIGKILL); restarting on every node: attempt 1 starts "
+        "(restart 1 of 1, 0 left: cluster.max_restarts)"
+    )
     assert err.count(said) == 1
     assert "launcher: stopping the nodes still running 0 s after the failure" in err
     assert "launcher: rank 0 (node 0, pid 4242) on box exited with code 1" in err  # the report, of attempt 1 only

@@ -15,14 +15,15 @@ from torch.distributed import DistError
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import LaunchConfig
 
-from launcher.base.env import head_attempt
+from launcher.base.env import ROLE, head_attempt
 from launcher.base.files import remove_empty_dirs
 from launcher.config import JobConfig
 from launcher.config.rules import rank_command
 from launcher.dist.rendezvous import listening_store
 from launcher.launch.nodes.control import print_stopped
+from launcher.launch.nodes.elastic import launch
 from launcher.report.failures import exit_failure, record_exits
 from launcher.report.failures import report as report_failures
 
@@ -58,6 +59,7 @@ def agent_config(
         if static_rendezvous
         else {"join_timeout": join, "is_host": node == 0},
         max_restarts=0 if head_restarts or static_rendezvous else c.max_restarts,
+        role=ROLE,  # torchrun's (elastic_launch's default is "default_role"): ROLE_NAME as a script expects it
         monitor_interval=0.1,
         start_method="spawn",
         local_addr=local_addr,
@@ -94,7 +96,7 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> in
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
-        elastic_launch(config, sys.executable)(*rank_command(job))
+        launch(config, sys.executable, rank_command(job), job.run, head_attempt(os.environ))
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)

@@ -19,7 +19,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Protocol
 
 from launcher.base.liveness import HEAD_PING_S
@@ -29,7 +29,7 @@ from launcher.heal.head_side import KeeperClient
 from launcher.heal.membership import Membership
 from launcher.launch.nodes.control import Control, Node, NodeArgs, forwarding_stops, print_stopped
 from launcher.launch.nodes.waiting import Healing, Outcome, wait
-from launcher.report.failures import STOP_CODES, hang_ended
+from launcher.report.failures import STOP_CODES, Failure, hang_ended, load_attempt
 from launcher.report.failures import report as report_failures
 from launcher.trust.secret import Secret
 
@@ -88,6 +88,7 @@ class Ended:
     code: int
     final: bool = False
     lost: dict[str, str] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)  # the ranks' records of a failed attempt (its cause)
 
 
 Keeper = Callable[..., KeeperClient]  # KeeperClient's signature (a stand-in in the rules tests)
@@ -109,7 +110,7 @@ def run_job(
             print(f"launcher: cannot restart the job: {exc}", file=sys.stderr)
             return ended.code
         ended = run_attempt(machines, job, members, placement, secret, keeper)
-        if ended.final or not members.again(ended.lost, machines.where):
+        if ended.final or not members.again(ended.lost, machines.where, ended.failures):
             return ended.code
         lost = list(ended.lost)
 
@@ -182,7 +183,8 @@ def run_attempt(
             client.close()
     for node in nodes:
         node.finish()
-    return said_end(machines, job, launch_id, out, stops, healing=client is not None)
+    end = said_end(machines, job, launch_id, out, stops, healing=client is not None)
+    return end if end.final else replace(end, failures=load_attempt(job.run, launch_id, attempt))
 
 
 def request_all(nodes: list[Node], word: Control) -> None:

@@ -1,0 +1,114 @@
+"""torch's elastic agent, run as ``elastic_launch`` runs it, with one addition: every restart is announced with its
+cause (``RestartingAgent``). torchrun's own agent says only "Worker group FAILED. 2/3 attempts left"; ours records
+how each of its ranks ended (a SIGKILLed rank writes nothing itself) and, on node 0, once every node has met again
+for the next attempt (so every node's records are in), names the rank that ended the attempt by the root-cause
+rules (``launcher.report.attempts.restart_line``), which attempt starts and how many restarts are left.
+
+``launch`` builds the agent from a ``LaunchConfig`` with torch's public classes, as ``launch_agent`` does (no
+metrics, events or health-check server: the launcher has its own records), and raises ``ChildFailedError`` when the
+workers failed with no restart left."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any, Optional
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.launcher.api import LaunchConfig
+
+from launcher.base.run_dir import RunDir
+from launcher.report.attempts import cause_of, restart_line
+from launcher.report.failures import exit_failure, load_attempt, record_exits
+
+
+class RestartingAgent(LocalElasticAgent):
+    """A ``LocalElasticAgent`` that records its failed ranks at each restart and, on node 0, announces it."""
+
+    def __init__(self, spec: WorkerSpec, run: RunDir, first_attempt: int, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        self.run_dir, self.first_attempt = run, first_attempt  # the head's attempt (ssh, sim under min_nodes): added
+        self.running = first_attempt  # the attempt the workers now running belong to (their DistEnv.attempt)
+        self.ended: Optional[tuple[int, bool]] = None  # the attempt a restart ended, and whether ours failed
+        self.last: Optional[RunResult] = None
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self.last = super()._monitor_workers(worker_group)
+        return self.last
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        last = self.last
+        failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if last is not None and failed:
+            group = worker_group
+            nodes = group.group_world_size or 1
+            record_exits(
+                self.run_dir.failure_attempt(group.spec.rdzv_handler.get_run_id(), self.running),
+                [
+                    exit_failure(rank, f.pid, f.exitcode, socket.gethostname(), group.group_rank or 0, nodes)
+                    for rank, f in last.failures.items()
+                ],
+            )
+        self.ended = (self.running, failed)  # also when another node's failure restarts ours (torch: no restart spent)
+        super()._restart_workers(worker_group)  # stop, meet every node again, start
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        spec = worker_group.spec
+        if self.ended is not None and worker_group.group_rank == 0:  # every node has met: their records are in
+            ended, failed = self.ended
+            failures = load_attempt(self.run_dir, spec.rdzv_handler.get_run_id(), ended)
+            if failures or failed:  # (not a node joining)
+                left, used = self._remaining_restarts, spec.max_restarts - self._remaining_restarts
+                print(restart_line(ended, cause_of(failures), used, left), file=sys.stderr, flush=True)
+        self.ended = None
+        self.running = self.first_attempt + spec.max_restarts - self._remaining_restarts
+        return super()._start_workers(worker_group)
+
+
+def launch(config: LaunchConfig, entrypoint: str, args: tuple[str, ...], run: RunDir, first_attempt: int) -> None:
+    """Run the workers ``entrypoint args`` under a ``RestartingAgent`` to their end, as ``elastic_launch(config,
+    entrypoint)(*args)``: ``ChildFailedError`` when they failed with no restart left."""
+    parameters = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle  # as launch_agent: the workers see it
+    master_addr, master_port = None, None
+    if config.rdzv_backend == "static":  # node 0's store is the workers' master (c10d: the rendezvous says)
+        master_addr, master_port = parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=-1)
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=args,
+        rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+    )
+    agent = RestartingAgent(spec, run, first_attempt, logs_specs=config.logs_specs, start_method=config.start_method)
+    shutdown = True
+    try:
+        result = agent.run()
+        if result.is_failed():
+            raise ChildFailedError(name=entrypoint, failures=result.failures)
+    except SignalException:
+        shutdown = False  # a signal ends the agent: its rendezvous stays open (as launch_agent leaves it)
+        raise
+    finally:
+        if shutdown:
+            spec.rdzv_handler.shutdown()
