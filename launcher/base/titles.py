@@ -22,6 +22,13 @@ def title(place: str, entry: str, run_dir: object) -> str:
     return f"launcher {place}: {entry} (run dir {run_dir})"
 
 
+def short_name(place: str) -> str:
+    """The process's short name (``top``'s COMMAND, ``/proc/PID/comm``: 15 bytes): ``place`` without spaces. A
+    space there breaks tools that split ``/proc/PID/stat`` on spaces: Slurm's proctrack/linuxproc then loses the
+    process's parent and never signals it (a job's ranks outlived the job)."""
+    return place.replace(" ", "-")[:15]
+
+
 def name_process(place: str, entry: str, run_dir: object) -> None:
     """Give this process its title (``title``), cut to the length of its command line: setproctitle would take
     the environment's room too, and ``/proc/PID/environ`` (what a rank was given: NCCL's variables, the script's)
@@ -30,6 +37,7 @@ def name_process(place: str, entry: str, run_dir: object) -> None:
     os.environ[NO_ENV] = users or "1"  # read once, at the first title
     try:
         setproctitle.setproctitle(title(place, entry, run_dir))
+        setproctitle.setthreadtitle(short_name(place))  # this thread's is the process's: setproctitle set it too
     finally:
         if users is None:
             del os.environ[NO_ENV]

@@ -152,6 +152,12 @@ class SlurmClusterConfig(ClusterConfig):
         _check(self.signal_delay_s >= 0, f"cluster.signal_delay_s={self.signal_delay_s} must be >= 0")
         _check(self.max_requeues >= 0, f"cluster.max_requeues={self.max_requeues} must be >= 0")
         _check(
+            self.max_restarts == 0,
+            f"cluster.max_restarts={self.max_restarts}: a Slurm job is not started again after a failure (it is "
+            f"requeued after a preemption or its time limit, cluster.max_requeues={self.max_requeues}); HINT: drop "
+            "cluster.max_restarts, or submit the job again with the same hydra.run.dir to resume from its checkpoint",
+        )
+        _check(
             self.signal_delay_s < self.time_min * 60,
             f"cluster.signal_delay_s={self.signal_delay_s} must be shorter than the time limit "
             f"(cluster.time_min={self.time_min}); HINT: raise time_min or lower signal_delay_s",

@@ -12,7 +12,8 @@ same commands again resumes.
 - ``cluster.max_restarts``: the agent restarts the whole group; workers resume from the newest checkpoint.
 - A failure prints the job's report (``launcher.report.failures``: the root cause first, with its host, pid and
   traceback, then the ranks that failed too); exit code 1.
-- One rank: the worker runs in this process (nothing to spawn).
+- One rank: the worker runs in this process (nothing to spawn); with ``cluster.max_restarts`` the agent starts it,
+  so that it can be started again.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def run_here(job: JobConfig) -> int:
 
 
 def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
-    if plan.world_size == 1:
+    if plan.world_size == 1 and not job.cluster.max_restarts:  # (restarts: a process of its own, the agent's)
         return run_here(job)
     c = job.cluster
     if c.master_port and not c.node_rank:  # node 0 (or the only one) hosts the store

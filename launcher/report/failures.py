@@ -106,9 +106,9 @@ def _write(path: Path, failure: Failure) -> None:
 
 
 class FailureLog:
-    """This rank's failure record: the first failure caught is written, once. A single process (no peers to
-    confuse with) writes nothing. ``on_failure``: called first (the rank's stop handling stops listening to stop
-    signals)."""
+    """This rank's failure record: the first failure caught is written, once. The launcher's own single process (no
+    agent, no peers to confuse with) writes nothing: it prints its traceback itself. ``on_failure``: called first
+    (the rank's stop handling stops listening to stop signals)."""
 
     def __init__(
         self,
@@ -122,7 +122,7 @@ class FailureLog:
         self.written = False
 
     def record(self, exc: BaseException) -> None:
-        if self.written or self.env.world_size == 1:
+        if self.written or (self.env.world_size == 1 and not self.env.launch_id):  # run in the launcher itself
             return
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             return

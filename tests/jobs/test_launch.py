@@ -95,6 +95,19 @@ def test_max_restarts_restarts_the_group_and_resumes(tmp_path, uninterrupted):
     assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
 
 
+def test_one_rank_with_max_restarts_is_restarted_too(tmp_path):
+    """One rank runs in the launcher's process, unless cluster.max_restarts asks for restarts: then the agent starts
+    it, restarts it after its failure (announced with the error) and it resumes from the checkpoint."""
+    fault = {"LAUNCHER_FAULT": "step=15,rank=0,attempt=0"}
+    result = run_launcher(*SHORT, "cluster.procs_per_node=1", "cluster.max_restarts=1", run_dir=tmp_path, env=fault)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = r"^launcher: attempt 0 ended: rank 0 \(pid \d+\) on \S+ failed: RuntimeError: injected fault at step 15"
+    assert re.search(said, result.stderr, re.M), result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [a["ended"] for a in summary["attempts"]] == ["failed", "finished"] and summary["world_size"] == 1
+    assert summary["resumed_from"].endswith("step-00000010.pt") and summary["steps"] == 30, summary
+
+
 def test_torchrun_entry_stops_prints_its_command_and_resumes_with_it(tmp_path, uninterrupted):
     """Under torchrun: SIGTERM to torchrun (rank 0 sends it at step 15) stops the ranks at one step with a checkpoint;
     rank 0 prints the torchrun command that continues the run (issue 36: the run dir was a random id, no rerun found

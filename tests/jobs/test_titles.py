@@ -27,6 +27,7 @@ def test_each_rank_and_the_head_name_the_script_and_their_place(tmp_path):
         assert rank_seen["rank"] == f"launcher rank {rank}/2 node 0: {words}", rank_seen
         assert rank_seen["parent"] == f"launcher head local: {words}", rank_seen  # the head runs the agent
         assert rank_seen["environ"], "the rank's environment is gone from /proc/PID/environ"
+        assert rank_seen["comm"] == f"rank-{rank}/2-node-0", rank_seen  # no space: Slurm's linuxproc splits on them
 
 
 @pytest.mark.slow

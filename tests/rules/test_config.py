@@ -65,6 +65,11 @@ CASES = [
         "rank(s)); HINT: use train.batch_size=66",
     ),
     (
+        ["+cluster=slurm", "cluster.max_restarts=2"],
+        "cluster.max_restarts=2: a Slurm job is not started again after a failure (it is requeued after a preemption "
+        "or its time limit, cluster.max_requeues=3); HINT: drop cluster.max_restarts",
+    ),
+    (
         ["+cluster=sim", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.procs_per_node=1", "train.batch_size=66"],
         "train.batch_size=66 is not divisible by the world size 4 (cluster.nodes=4 x cluster.procs_per_node=1); "
         "HINT: use train.batch_size=72",

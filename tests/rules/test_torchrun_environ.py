@@ -47,7 +47,7 @@ TORCHRUN_NAMES = {
 def test_a_slurm_task_gives_its_script_torchruns_variables():
     env = DistEnv.resolve(SLURM)
     assert env.max_restarts is None  # no agent restarts a Slurm task: the job's config says (below)
-    job, _ = plan("+cluster=slurm", "cluster.max_requeues=5", "cluster.max_restarts=2")
+    job, _ = plan("+cluster=slurm", "cluster.max_requeues=5")  # (cluster.max_restarts: refused under Slurm)
     assert restarts_allowed(job, env) == 5  # Slurm starts the tasks again on a requeue, never after a failure
     users_sbatch, _ = plan("cluster.max_restarts=2")  # srun python -m launcher: no Slurm cluster composed
     assert restarts_allowed(users_sbatch, env) == 3  # the requeues it gets (task_entry.requeue: the defaults')

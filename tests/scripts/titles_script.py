@@ -1,5 +1,6 @@
-"""Writes what ``ps`` shows for this rank, its parent and its grandparent (``/proc/PID/cmdline``), and whether its
-environment is still readable in ``/proc/self/environ``, to ``--out=DIR/rank-<k>.json`` (issue 47: titles)."""
+"""Writes what ``ps`` shows for this rank, its parent and its grandparent (``/proc/PID/cmdline``), its short name
+(``/proc/PID/comm``) and whether its environment is still readable in ``/proc/self/environ``, to
+``--out=DIR/rank-<k>.json`` (issue 47: titles)."""
 
 import argparse
 import json
@@ -29,6 +30,7 @@ seen = {
     "rank": command_line(me),
     "parent": command_line(parent(me)),
     "grandparent": command_line(parent(parent(me))),
+    "comm": Path("/proc/self/comm").read_text().strip(),
     "environ": f"RANK={rank}".encode() in Path("/proc/self/environ").read_bytes().split(b"\0"),
 }
 Path(args.out, f"rank-{rank}.json").write_text(json.dumps(seen))
