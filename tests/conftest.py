@@ -35,18 +35,23 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-@pytest.fixture(autouse=True, scope="session")
-def torch_cache_dir_removed():
+def torch_cache_dir() -> Path:
     """torch 2.13 creates its compile cache dir (/tmp/torchinductor_USER) whenever an optimizer is built (it
     imports torch._dynamo), in every rank of every job: if the run made it, the run removes it. The path is
     computed as torch does, without importing torch._inductor (that import creates it)."""
-    path = Path(
+    return Path(
         os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
     )
-    existed = path.exists()
-    yield
-    if not existed:
-        shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_configure(config):
+    config.torch_cache_existed = torch_cache_dir().exists()  # (xdist: each worker, and the controller first)
+
+
+def pytest_unconfigure(config):
+    """After every worker (xdist's controller ends last): a worker that found the dir made by another left it."""
+    if not getattr(config, "torch_cache_existed", True):
+        shutil.rmtree(torch_cache_dir(), ignore_errors=True)
 
 
 BEDS_ENV = "LAUNCHER_REQUIRE_BEDS"  # .ci/run sets it: a test skipped for a missing bed fails instead
