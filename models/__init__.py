@@ -3,5 +3,6 @@
 from .lenet import LeNet
 from .mlp import MLP
 from .resnet import Residual, resnet18
+from .text_classifier import ClassifierOutput, TextClassifier
 
-__all__ = ["LeNet", "MLP", "Residual", "resnet18"]
+__all__ = ["ClassifierOutput", "LeNet", "MLP", "Residual", "TextClassifier", "resnet18"]

@@ -11,6 +11,6 @@ rm -rf .whl && mkdir -p .whl
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any; do platforms+=(--platform "$p"); done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
-    "${platforms[@]}" -d .whl hydra-core==1.3.2 omegaconf==2.3.0 submitit==1.5.2 pytest-timeout==2.4.0 setproctitle==1.3.8
+    "${platforms[@]}" -d .whl hydra-core==1.3.2 omegaconf==2.3.0 submitit==1.5.2 pytest-timeout==2.4.0 setproctitle==1.3.8 torchmetrics==1.9.0 lightning-utilities==0.15.2
 python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3   # published as a source archive only
 ls .whl

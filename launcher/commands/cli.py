@@ -187,6 +187,14 @@ def print_doctor(run_dir: RunDir) -> int:
     return EXIT_FAILED if report["problems"] else EXIT_OK
 
 
+def test_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """The last evaluation's metrics, each by its name (cross-entropy's accuracy, train.metrics)."""
+    if s.test_loss is None and s.test_accuracy is None:
+        return [("test", "n/a (no test split)")]
+    found = s.test_metrics or ({"accuracy": s.test_accuracy} if s.test_accuracy is not None else {})
+    return [(f"test {k}", "n/a" if v is None else f"{v:.4f}") for k, v in found.items()]
+
+
 def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
     sync = f"{s.reducer}, {'hierarchical' if s.hierarchical else 'flat'}"
     sync += "" if s.compression == Compress.none else f", {s.compression}"
@@ -195,7 +203,7 @@ def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:
         ("model / data", f"{s.model} / {s.data}, global batch {s.global_batch}"),
         ("gradient sync", sync + (f" ({s.hierarchical_reason})" if s.hierarchical_reason else "")),
         ("final loss", f"{s.final_loss:.4f}"),
-        ("test accuracy", f"{s.test_accuracy:.4f}" if s.test_accuracy is not None else "n/a (no test split)"),
+        *test_rows(s),
         ("throughput", f"{s.samples_per_s:.0f} samples/s" if s.samples_per_s else "n/a"),
         ("resumed from", s.resumed_from or "-"),
         *extra,

@@ -1,8 +1,8 @@
 """Curves from a run directory: ``plot_run(run_dir)`` reads ``metrics.jsonl`` (and ``summary.json`` if the
-run finished) and writes ``run_dir/plots/curves.png``: training/test loss, test accuracy, throughput, and
-time per step split into compute and exposed gradient communication. Works on a running run too.
-``plot_trace(run_dir)`` draws ``trace.json`` (``comm.trace=true``) as ``run_dir/plots/trace.png``: one lane per
-rank and track; ``plot_all(run_dir)`` writes both."""
+run finished) and writes ``run_dir/plots/curves.png``: training/test loss (named by the loss in use), the test
+metrics by name (accuracy, train.metrics), throughput, and time per step split into compute and exposed gradient
+communication. Works on a running run too. ``plot_trace(run_dir)`` draws ``trace.json`` (``comm.trace=true``) as
+``run_dir/plots/trace.png``: one lane per rank and track; ``plot_all(run_dir)`` writes both."""
 
 from __future__ import annotations
 
@@ -67,12 +67,17 @@ def _xy(records: list[Record], key: str, x: str = "step", scale: float = 1.0) ->
     return [float(r[x]) for r in have], [scale * float(r[key]) for r in have]
 
 
+def _is_score(key: str) -> bool:
+    return key.startswith("test_") and key != "test_loss"
+
+
 def plot_run(run_dir: RunDir) -> Path:
     """Render the 2×2 curves of ``run_dir`` into ``run_dir/plots/curves.png`` and return that path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     train, evals = load_metrics(run_dir)
+    summary = RunSummary.read(run_dir)
     fig = Figure(figsize=(11, 8), dpi=110)
     FigureCanvasAgg(fig)
     (ax_loss, ax_acc), (ax_tput, ax_time) = fig.subplots(2, 2)
@@ -82,15 +87,19 @@ def plot_run(run_dir: RunDir) -> Path:
         ax_loss.plot(*_xy(train, "loss"), line, label="train loss")
     if evals:
         ax_loss.plot(*_xy(evals, "test_loss"), "o", label="test loss")
-    ax_loss.set(title="Loss", xlabel="step", ylabel="loss (cross-entropy)")
+    loss = summary.loss if summary is not None else "train.loss"  # the loss in use, by its name
+    ax_loss.set(title="Loss", xlabel="step", ylabel=f"loss ({loss.replace('_', '-')})")
     ax_loss.legend()
 
-    ax_acc.set(title="Test accuracy", xlabel="epoch", ylabel="test accuracy (%)")
-    if evals:
-        ax_acc.plot(*_xy(evals, "test_accuracy", x="epoch", scale=100.0), "o-", label="test accuracy")
+    ax_acc.set(title="Test metrics", xlabel="epoch", ylabel="value (each under its name)")
+    names = [k.removeprefix("test_") for k in dict.fromkeys(k for r in evals for k in r) if _is_score(k)]
+    for name in names:  # accuracy where it was computed, every train.metrics by its name
+        ax_acc.plot(*_xy(evals, f"test_{name}", x="epoch"), "o-", label=f"test {name}")
+    if names:
         ax_acc.legend()
     else:
-        ax_acc.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax_acc.transAxes)
+        what = "no evaluation yet" if not evals else "no test metric (train.loss=model: train.metrics)"
+        ax_acc.text(0.5, 0.5, what, ha="center", va="center", transform=ax_acc.transAxes)
 
     if train:
         ax_tput.plot(*_xy(train, "samples_per_s"), line, label="throughput")
@@ -117,7 +126,7 @@ def plot_run(run_dir: RunDir) -> Path:
         for ax in (ax_tput, ax_time):
             ax.text(0.5, 0.5, "no training steps logged yet", ha="center", va="center", transform=ax.transAxes)
 
-    title = run_title(RunSummary.read(run_dir))
+    title = run_title(summary)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -171,9 +171,9 @@ def render() -> str:
                     "(every other `cluster.*` key above applies too):\n\n" + _table(rows(sub, "cluster.", changed))
                 )
     parts.append(
-        "## `model`\n\nA group (`model=lenet`, the default, `mlp` or `resnet18`: `conf/model/`), or any `nn.Module` "
-        "class or factory: `model._target_=pkg.module.Class` with its arguments as `+model.NAME=VALUE` (the "
-        "group's keys are then dropped)."
+        "## `model`\n\nA group (`model=lenet`, the default, `mlp`, `resnet18` or `text_classifier`: `conf/model/`), "
+        "or any `nn.Module` class or factory: `model._target_=pkg.module.Class` with its arguments as "
+        "`+model.NAME=VALUE` (the group's keys are then dropped)."
     )
     for name, about, rows_ in model_groups():
         parts.append(f"### `model={name}`\n\n{about}\n\n" + _table(rows_))

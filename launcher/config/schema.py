@@ -9,7 +9,6 @@ Checks that depend on the machine (GPUs present) live in the launch plan, not he
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,9 @@ from launcher.base.liveness import TRAINER_TIMEOUT_S
 from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer
 from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
-from launcher.config.errors import ConfigError, _check, _member
+from launcher.config.errors import ConfigError as ConfigError  # (imported from here by keys.py, load.py, __init__.py)
+from launcher.config.errors import _check, _member
+from launcher.config.targets import check_targets, job_targets
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -47,7 +48,10 @@ class TrainConfig:
     #                            gradients are synchronised once per step, after the last one
     loss: str = "cross_entropy"  # cross_entropy (classes last: (N, C) or per token (N, ..., C)) | model (forward(x,
     #                              targets) returns the loss, or .loss / ["loss"]) | pkg.module.fn(outputs, targets)
-    metric: Optional[str] = None  # pkg.module.fn(outputs, targets) -> value, reported in place of the accuracy
+    labels_key: str = "labels"  # a dict batch's key of the targets (model(**batch) gets the others)
+    metrics: dict[str, Any] = field(default_factory=dict)  # name -> {_target_: a torchmetrics Metric class or
+    #   fn(preds, targets), its arguments beside}: computed over the whole evaluation, reported under the name
+    metric: Optional[str] = None  # (older) pkg.module.fn(preds, targets): as train.metrics.fn, averaged over batches
     plots: bool = True  # render run_dir/plots/curves.png at the end (false: skip matplotlib's ~1 s; render it
     #                     later with python -m launcher plot RUN_DIR)
     tensorboard: bool = False  # rank 0 also writes metrics.jsonl's numbers as TensorBoard scalars into
@@ -57,10 +61,13 @@ class TrainConfig:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
         _check(self.precision in PRECISIONS, f"train.precision={self.precision!r}; HINT: " + ", ".join(PRECISIONS))
         _check(self.accumulate_steps >= 1, f"train.accumulate_steps={self.accumulate_steps} must be >= 1")
-        if self.loss not in ("cross_entropy", "model"):
-            _check_importable(self.loss, "train.loss", "cross_entropy, model, or a dotted path to fn(outputs, targets)")
-        if self.metric is not None:
-            _check_importable(self.metric, "train.metric", "a dotted path to fn(outputs, targets) -> value")
+        for name, spec in self.metrics.items():
+            _check(name != "loss", "train.metrics.loss: the evaluation's loss is reported as loss; HINT: another name")
+            _check(
+                isinstance(spec, str) or (hasattr(spec, "get") and isinstance(spec.get("_target_"), str)),
+                f"train.metrics.{name}={spec!r}; HINT: train.metrics.{name}._target_=torchmetrics.classification."
+                "BinaryF1Score (a metric class; its arguments beside _target_), or a function of (preds, targets)",
+            )
         if self.max_steps is not None:
             _check(self.max_steps >= 1, f"train.max_steps={self.max_steps} must be >= 1 (or null)")
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
@@ -193,9 +200,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0")
-        if self._target_ is not None:
-            hint = "a dotted path to a function returning (train, test) Datasets, on PYTHONPATH"
-            _check_importable(self._target_, "data._target_", hint)
+        if self._target_ is not None:  # (checked with the job's other dotted paths: config/targets.py)
             return
         _check(
             self.name in DATASETS, f"data.name={self.name!r} is unknown; HINT: use data=" + " or data=".join(DATASETS)
@@ -236,7 +241,7 @@ class JobConfig:
             isinstance(self.model, dict) and isinstance(self.model.get("_target_"), str),
             "model needs a _target_; HINT: model=lenet|mlp|resnet18, or model._target_=pkg.module.Class",
         )
-        _check_importable(self.model["_target_"])
+        check_targets(job_targets(self))  # every wrong dotted path of the job (model, data, train) named at once
         if self.script is not None:
             _check(
                 Path(self.script).is_file(),
@@ -272,18 +277,6 @@ class JobConfig:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-MODEL_HINT = "model=lenet|mlp|resnet18, or a dotted path to an nn.Module class or factory on PYTHONPATH"
-
-
-def _check_importable(target: str, key: str = "model._target_", hint: str = MODEL_HINT) -> None:
-    module, _, attr = target.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), attr) if module else None
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{key}={target!r} cannot be imported ({exc}); HINT: {hint}") from None
-    _check(callable(obj), f"{key}={target!r} is not callable")
 
 
 def register_configs() -> None:

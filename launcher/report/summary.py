@@ -31,7 +31,7 @@ class RunSummary:
     steps: int
     global_batch: int
     final_loss: float
-    test_accuracy: Optional[float]  # None when the data has no test split
+    test_accuracy: Optional[float]  # cross-entropy's share of labels right (None: no test split, or another loss)
     samples_per_s: Optional[float]
     wall_s: float
     resumed_from: Optional[str]  # the checkpoint this run resumed from
@@ -45,6 +45,8 @@ class RunSummary:
     skipped_steps: int = 0  # fp16: steps the gradient scaler skipped (inf/nan gradients), this run
     steps_per_epoch: int = 0  # the optimiser steps of one epoch (with ``steps``: how much of the data was seen)
     compression: str = "none"  # what crossed nodes compressed (comm.compress as it applied: one node, none)
+    test_loss: Optional[float] = None  # the last evaluation's loss: the mean over every held-out sample
+    test_metrics: dict[str, Optional[float]] = field(default_factory=dict)  # its accuracy and train.metrics, by name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reducer", str(self.reducer))  # comm.reducer's member as the text it is

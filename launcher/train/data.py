@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from launcher.config import DataConfig
+from launcher.train.batch import collate
 
 IMAGE_MODELS = ("models.lenet.LeNet", "models.mlp.MLP", "models.resnet.resnet18")  # conf/model: they take images
 DATA_SEED = 20240601  # fixed: the data set itself must not depend on train.seed or the rank
@@ -215,6 +216,7 @@ def train_loader(
         batch_size=batch_per_rank,
         sampler=sampler,
         drop_last=True,
+        collate_fn=collate,  # any structure of tensors, dataclasses too (batch.py)
         generator=generator,
         num_workers=workers,
         pin_memory=pin,
@@ -231,4 +233,6 @@ def eval_loader(
         return None
     shard = Subset(dataset, range(rank, len(cast(Sized, dataset)), world))  # (map-style: user_datasets checks)
     generator = torch.Generator().manual_seed(rank)
-    return DataLoader(shard, batch_size=batch_size, generator=generator, num_workers=workers, pin_memory=pin)
+    return DataLoader(
+        shard, batch_size=batch_size, collate_fn=collate, generator=generator, num_workers=workers, pin_memory=pin
+    )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from hydra.utils import instantiate
@@ -13,6 +13,8 @@ from torch import nn
 from launcher.base.devices import seed_all
 from launcher.config import JobConfig
 from launcher.dist import helpers as dist_helpers
+from launcher.train.batch import as_tree, split, to_device
+from launcher.train.scores import Scores
 from launcher.train.task import Task
 
 
@@ -38,18 +40,26 @@ def check_same_weights(model: nn.Module, peers: dist_helpers.Peers = dist_helper
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    loader: Iterable[Any],
     device: torch.device,
     task: Task,
+    scores: Scores,
     peers: dist_helpers.Peers = dist_helpers.Peers(),
-) -> tuple[float, Optional[float]]:
-    """(test loss, accuracy or train.metric; None where neither applies) over every rank's disjoint shard of the
-    held-out split (collective), with rank 0's buffers (batch-norm statistics)."""
+) -> dict[str, Optional[float]]:
+    """The held-out split's ``loss`` (the mean over every sample), cross-entropy's ``accuracy`` and each metric of
+    ``train.metrics`` by its name, over every rank's disjoint share (collective), with rank 0's buffers (batch-norm
+    statistics)."""
     model.eval()
     peers.broadcast_buffers(model)
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, metric sum, count
-    for x, y in loader:
-        totals += task.eval_sums(model, x.to(device), y.to(device))
+    scores.start(device)
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, right, count
+    for raw in loader:
+        batch = split(to_device(as_tree(raw), device), task.labels_key)
+        outputs = task.outputs(model, batch)
+        totals += task.eval_sums(outputs, batch)
+        scores.update(outputs, batch)
     peers.all_reduce(totals)
-    loss = (totals[0] / totals[1].clamp_min(1)).item()
-    return loss, (totals[2] / totals[3]).item() if task.has_accuracy and totals[3] > 0 else None
+    found: dict[str, Optional[float]] = {"loss": (totals[0] / totals[1].clamp_min(1)).item()}
+    if task.has_accuracy:
+        found["accuracy"] = (totals[2] / totals[3]).item() if totals[3] > 0 else None
+    return {**found, **scores.compute(peers, device)}

@@ -52,7 +52,7 @@ class Totals:
     trained_steps: int = 0
     last_eval_epoch: int = -1
     final_loss: float = math.nan
-    accuracy: Optional[float] = None
+    evaluated: Optional[dict[str, Optional[float]]] = None  # the last evaluation: loss, accuracy, train.metrics
     logged_step: int = -1
     saved_step: int = -1  # the step of the newest checkpoint this run wrote in the loop
 

@@ -24,6 +24,7 @@ from launcher.report.summary import RunSummary
 from launcher.train.metrics import MetricsWriter
 from launcher.train.model import evaluate
 from launcher.train.progress import Totals
+from launcher.train.scores import Scores, metric_specs
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
 from launcher.train.world import World
@@ -56,6 +57,7 @@ class Records:
         self.metrics = MetricsWriter(self.run_dir, env.is_main, job.train.tensorboard, start_step)
         self.exposed_s = 0.0  # communication waited for since the last log
         self._tracer: Optional[Tracer] = Tracer(env.rank, env.hostname) if job.comm.trace else None
+        self.scores = Scores(metric_specs(job.train), job.train.labels_key)  # train.metrics, for every evaluation
         self._tracing = ExitStack()
 
     def entered(self, env: DistEnv) -> None:
@@ -122,19 +124,20 @@ class Records:
                 log.info("comm.trace: %s (open in https://ui.perfetto.dev)", written)
             self._tracer = None
 
-    def evaluate(self, epoch: int, world: World) -> Optional[float]:
-        """Accuracy on the held-out split (None without one); logged and written to the metrics."""
+    def evaluate(self, epoch: int, world: World) -> Optional[dict[str, Optional[float]]]:
+        """The held-out split's loss, accuracy (cross-entropy) and ``train.metrics``, by name (None without a test
+        split); logged and written to the metrics as ``test_<name>``."""
         if world.test_loader is None:
             return None
         sync, state, step = world.sync, self.state, self.state.pos.step
         sync.flush()
         sync.module.eval()
         with state.stepper.autocast():
-            loss, accuracy = evaluate(state.model, world.test_loader, state.device, state.stepper.task, self.peers)
-        self.metrics.write({"kind": "eval", "step": step, "epoch": epoch, "test_loss": loss, "test_accuracy": accuracy})
-        shown = "n/a (train.loss gives no accuracy: train.metric)" if accuracy is None else f"{accuracy:.4f}"
-        log.info("epoch %d step %d: test accuracy %s, test loss %.4f", epoch, step, shown, loss)
-        return accuracy
+            found = evaluate(state.model, world.test_loader, state.device, state.stepper.task, self.scores, self.peers)
+        self.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **{f"test_{k}": v for k, v in found.items()}})
+        shown = ", ".join(f"test {name} {_shown(value)}" for name, value in found.items() if name != "loss")
+        log.info("epoch %d step %d: %stest loss %.4f", epoch, step, f"{shown}, " if shown else "", found["loss"])
+        return found
 
     def summary(
         self,
@@ -163,7 +166,9 @@ class Records:
             steps=pos.step,
             global_batch=span.global_batch,
             final_loss=totals.final_loss,
-            test_accuracy=totals.accuracy,
+            test_accuracy=(totals.evaluated or {}).get("accuracy"),
+            test_loss=(totals.evaluated or {}).get("loss"),
+            test_metrics={k: v for k, v in (totals.evaluated or {}).items() if k != "loss"},
             samples_per_s=totals.trained_steps * span.global_batch / wall if wall > 0 else None,
             wall_s=wall,
             resumed_from=resumed,
@@ -181,3 +186,7 @@ class Records:
         if env.is_main:
             summary.write(self.run_dir)
         return summary
+
+
+def _shown(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

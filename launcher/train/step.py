@@ -26,6 +26,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.comm import trace
 from launcher.config import OptimConfig, TrainConfig
+from launcher.train.batch import Batch
 from launcher.train.task import Task
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -74,20 +75,20 @@ class Stepper:
         self.clip = optim.clip_grad_norm
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.skipped = 0  # fp16 steps skipped for inf/nan gradients, this run
-        self.task = Task(train.loss, train.metric)  # what the step minimises (train.loss), what evaluation reports
+        self.task = Task(train.loss, train.labels_key)  # what the step minimises (train.loss), from which batch key
         self.grad_norm: float | None = None  # the last step's gradient norm before clipping (with clipping only)
 
     def autocast(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None else nullcontext()
 
-    def step(self, sync: Synchronising, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimiser step on this rank's batch; returns its mean loss (detached)."""
+    def step(self, sync: Synchronising, batch: Batch) -> torch.Tensor:
+        """One optimiser step on this rank's batch (on its device); returns its mean loss (detached)."""
         sync.zero_grad(self.optimizer)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
-        for i, (xs, ys) in enumerate(zip(x.chunk(self.micro), y.chunk(self.micro))):
+        for i, part in enumerate(batch.chunk(self.micro) if self.micro > 1 else [batch]):
             with sync.no_sync() if i < self.micro - 1 else nullcontext():
                 with trace.span("forward", "step"), self.autocast():
-                    loss = self.task.loss(self.task.outputs(sync.module, xs, ys), ys).float() / self.micro
+                    loss = self.task.loss(self.task.outputs(sync.module, part), part).float() / self.micro
                 with trace.span("backward", "step"):
                     scaled = self.scaler.scale(loss) if self.scaler is not None else loss
                     scaled.backward()

@@ -1,25 +1,29 @@
-"""What the built-in trainer minimises and reports, for any task (``train.loss``, ``train.metric``):
+"""What the built-in trainer minimises and reports, for any task (``train.loss``; batches: ``batch.py``):
 
-- ``cross_entropy`` (default): ``model(inputs)`` gives logits with the classes last, (N, C) for one label per sample
-  or (N, ..., C) for a label per position (a language model's per-token targets, (N, ...)); the loss is the mean over
-  every label, the accuracy the share of labels right.
-- ``model``: ``model(inputs, targets)`` returns the loss itself, or an object or dict with ``loss`` (the Hugging Face
-  convention); evaluation reports its loss (no accuracy unless ``train.metric``).
-- ``pkg.module.fn``: ``fn(outputs, targets) -> loss`` on ``model(inputs)`` (mean over the batch).
+- ``cross_entropy`` (default): the model's output (a tensor, or its ``logits``) has the classes last, (N, C) for one
+  label per sample or (N, ..., C) for a label per position (a language model's per-token targets, (N, ...)); the
+  loss is the mean over every label, the accuracy the share of labels right.
+- ``model``: the model gets the whole batch, targets included (``model(x, y)``; a dict: ``model(**batch)``, the
+  labels too: the Hugging Face convention) and returns the loss itself, or an object or dict with ``loss``.
+- ``pkg.module.fn``: ``fn(outputs, targets) -> loss`` on the model's output (mean over the batch).
 
-``train.metric``: ``pkg.module.fn(outputs, targets) -> value`` (mean over the batch), reported as the test
-"accuracy" in place of cross-entropy's. What does not fit (a tuple from the model, float labels for cross-entropy,
-shapes that do not line up) is named at the first step with the value, the expectation and the fix.
+Evaluation reports the loss as the mean over every evaluated sample (every label, for cross-entropy), the accuracy
+under cross-entropy, and ``train.metrics`` (``scores.py``). What does not fit (a tuple from the model, float labels for
+cross-entropy, shapes that do not line up, a missing labels key) is named at the first step with the value, the
+expectation and the fix.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from hydra.utils import get_method
 from torch import nn
+
+from launcher.train.batch import Batch, BatchError, call, need_targets, predictions
 
 BUILT_IN = ("cross_entropy", "model")
 
@@ -29,24 +33,28 @@ class TaskError(TypeError):
 
 
 class Task:
-    def __init__(self, loss: str = "cross_entropy", metric: Optional[str] = None) -> None:
+    def __init__(self, loss: str = "cross_entropy", labels_key: str = "labels") -> None:
         self.kind = loss if loss in BUILT_IN else "callable"
         self.loss_fn = None if loss in BUILT_IN else get_method(loss)
-        self.metric = get_method(metric) if metric else None
-        self.name = loss
+        self.name, self.labels_key = loss, labels_key
 
     @property
     def has_accuracy(self) -> bool:
-        return self.kind == "cross_entropy" or self.metric is not None
+        return self.kind == "cross_entropy"
 
-    def outputs(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
-        return model(x, y) if self.kind == "model" else model(x)
+    def outputs(self, model: nn.Module, batch: Batch) -> Any:
+        """The model on the batch: its inputs (without the targets), or everything under ``train.loss=model``; a batch
+        without the targets the loss needs is named before the model sees it."""
+        if self.kind == "model":
+            return call(model, batch.whole)
+        need_targets(batch, self.labels_key, f"train.loss={self.name}")
+        return call(model, batch.inputs)
 
-    def loss(self, outputs: Any, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, outputs: Any, batch: Batch) -> torch.Tensor:
         """The batch's mean loss (a scalar tensor)."""
         if self.kind == "model":
             return _model_loss(outputs)
-        logits = _tensor(outputs, self.name)
+        logits, y = self._logits(outputs), need_targets(batch, self.labels_key, f"train.loss={self.name}")
         if self.kind == "cross_entropy":
             flat, labels = _flat(logits, y)
             return F.cross_entropy(flat, labels)
@@ -55,19 +63,26 @@ class Task:
             raise TaskError(f"train.loss={self.name} returned {_what(loss)}, not a one-element loss tensor")
         return loss.reshape(())
 
-    def eval_sums(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """(loss sum, loss count, metric sum, metric count) of one held-out batch, in float64."""
-        outputs = self.outputs(model, x, y)
-        n = float(y.shape[0])
-        if self.kind == "cross_entropy" and self.metric is None:
-            flat, labels = _flat(_tensor(outputs, self.name), y)
+    def eval_sums(self, outputs: Any, batch: Batch) -> torch.Tensor:
+        """(loss sum, loss count, right, count) of one held-out batch, in float64: the loss summed over the samples
+        (cross-entropy: over the labels), and cross-entropy's labels right (zeros for the others)."""
+        if self.kind == "cross_entropy":
+            y = need_targets(batch, self.labels_key, f"train.loss={self.name}")
+            flat, labels = _flat(self._logits(outputs), y)
             right = (flat.argmax(-1) == labels).sum().double()
-            count = float(labels.numel())
+            count = _f64(labels.numel(), flat)
             loss_sum = F.cross_entropy(flat.float(), labels, reduction="sum").double()
-            return torch.stack([loss_sum, _f64(count, y), right, _f64(count, y)])
-        loss = self.loss(outputs, y).double() * n
-        value = torch.as_tensor(self.metric(outputs, y), dtype=torch.float64, device=y.device) * n if self.metric else 0
-        return torch.stack([loss, _f64(n, y), _f64(value, y), _f64(n if self.metric else 0.0, y)])
+            return torch.stack([loss_sum, count, right, count])
+        loss = self.loss(outputs, batch).double()
+        n = _f64(batch.size, loss)
+        return torch.stack([loss * n, n, _f64(0.0, loss), _f64(0.0, loss)])
+
+    def _logits(self, outputs: Any) -> torch.Tensor:
+        try:
+            return predictions(outputs, f"train.loss={self.name}")
+        except BatchError as exc:
+            hint = "; or compute the loss in the model: train.loss=model (an output with .loss)"
+            raise TaskError(f"{exc}{hint}") from None
 
 
 def _f64(value: Any, like: torch.Tensor) -> torch.Tensor:
@@ -80,22 +95,19 @@ def _what(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _tensor(outputs: Any, loss: str) -> torch.Tensor:
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    hint = "return the logits as one tensor, or compute the loss in the model: train.loss=model (forward(inputs, "
-    hint += "targets) returning the loss, or an object or dict with .loss)"
-    raise TaskError(f"the model returned {_what(outputs)}, but train.loss={loss} needs a tensor; HINT: {hint}")
-
-
 def _model_loss(outputs: Any) -> torch.Tensor:
-    loss = outputs.get("loss") if isinstance(outputs, dict) else getattr(outputs, "loss", outputs)
+    has = isinstance(outputs, Mapping) and "loss" in outputs or hasattr(outputs, "loss")
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", outputs)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return loss.reshape(())
-    raise TaskError(
-        f"train.loss=model: the model's forward(inputs, targets) returned {_what(outputs)} without a one-element "
-        "loss; HINT: return the loss tensor, or an object or dict with a 'loss' entry (the Hugging Face convention)"
-    )
+    fix = "HINT: return the loss tensor, or an object or dict with a 'loss' entry (the Hugging Face convention)"
+    if has and loss is None:
+        raise TaskError(
+            f"train.loss=model: the model returned {_what(outputs)} whose loss is None (a Hugging Face model computes "
+            "it only when it gets the labels: a dict batch's labels key, train.labels_key, must be its 'labels'); "
+            + fix
+        )
+    raise TaskError(f"train.loss=model: the model returned {_what(outputs)} without a one-element loss; {fix}")
 
 
 def _flat(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,6 +32,7 @@ from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import LeftJob
 from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
+from launcher.train.batch import as_tree, split, to_device
 from launcher.train.data import IMAGE_MODELS, build_datasets
 from launcher.train.in_place import Healing, healing_for
 from launcher.train.model import build_model, check_same_weights
@@ -194,9 +195,9 @@ class Trainer:
             epoch = pos.epoch
             world.sampler.set_epoch(epoch, skip=pos.batch_in_epoch * world.batch_per_rank)
             world.sync.module.train()
-            for x, y in world.train_loader:
+            for raw in world.train_loader:
                 self.records.trace_window(totals.trained_steps, self.env)
-                loss = self._step(world, x, y)
+                loss = self._step(world, raw)
                 totals.window[:2] += torch.stack([loss.detach().double(), torch.ones_like(totals.window[0])])
                 pos.step += 1
                 pos.batch_in_epoch += 1
@@ -211,15 +212,15 @@ class Trainer:
             if pos.batch_in_epoch >= span.steps_per_epoch:
                 pos.epoch, pos.batch_in_epoch = epoch + 1, 0
                 if (epoch + 1) % t.eval_every_epochs == 0:
-                    totals.accuracy, totals.last_eval_epoch = self._evaluate(epoch), epoch
+                    totals.evaluated, totals.last_eval_epoch = self._evaluate(epoch), epoch
         return Finished()
 
-    def _step(self, world: World, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _step(self, world: World, raw: Any) -> torch.Tensor:
         self.phase = f"step {self.state.pos.step + 1}"
         self.watch.note_step(self.state.pos.step)
         fire_at(self.faults, self.state.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        loss = self.state.stepper.step(world.sync, x, y)  # micro-batches, precision, clipping: launcher/train/step.py
+        batch = split(to_device(as_tree(raw), self.device), self.job.train.labels_key)  # any structure: batch.py
+        loss = self.state.stepper.step(world.sync, batch)  # micro-batches, precision, clipping: launcher/train/step.py
         if (exposed := world.sync.exposed_s()) is not None:
             self.records.exposed_s += exposed
         return loss
@@ -241,7 +242,7 @@ class Trainer:
         decision = self.seam.growth(agreed=True) if self.stop.grow else None  # (the ranks agreed: it is written)
         return None if decision is None else Grows(decision)
 
-    def _evaluate(self, epoch: int) -> Optional[float]:
+    def _evaluate(self, epoch: int) -> Optional[dict[str, Optional[float]]]:
         self.phase = f"the evaluation after epoch {epoch}"
         return self.records.evaluate(epoch, self._world())
 
@@ -255,8 +256,8 @@ class Trainer:
     def _complete(self) -> None:
         """The end: the evaluation and the checkpoint the loop did not write."""
         totals, pos = self.totals, self.state.pos
-        if totals.last_eval_epoch != pos.epoch - 1 or totals.accuracy is None:
-            totals.accuracy = self._evaluate(pos.epoch)
+        if totals.last_eval_epoch != pos.epoch - 1 or totals.evaluated is None:
+            totals.evaluated = self._evaluate(pos.epoch)
         if totals.saved_step != pos.step:
             self._save()
         self.seam.step_completed(self.env, self.run_dir, "the end of training")  # a loss at the end: recorded now

@@ -14,6 +14,7 @@ from harness.ranks import spawn_ranks, train_layout, virtual_env
 from launcher.comm.schedule import WARMUP_STEPS
 from launcher.config import CommConfig, OptimConfig, TrainConfig
 from launcher.config.rules import whole_gradient_reason
+from launcher.train.batch import split
 from launcher.train.step import Stepper
 from launcher.train.sync import GradientSync
 from launcher.watch.recorder import Recorder
@@ -63,7 +64,7 @@ def _sync_once(rank, world, out_dir, reducer):
         stepper = Stepper(TrainConfig(accumulate_steps=micro), OptimConfig(), torch.device("cpu"), optimizer, scheduler)
         before = _allreduces()
         rows.clear()
-        stepper.step(sync, x, y)
+        stepper.step(sync, split([x, y], "labels"))
         sync.flush()
         counts.append(_allreduces() - before)
         forwards.append(list(rows))
@@ -127,10 +128,10 @@ def _first_step(rank, world, out_dir, precision, clip):
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen)
     shard = slice(rank * 64 // world, (rank + 1) * 64 // world)
-    steppers[0][0].step(steppers[0][1], x[shard], y[shard])
+    steppers[0][0].step(steppers[0][1], split([x[shard], y[shard]], "labels"))
     steppers[0][1].flush()
-    steppers[1][0].step(steppers[1][1], x, y)
-    fp32.step(_Alone(full), x, y)
+    steppers[1][0].step(steppers[1][1], split([x, y], "labels"))
+    fp32.step(_Alone(full), split([x, y], "labels"))
     assert seen == [{"bf16": torch.bfloat16, "fp16": torch.float16}[precision]], seen
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3, msg=lambda m, n=name: f"{precision} {n}: {m}")
@@ -185,11 +186,11 @@ def _skip_on_every_rank(rank, world, out_dir, reducer):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     stepper = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    stepper.step(sync, x * (3e4 if rank == 1 else 1.0), y)  # fp16 overflows on rank 1 only
+    stepper.step(sync, split([x * (3e4 if rank == 1 else 1.0), y], "labels"))  # fp16 overflows on rank 1 only
     for name, value in model.state_dict().items():
         assert torch.equal(value, start[name]), f"{name} was updated on rank {rank}: the step was not skipped"
     assert stepper.skipped == 1 and stepper.scaler.get_scale() == 2.0**15, (stepper.skipped, stepper.scaler.get_scale())
-    stepper.step(sync, x, y)  # the next one is taken
+    stepper.step(sync, split([x, y], "labels"))  # the next one is taken
     assert stepper.skipped == 1 and any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())
     fresh = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     fresh.load_state_dict(stepper.state_dict())  # what a checkpoint carries

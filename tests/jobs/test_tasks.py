@@ -10,6 +10,7 @@ import torch
 
 from harness.checks import assert_same_trajectory, final_state
 from harness.run import run_launcher
+from launcher.train.batch import Batch
 from launcher.train.task import Task, TaskError
 
 LM = ("model._target_=models.charlm.CharGRU", "data._target_=models.charlm.text_data", "train.batch_size=32")
@@ -48,7 +49,8 @@ def test_bf16_accumulation_clipping_and_a_resume_with_the_models_own_loss(tmp_pa
     assert "the LR schedule spans 12 steps now, 8 in the run that wrote" in again.stderr  # (no schedule_steps given)
     trained, evaluated = train_lines(run_dir)
     assert all(r["grad_norm"] > 0 for r in trained)  # logged with clipping
-    assert evaluated[-1]["test_accuracy"] > 0.15  # train.metric, reported in the accuracy's place
+    assert evaluated[-1]["test_token_accuracy"] > 0.15  # the older train.metric: a function, under its name
+    assert "test_accuracy" not in evaluated[-1]  # no accuracy where none was computed (train.loss=model)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["precision"], summary["accumulate_steps"], summary["clip_grad_norm"]) == ("bf16", 2, 1.0)
     assert summary["loss"] == "model" and summary["steps"] == 12
@@ -60,14 +62,15 @@ def test_a_loss_function_of_ones_own(tmp_path):
     assert result.returncode == 0, result.stderr
     trained, evaluated = train_lines(tmp_path)
     assert trained[-1]["loss"] < trained[0]["loss"] - 0.3
-    assert evaluated[-1]["test_accuracy"] is None and "test accuracy n/a" in result.stderr  # no metric given
+    assert [k for k in evaluated[-1] if k.startswith("test_")] == ["test_loss"]  # no metric given: the loss only
+    assert "test accuracy" not in result.stderr
 
 
-def test_a_model_returning_a_tuple_is_named_at_the_first_step(tmp_path):
+def test_a_model_returning_an_output_with_logits_trains_with_cross_entropy(tmp_path):
+    """The Hugging Face shape (an output object with .logits) under train.loss=cross_entropy: its logits are used."""
     result = run_launcher(*LM, "+model.own_loss=true", *SHORT, run_dir=tmp_path)
-    assert result.returncode == 1
-    assert "the model returned a Output, but train.loss=cross_entropy needs a tensor; HINT:" in result.stderr
-    assert "train.loss=model" in result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert train_lines(tmp_path)[1][-1]["test_accuracy"] > 0.15
 
 
 LOGITS = torch.zeros(4, 5, 7)
@@ -76,7 +79,11 @@ LOGITS = torch.zeros(4, 5, 7)
 @pytest.mark.parametrize(
     ("outputs", "targets", "said"),
     [
-        ((LOGITS, LOGITS), torch.zeros(4, 5, dtype=torch.int64), "the model returned a tuple, but train.loss="),
+        (
+            (LOGITS, LOGITS),
+            torch.zeros(4, 5, dtype=torch.int64),
+            "the model returned a tuple, neither a tensor nor an object or dict with 'logits', but train.loss=",
+        ),
         (LOGITS, torch.zeros(4, 5), "needs integer class labels; the data gives a (4, 5) float32 tensor"),
         (
             LOGITS,
@@ -88,14 +95,17 @@ LOGITS = torch.zeros(4, 5, 7)
 )
 def test_what_does_not_fit_cross_entropy_is_named(outputs, targets, said):
     with pytest.raises(TaskError, match="HINT") as error:
-        Task("cross_entropy").loss(outputs, targets)
+        Task("cross_entropy").loss(outputs, Batch(None, targets, None))
     assert said in str(error.value)
 
 
 def test_the_models_own_loss_must_be_there():
-    assert Task("model").loss({"loss": torch.tensor(2.0)}, torch.zeros(1)) == 2.0
+    batch = Batch(None, torch.zeros(1), None)
+    assert Task("model").loss({"loss": torch.tensor(2.0)}, batch) == 2.0
     with pytest.raises(TaskError, match="returned a dict without a one-element loss"):
-        Task("model").loss({"logits": LOGITS}, torch.zeros(1))
+        Task("model").loss({"logits": LOGITS}, batch)
+    with pytest.raises(TaskError, match=r"returned a dict whose loss is None \(a Hugging Face model computes it only"):
+        Task("model").loss({"loss": None, "logits": LOGITS}, batch)
 
 
 def test_max_steps_within_an_epoch_is_reported_as_run(tmp_path):

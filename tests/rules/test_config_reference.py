@@ -12,7 +12,15 @@ from harness.config import compose
 from launcher.config.reference import render
 
 PAGE = REPO / "docs" / "configuration-reference.md"
-LAYOUTS = [(), ("+cluster=sim",), ("+cluster=slurm",), ("+cluster=ssh",), ("model=mlp",), ("model=resnet18",)]
+LAYOUTS = [
+    (),
+    ("+cluster=sim",),
+    ("+cluster=slurm",),
+    ("+cluster=ssh",),
+    ("model=mlp",),
+    ("model=resnet18",),
+    ("model=text_classifier",),
+]
 
 
 def keys(tree: object, prefix: str = "") -> list[str]:
