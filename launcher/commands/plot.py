@@ -67,8 +67,10 @@ def _xy(records: list[Record], key: str, x: str = "step", scale: float = 1.0) ->
     return [float(r[x]) for r in have], [scale * float(r[key]) for r in have]
 
 
-def _is_score(key: str) -> bool:
-    return key.startswith("test_") and key != "test_loss"
+def score_names(evals: list[Record]) -> list[str]:
+    """The metrics the evaluations reported, by name (``test_<name>`` but the loss), in their first order."""
+    keys = dict.fromkeys(key for record in evals for key in record)
+    return [k.removeprefix("test_") for k in keys if k.startswith("test_") and k != "test_loss"]
 
 
 def plot_run(run_dir: RunDir) -> Path:
@@ -92,7 +94,7 @@ def plot_run(run_dir: RunDir) -> Path:
     ax_loss.legend()
 
     ax_acc.set(title="Test metrics", xlabel="epoch", ylabel="value (each under its name)")
-    names = [k.removeprefix("test_") for k in dict.fromkeys(k for r in evals for k in r) if _is_score(k)]
+    names = score_names(evals)
     for name in names:  # accuracy where it was computed, every train.metrics by its name
         ax_acc.plot(*_xy(evals, f"test_{name}", x="epoch"), "o-", label=f"test {name}")
     if names:

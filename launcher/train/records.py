@@ -6,11 +6,11 @@ run on every rank."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Optional
+from typing import Any, Optional
 
+import torch
 from tqdm import tqdm
 
 from launcher.base.env import DistEnv
@@ -21,6 +21,7 @@ from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.heal import membership
 from launcher.report.summary import RunSummary
+from launcher.train.batch import Batch, as_tree, split, to_device
 from launcher.train.metrics import MetricsWriter
 from launcher.train.model import evaluate
 from launcher.train.progress import Totals
@@ -55,9 +56,9 @@ class Records:
         self.job, self.peers, self.state, self.watch = job, peers, state, watch  # (the watch: its stragglers)
         self.run_dir = job.run
         self.metrics = MetricsWriter(self.run_dir, env.is_main, job.train.tensorboard, start_step)
-        self.exposed_s = 0.0  # communication waited for since the last log
         self._tracer: Optional[Tracer] = Tracer(env.rank, env.hostname) if job.comm.trace else None
         self.scores = Scores(metric_specs(job.train), job.train.labels_key)  # train.metrics, for every evaluation
+        self._metrics_checked = False
         self._tracing = ExitStack()
 
     def entered(self, env: DistEnv) -> None:
@@ -79,19 +80,18 @@ class Records:
             return
         totals.final_loss = self._log_window(totals, env, sync)
         totals.logged_step = pos.step
-        totals.window.zero_()
-        totals.window_t0 = time.perf_counter()
+        totals.restart(pos.step)
         bar.set_postfix(epoch=pos.epoch, loss=f"{totals.final_loss:.4f}")
 
     def _log_window(self, totals: Totals, env: DistEnv, sync: GradientSync) -> float:
-        """Global mean loss over the steps since the last log (one small allreduce every log_every steps)."""
+        """Global mean loss over the window's steps (one small allreduce every log_every steps), and its time per
+        step (``Totals``: a resumed window's counts its steps before the checkpoint too)."""
         window, pos, grad_norm = totals.window, self.state.pos, self.state.stepper.grad_norm
-        window[2] = self.exposed_s
-        self.exposed_s = 0.0
+        window[2] = totals.exposed_s
         self.peers.all_reduce(window)
-        batches = window[1].item() / env.world_size
+        steps = max(1, pos.step - totals.window_from)
         loss = window[0].item() / max(1.0, window[1].item())
-        step_s = (time.perf_counter() - totals.window_t0) / max(1.0, batches)
+        step_s = totals.elapsed_s() / steps
         record = {
             "kind": "train",
             "step": pos.step,
@@ -104,9 +104,27 @@ class Records:
         if grad_norm is not None:  # optim.clip_grad_norm: the last step's norm before clipping
             record["grad_norm"] = grad_norm
         if sync.exposed_s() is not None:  # mean over ranks and steps of the wait after backward
-            record["comm_exposed_s"] = window[2].item() / env.world_size / max(1.0, batches)
+            record["comm_exposed_s"] = window[2].item() / env.world_size / steps
         self.metrics.write(record)
         return loss
+
+    def batch(self, raw: Any) -> Batch:
+        """A training batch on the rank's device, split (``batch.py``); the first also tries ``train.metrics`` on
+        the model's outputs: a metric that does not fit fails at step 1, not after the first epoch. That forward runs
+        in eval mode under a forked RNG: no batch-norm statistic, no dropout draw, the training stream untouched."""
+        state = self.state
+        batch = split(to_device(as_tree(raw), state.device), self.job.train.labels_key)
+        if not self._metrics_checked and self.scores.names:
+            model, cuda = state.model, [state.device] if state.device.type == "cuda" else []
+            was_training = model.training
+            with torch.random.fork_rng(devices=cuda), torch.no_grad(), state.stepper.autocast():
+                model.eval()
+                try:
+                    self.scores.check(state.stepper.task.outputs(model, batch), batch, state.device)
+                finally:
+                    model.train(was_training)
+        self._metrics_checked = True
+        return batch
 
     def trace_window(self, trained_steps: int, env: DistEnv, end: bool = False) -> None:
         """comm.trace: record steps 2 .. 1 + trace_steps of this run (the first warms up), then every rank hands

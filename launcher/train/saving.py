@@ -1,7 +1,9 @@
 """The trainer's checkpoints: which one a run resumes from (rank 0's choice, agreed at start), writing one
-(collective: every rank hands rank 0 its RNG state; rank 0 writes atomically and prunes; a full disk named with the
-previous checkpoint kept), and the resume's own steps (every rank's RNG stream, what it says). What a checkpoint
-holds is the Trainer's ``state_dict``."""
+(collective: every rank hands rank 0 its RNG state and its part of the log's window; rank 0 writes atomically and
+prunes; a full disk named with the previous checkpoint kept), and the resume's own steps (every rank's RNG stream and
+log window, what it says). What a checkpoint holds is the ``TrainState``'s ``state_dict`` with those per-rank parts:
+``rng``, ``log_window`` (``progress.Totals``: the resumed run logs what the uninterrupted one logs) and
+``compression``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.report.attempts import mark_resumed
 from launcher.train import checkpoint as ckpt
-from launcher.train.progress import Span
+from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
 
@@ -29,7 +31,7 @@ class Checkpointer:
         """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
         self.run, self.dir = job.run, job.run.checkpoints
         self.keep = job.train.keep_checkpoints
-        self.peers = peers
+        self.peers, self.joins = peers, joins
         self.resume_path, self._resume_state = (
             (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
         )
@@ -41,27 +43,35 @@ class Checkpointer:
         state = self._resume_state or {}
         return state if state.get("world_size", world_size) == world_size else {}
 
-    def resume(self, state: TrainState, env: DistEnv, seed: int) -> Optional[str]:
-        """Apply the checkpoint chosen at start to ``state`` (once), with every rank's RNG stream; returns its path
-        (None: a fresh start)."""
+    def resume(self, state: TrainState, env: DistEnv, seed: int, totals: Totals) -> Optional[str]:
+        """Apply the checkpoint chosen at start to ``state`` (once), with every rank's RNG stream, and start the
+        loop's log window (``totals``: the checkpoint's on the same world size); returns its path (None: a fresh
+        start)."""
         saved, self._resume_state = self._resume_state, None
         if saved is None:
+            if not self.joins:  # (a joining rank's window is the others', once it is in)
+                totals.start(0)
             return None
         state.load_state_dict(saved)
         self._resumed(saved, env, seed, state.span)
+        windows = saved.get("log_window") or []
+        same_world = saved.get("world_size") == env.world_size and len(windows) == env.world_size
+        totals.start(state.pos.step, windows[env.rank] if same_world else None)
         return str(self.resume_path)
 
-    def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int) -> None:
-        """Collective (every rank hands rank 0 its RNG state, and its compression state: each rank's error
-        feedback is its own); rank 0 writes atomically and prunes."""
+    def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
+        """Collective (every rank hands rank 0 its RNG state, its part of the log's window (``Totals.partial``:
+        its own sums, which the log adds; each rank's kept, nothing reduced) and its compression state: each
+        rank's error feedback is its own); rank 0 writes atomically and prunes."""
         mine = sync.compression_state()
-        gathered = self.peers.gather_object((rng_state(), mine))
+        gathered = self.peers.gather_object((rng_state(), window, mine))
         if gathered is None:  # not rank 0
             return
         path = checkpoint_path(self.dir, step)
-        own = {} if mine is None else {"compression": [c for _, c in gathered]}
+        own = {} if mine is None else {"compression": [c for *_, c in gathered]}
+        parts = {"rng": [r for r, *_ in gathered], "log_window": [w for _, w, _ in gathered]}
         try:
-            ckpt.save_atomic(dict(state.state_dict(env, sync), rng=[r for r, _ in gathered], **own), path)
+            ckpt.save_atomic(dict(state.state_dict(env, sync), **parts, **own), path)
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
             earlier = [p for p in list_checkpoints(self.dir) if p != path]
             kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
@@ -87,7 +97,8 @@ class Checkpointer:
             seed_all(seed + env.rank + 1_000_003 * step)
         if saved_world != env.world_size:
             log.info(
-                "resuming a %d-rank checkpoint on %d ranks: global batch %d as before, the same samples from step %d",
+                "resuming a %d-rank checkpoint on %d ranks: global batch %d as before, the same samples from step %d; "
+                "the train loss's window restarts there (the first train record averages the steps from it)",
                 saved_world,
                 env.world_size,
                 span.global_batch,

@@ -90,6 +90,24 @@ class Scores:
         if averaged:
             log.info("train.metrics %s: functions, averaged over batches weighted by samples", ", ".join(averaged))
 
+    def check(self, outputs: Any, batch: Batch, device: torch.device) -> None:
+        """At the first step, on a training batch's outputs: each metric takes them (its shapes, its arguments), or
+        the error names it now rather than at the end of the first evaluation. No collective."""
+        if not self.specs:
+            return
+        preds = predictions(outputs, f"train.metrics ({', '.join(self.names)})").detach()
+        targets = need_targets(batch, self.labels_key, f"train.metrics ({', '.join(self.names)})")
+        for name, spec in self.specs.items():
+            score = build(name, spec).to(device)
+            try:
+                score.made(preds, targets) if score.averaged else score.made.update(preds, targets)
+            except Exception as exc:  # noqa: BLE001 - the user's metric: whatever it raises is named
+                raise ValueError(
+                    f"train.metrics.{name} does not take this model's predictions ({_shape(preds)}) and targets "
+                    f"({_shape(targets)}): {exc}; HINT: a metric for these shapes (e.g. (N, C) logits: "
+                    "MulticlassF1Score with num_classes=C; (N,) scores: BinaryF1Score)"
+                ) from exc
+
     def update(self, outputs: Any, batch: Batch) -> None:
         if not self.scores:
             return
@@ -127,3 +145,7 @@ def _number(value: Any, name: str) -> float:
             "(e.g. average='macro' for per-class metrics)"
         )
     return float(tensor)
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"

@@ -32,7 +32,6 @@ from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import LeftJob
 from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
-from launcher.train.batch import as_tree, split, to_device
 from launcher.train.data import IMAGE_MODELS, build_datasets
 from launcher.train.in_place import Healing, healing_for
 from launcher.train.model import build_model, check_same_weights
@@ -150,7 +149,7 @@ class Trainer:
             self.seam.close(trained=self.wall_s is not None)
 
     def _fit(self) -> RunSummary | Stopped | None:
-        self.resumed_from = self.checkpointer.resume(self.state, self.env, self.job.train.seed)
+        self.resumed_from = self.checkpointer.resume(self.state, self.env, self.job.train.seed, self.totals)
         self.started = time.perf_counter()
         joining = self.seam.start(self.group)  # a joining rank: the decision that lets it in
         if joining is not None and self._next_round(joining) is not None:
@@ -212,17 +211,17 @@ class Trainer:
             if pos.batch_in_epoch >= span.steps_per_epoch:
                 pos.epoch, pos.batch_in_epoch = epoch + 1, 0
                 if (epoch + 1) % t.eval_every_epochs == 0:
-                    totals.evaluated, totals.last_eval_epoch = self._evaluate(epoch), epoch
+                    totals.evaluated, totals.last_eval_step = self._evaluate(epoch), pos.step
         return Finished()
 
     def _step(self, world: World, raw: Any) -> torch.Tensor:
         self.phase = f"step {self.state.pos.step + 1}"
         self.watch.note_step(self.state.pos.step)
         fire_at(self.faults, self.state.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
-        batch = split(to_device(as_tree(raw), self.device), self.job.train.labels_key)  # any structure: batch.py
+        batch = self.records.batch(raw)  # any structure (batch.py); the first also tries train.metrics
         loss = self.state.stepper.step(world.sync, batch)  # micro-batches, precision, clipping: launcher/train/step.py
         if (exposed := world.sync.exposed_s()) is not None:
-            self.records.exposed_s += exposed
+            self.totals.exposed_s += exposed
         return loss
 
     def _step_boundary(self) -> Optional[RoundEnd]:
@@ -250,13 +249,13 @@ class Trainer:
         self.phase = f"the checkpoint at step {self.state.pos.step}"
         sync = self._world().sync
         sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        self.checkpointer.save(self.state, sync, self.env, self.state.pos.step)
+        self.checkpointer.save(self.state, sync, self.env, self.state.pos.step, self.totals.partial())
         self.totals.saved_step = self.state.pos.step
 
     def _complete(self) -> None:
         """The end: the evaluation and the checkpoint the loop did not write."""
         totals, pos = self.totals, self.state.pos
-        if totals.last_eval_epoch != pos.epoch - 1 or totals.evaluated is None:
+        if totals.last_eval_step != pos.step or totals.evaluated is None:  # the final model, evaluated
             totals.evaluated = self._evaluate(pos.epoch)
         if totals.saved_step != pos.step:
             self._save()
