@@ -191,8 +191,7 @@ def test_rows(s: RunSummary) -> list[tuple[str, str]]:
     """The last evaluation's metrics, each by its name (cross-entropy's accuracy, train.metrics)."""
     if s.test_loss is None and s.test_accuracy is None:
         return [("test", "n/a (no test split)")]
-    found = s.test_metrics or ({"accuracy": s.test_accuracy} if s.test_accuracy is not None else {})
-    return [(f"test {k}", "n/a" if v is None else f"{v:.4f}") for k, v in found.items()]
+    return [(f"test {k}", "n/a" if v is None else f"{v:.4f}") for k, v in s.scores.items()]
 
 
 def summary_table(s: RunSummary, extra: list[tuple[str, str]]) -> str:

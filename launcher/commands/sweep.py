@@ -99,6 +99,5 @@ def _result(p: _Point) -> str:
     s = RunSummary.read(p.run_dir) if p.run_dir is not None else None
     if s is None:
         return "ok"
-    found = s.test_metrics or ({"accuracy": s.test_accuracy} if s.test_accuracy is not None else {})
-    acc = "".join(f", test {k} {v:.4f}" for k, v in found.items() if v is not None)
+    acc = "".join(f", test {k} {v:.4f}" for k, v in s.scores.items() if v is not None)
     return f"ok, final loss {s.final_loss:.4f}{acc}"

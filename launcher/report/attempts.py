@@ -5,7 +5,7 @@ starts, how many restarts are left), and every attempt is listed at the end: ``s
 (``job_summary``), and the end-of-run lines when there was more than one (``attempt_lines``).
 
 Where it comes from: as an attempt starts, each node's first rank writes a marker (``mark_start``: launch, attempt,
-node, host, time; the trainer's rank 0 adds the step it resumed from, ``mark_resumed``), and each attempt's failure
+node, host, time; the trainer's rank 0 adds the step it resumed from), and each attempt's failure
 records are in ``failures/<launch>/attempt-<n>/``. The head clears the markers as a run starts (``clear``: they
 describe the newest run of the run dir, as ``summary.json`` does); under torchrun there is no head, and rank 0 lists
 the attempts of its own launch."""
@@ -40,19 +40,11 @@ class Marker:
     resumed_from_step: Optional[int] = None  # the trainer's rank 0: the checkpoint's step it resumed from
 
 
-def mark_start(run_dir: RunDir, env: DistEnv) -> None:
-    """This node's start of its attempt (its first rank writes it)."""
+def mark_start(run_dir: RunDir, env: DistEnv, resumed_from_step: Optional[int] = None) -> None:
+    """This node's start of its attempt (its first rank writes it); the trainer's rank 0 writes it again with the
+    step of the checkpoint it resumed from."""
     host = env.hostname or socket.gethostname()
-    _write(run_dir, Marker(env.launch_id, env.attempt, env.node_rank, host, time.time()))
-
-
-def mark_resumed(run_dir: RunDir, env: DistEnv, step: int) -> None:
-    """Rank 0 of the trainer resumed this attempt from the checkpoint of ``step``."""
-    host = env.hostname or socket.gethostname()
-    _write(run_dir, Marker(env.launch_id, env.attempt, env.node_rank, host, time.time(), step))
-
-
-def _write(run_dir: RunDir, marker: Marker) -> None:
+    marker = Marker(env.launch_id, env.attempt, env.node_rank, host, time.time(), resumed_from_step)
     path = run_dir.attempt_marker(marker.launch, marker.attempt, marker.node)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, asdict(marker))
@@ -77,8 +69,8 @@ def _markers(run_dir: RunDir, launch: Optional[str]) -> dict[tuple[str, int], li
 
 def describe(failure: Failure, nodes: bool) -> str:
     """``rank 1 (node 0, pid 4242) on box died with signal 9 (SIGKILL)``: who ended an attempt, and how."""
-    says = {"died": failure.summary, "stopped": failure.summary, "hang": f"hung: {failure.summary}"}
-    return f"{failure.who(nodes)} {says.get(failure.kind, 'failed: ' + failure.summary)}"
+    what = failure.ended()
+    return f"{failure.who(nodes)} {what}" + (f" {failure.summary}" if what == "failed:" else "")
 
 
 def cause_of(failures: list[Failure]) -> str:
@@ -119,12 +111,13 @@ def _cause(failure: Failure) -> dict[str, Any]:
 def attempts(run_dir: RunDir, code: int, launch: Optional[str] = None) -> list[dict[str, Any]]:
     """Every attempt of the run (of ``launch`` only, when given), oldest first; the last ended with exit ``code``."""
     found = list(_markers(run_dir, launch).items())
+    starts = [min(m.time for m in markers) for _, markers in found]
     listed = []
     for index, ((launch_id, number), markers) in enumerate(found):
         failures = load_attempt(run_dir, launch_id, number)
         last = index == len(found) - 1
-        end = min(m.time for m in found[index + 1][1]) if not last else time.time()
-        if failures and not last:
+        end = time.time() if last else starts[index + 1]
+        if failures and not last:  # (its first failure; else: when the next attempt started)
             end = min(f.time_ns for f in failures) / 1e9
         how = "failed" if not last else "finished" if code == 0 else "stopped" if _stopped(code) else "failed"
         resumed = [m.resumed_from_step for m in markers if m.resumed_from_step is not None]
@@ -132,8 +125,8 @@ def attempts(run_dir: RunDir, code: int, launch: Optional[str] = None) -> list[d
             {
                 "attempt": number,
                 "launch": launch_id,
-                "start": _iso(min(m.time for m in markers)),
-                "start_s": min(m.time for m in markers),
+                "start": _iso(starts[index]),
+                "start_s": starts[index],
                 "end": _iso(end),
                 "end_s": end,
                 "ended": how,

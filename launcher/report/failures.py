@@ -84,6 +84,12 @@ class Failure:
         )
         return f"rank {self.rank}" + (f" ({ids})" if ids else "") + f" on {self.host}"
 
+    def ended(self) -> str:
+        """How it ended, in the words the report starts with: the signal or exit, ``hung: ...``, else ``failed:``
+        (the error follows)."""
+        said = {"died": self.summary, "stopped": self.summary, "hang": f"hung: {self.summary}"}
+        return said.get(self.kind, "failed:")
+
 
 def classify(exc: BaseException) -> str:
     """``peer`` when the error (or one it came from) says another rank failed first, ``stopped`` for an
@@ -232,8 +238,7 @@ def ranked(failures: Iterable[Failure]) -> list[Failure]:
 def format_report(failures: list[Failure], run_dir: RunDir, limit: int = 8) -> str:
     cause, *others = ranked(failures)
     nodes = max(f.nodes for f in failures) > 1  # say which node: hosts may share a name (simulated nodes)
-    says = {"died": cause.summary, "stopped": cause.summary, "hang": f"hung: {cause.summary}"}
-    what = says.get(cause.kind, "failed:")
+    what = cause.ended()
     lines = [f"launcher: {cause.who(nodes)} {what}"]
     lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
     lines.append(f"launcher: log of rank {cause.rank}: {run_dir.rank_log(cause.rank)}")

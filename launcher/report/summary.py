@@ -51,6 +51,11 @@ class RunSummary:
     def __post_init__(self) -> None:
         object.__setattr__(self, "reducer", str(self.reducer))  # comm.reducer's member as the text it is
 
+    @property
+    def scores(self) -> dict[str, Optional[float]]:
+        """The last evaluation's metrics by name (a summary older than ``test_metrics``: its accuracy)."""
+        return self.test_metrics or ({"accuracy": self.test_accuracy} if self.test_accuracy is not None else {})
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

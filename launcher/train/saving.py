@@ -17,7 +17,7 @@ from launcher.base.devices import rng_state, seed_all, set_rng_state
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
-from launcher.report.attempts import mark_resumed
+from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
 from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
@@ -89,7 +89,7 @@ class Checkpointer:
         rngs = state.get("rng") or []
         step = state["step"]
         if env.is_main:  # this attempt's start, in summary.json's attempts
-            mark_resumed(self.run, env, step)
+            mark_start(self.run, env, resumed_from_step=step)
         saved_world = state.get("world_size", len(rngs))
         if saved_world == env.world_size and len(rngs) == saved_world:
             set_rng_state(rngs[env.rank])
