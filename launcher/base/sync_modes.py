@@ -1,6 +1,6 @@
 """The gradient sync's modes, the choices a user types (``comm.reducer``, ``comm.hierarchical``, ``comm.overlap``,
-``comm.compress``): one Enum each, shared by the config (its schema's fields) and the sync engine (``comm/``, which
-never reads the config). Torch-free.
+``comm.compress``, ``comm.shard``): one Enum each, shared by the config (its schema's fields) and the sync engine
+(``comm/``, which never reads the config). Torch-free.
 
 Each member's name is its value, the text the user types: OmegaConf looks a member up by its name (on the command
 line, in YAML) and writes its name back (``config.yaml`` of a run dir), so that text is what it always was. They
@@ -45,6 +45,14 @@ class Reducer(Mode):
 
     ddp = "ddp"  # torch DistributedDataParallel
     bucketed = "bucketed"  # our BucketedReducer (launcher/comm/reducer.py)
+    fsdp = "fsdp"  # torch's FSDP2 sharding inside a node, our stage across nodes (launcher/comm/shard.py)
+
+
+class Shard(Mode):
+    """``comm.shard`` under ``comm.reducer=fsdp``: the ranks one model is sharded among."""
+
+    node = "node"  # the ranks of a node (replicated across nodes: only each shard's gradient crosses the link)
+    world = "world"  # every rank (one flat group: every all-gather and reduce-scatter crosses the link)
 
 
 class Hierarchical(Mode):

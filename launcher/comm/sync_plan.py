@@ -18,7 +18,7 @@ from typing import Optional, Protocol
 
 import torch
 
-from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer
+from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer, Shard
 from launcher.comm.policy import LinkFit, auto_compression, bucket_cap_mb, fast_link_overlap, measure_link
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import StrategyChoice, decide, measure
@@ -40,6 +40,7 @@ class SyncAsk:
     first_bucket_mb: float = 1.0
     whole_gradient: Optional[str] = None  # why the optimizer step needs every gradient at once (clipping, fp16)
     forward_refusal: Optional[str] = None  # why the forward overlap cannot run with this optimizer (updates.py)
+    shard: Shard = Shard.node  # comm.reducer=fsdp: the ranks a model is sharded among
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,31 @@ def plan_sync(asked: SyncAsk, world: SyncWorld, links: Links) -> SyncPlan:
 
 def _strategy(asked: SyncAsk, world: SyncWorld, links: Links) -> StrategyChoice:
     """Flat or node-first: as set, kept on resume under auto, else measured on a bucket-sized tensor."""
+    if asked.reducer is Reducer.fsdp:
+        return _sharded(asked, world)
     if asked.hierarchical is Hierarchical.auto and world.kept_hierarchical is not None:
         return StrategyChoice(world.kept_hierarchical, KEPT)
     numel = max(1, min(world.model_bytes, int((asked.bucket_cap_mb or DDP_BUCKET_CAP_MB) * MB)) // 4)
     measured = functools.partial(links.strategy_ms, numel)
     return decide(asked.hierarchical.forced, world.nodes, world.useful, measured, numel * 4 / MB)
+
+
+def _sharded(asked: SyncAsk, world: SyncWorld) -> StrategyChoice:
+    """Sharded training's layout is the choice: node-first across nodes under ``comm.shard=node``, measured nothing
+    (``comm.hierarchical`` does not apply)."""
+    if world.nodes == 1:
+        return StrategyChoice(False, "comm.reducer=fsdp on one node: sharded among its ranks, nothing crosses nodes")
+    if asked.shard is Shard.world:
+        return StrategyChoice(
+            False,
+            f"comm.shard=world: one flat shard group over {world.world_size} ranks; every all-gather and "
+            "reduce-scatter crosses the slowest link (comm.shard=node keeps them inside a node)",
+        )
+    return StrategyChoice(
+        True,
+        f"comm.shard=node: sharded among the ranks of a node, each shard's gradient summed across the {world.nodes} "
+        "nodes by our stage",
+    )
 
 
 def _compression(asked: SyncAsk, world: SyncWorld, links: Links, flat_chosen: bool) -> tuple[Compress, str]:
@@ -128,6 +149,10 @@ def _compression(asked: SyncAsk, world: SyncWorld, links: Links, flat_chosen: bo
 
 
 def _overlap(asked: SyncAsk, world: SyncWorld, compression: Compress) -> tuple[Overlap, Optional[str]]:
+    if asked.reducer is Reducer.fsdp:
+        why = "comm.reducer=fsdp: the sharded optimizer steps once every shard is summed; the cross-node stage hides "
+        why += "behind the rest of backward"
+        return Overlap.backward, why if asked.overlap is Overlap.forward else None
     if asked.reducer is Reducer.ddp:
         why = "comm.reducer=ddp: torch DDP waits for its buckets in backward"
         return Overlap.backward, why if asked.overlap is Overlap.forward else None
@@ -143,6 +168,8 @@ def _cap(
     asked: SyncAsk, world: SyncWorld, links: Links, compression: Compress, hierarchical: bool
 ) -> tuple[float, str]:
     """The bucket cap and why: as set; torch's for DDP; kept on resume; else sized from the link (policy.py)."""
+    if asked.reducer is Reducer.fsdp:
+        return 0.0, "FSDP2: each unit's shard is one bucket (comm.fsdp_units, comm.fsdp_min_params)"
     if asked.bucket_cap_mb is not None:
         return asked.bucket_cap_mb, "comm.bucket_cap_mb"
     if asked.reducer is Reducer.ddp:

@@ -59,6 +59,16 @@ class Layout:
         depth = max(len(n) for n in self.nodes)
         return [tuple(n[i] for n in self.nodes if i < len(n)) for i in range(depth)]
 
+    @classmethod
+    def gather(cls, env: DistEnv) -> Layout:
+        """Collective over the default group: every rank's (node, local rank), as its DistEnv says."""
+        mine = torch.tensor([env.node_rank, env.local_rank], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            mine = mine.cuda()
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        return cls.from_pairs([(int(t[0]), int(t[1])) for t in gathered])
+
     def interleaved(self) -> bool:
         """True when ranks are not numbered node by node (flat ring order then crosses nodes more often)."""
         return list(r for n in self.nodes for r in n) != list(range(self.world_size))
@@ -116,6 +126,29 @@ class Topology:
         intra_bcast = _groups(nodes, self.env.rank, None, self.timeout)
         inter = _groups([list(g) for g in self.layout.inter_groups()], self.env.rank, None, self.timeout)
         self.lanes.append((intra, intra_bcast, inter))
+
+    def across(self, second_lane: bool = False) -> Topology:
+        """A view of this topology with no node phases: each rank alone on its node, its cross-node group
+        (``inter``: the ranks of its local rank on every node) the only one, so a node-first allreduce on it is
+        the leaders' stage alone, on every rank (sharded training: each rank sums its own shard across nodes,
+        ``comm/shard.py``). ``second_lane``: PowerSGD's (collective: ``add_lane`` first). Its comm threads are its
+        own: ``close`` it too."""
+        if second_lane:
+            self.add_lane()
+        lanes: list[Groups] = [(None, None, inter) for _, _, inter in self.lanes]
+        return Topology(
+            self.env,
+            self.layout,
+            self.world,
+            None,
+            None,
+            self.inter,
+            (self.env.rank,),
+            self.inter_ranks,
+            self.launch_in_order,
+            lanes,
+            self.timeout,
+        )
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The CUDA stream the node-first phases are ordered on under NCCL (``collectives.in_launch_order``)."""
@@ -182,12 +215,7 @@ class Topology:
             raise ValueError(
                 f"DistEnv says rank {env.rank}/{env.world_size} but the process group is {dist.get_rank()}/{world}"
             )
-        mine = torch.tensor([env.node_rank, env.local_rank], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
-            mine = mine.cuda()
-        gathered = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(gathered, mine)
-        layout = Layout.from_pairs([(int(t[0]), int(t[1])) for t in gathered])
+        layout = Layout.gather(env)
         node_ranks = layout.nodes[layout.node_of(env.rank)]
         inter_ranks = next(g for g in layout.inter_groups() if env.rank in g)
         # new_group is collective over the default group: every rank creates every group, in one order.

@@ -26,7 +26,7 @@ from launcher.config.schema import JobConfig
 
 HEADER = """# Configuration reference
 
-Generated from the typed schemas (`launcher/config/schema.py`, `launcher/config/clusters.py`) and the model
+Generated from the typed schemas (`launcher/config/schema.py`, `comm.py`, `clusters.py`) and the model
 groups (`conf/model/`) by `python -m launcher.config.reference > docs/configuration-reference.md`; a test fails
 when this page is stale. Set any key on the command line (`train.epochs=3`); `python -m launcher --cfg job [...]`
 prints the composed values and `dry_run=true` the plan. How the keys work together: [Configuration](configuration.md).

@@ -19,10 +19,11 @@ from omegaconf import MISSING
 
 from launcher.base.liveness import TRAINER_TIMEOUT_S
 from launcher.base.run_dir import RunDir
-from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer
+from launcher.base.sync_modes import Reducer
 from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
+from launcher.config.comm import CommConfig as CommConfig
 from launcher.config.errors import ConfigError as ConfigError  # (imported from here by keys.py, load.py, __init__.py)
-from launcher.config.errors import _check, _member
+from launcher.config.errors import _check
 from launcher.config.targets import check_targets, job_targets
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -119,61 +120,6 @@ class OptimConfig:
             _check(self.clip_grad_norm > 0, f"optim.clip_grad_norm={self.clip_grad_norm} must be > 0 (or null: off)")
 
 
-@dataclass
-class CommConfig:
-    reducer: Reducer = Reducer.ddp  # ddp (torch DistributedDataParallel) | bucketed (our overlapped reducer)
-    hierarchical: Hierarchical = Hierarchical.auto  # auto (measure both at start-up) | true | false: reduce inside a
-    #                                                 node first
-    bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = bucketed: sized from the measured link
-    #                                        (launcher/comm/policy.py), ddp: torch's 25 MB
-    first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
-    find_unused_parameters: bool = False  # reduce parameters that got no gradient instead of failing (as DDP's)
-    broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
-    backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
-    timeout_s: Optional[float] = None  # collective timeout: a stuck rank fails the job after this long, named; null:
-    #                                  the trainer's 300 s, a script's own process group timeout (torch's: gloo 30
-    #                                  min, nccl 10 min; the watch names a hang but does not end a script's job)
-    hang_warn_s: float = 60.0  # no rank completed a collective for this long while one waits: the watch names the
-    #                            rank(s) holding the job up, with their live stacks (launcher/watch); 0 = no watch
-    flight_recorder_entries: int = 2000  # torch's flight recorder (TORCH_FR_BUFFER_SIZE): collectives kept per rank
-    overlap: Overlap = Overlap.forward  # forward: bucketed updates each bucket as soon as it is reduced, hiding the
-    #                                     tail of communication behind the optimizer and the next forward (where the
-    #                                     run allows it: the banner names what disables it) | backward: wait for every
-    #                                     bucket in backward
-    trace: bool = False  # write trace.json (Chrome/Perfetto timeline) of trace_steps steps after the first
-    trace_steps: int = 5  # comm.trace: how many steps the timeline covers
-    compress: Compress = Compress.none  # what crosses nodes (the sum inside a node stays exact): none | bf16 (half
-    #                                     the bytes) | powersgd (low rank, error feedback: launcher/comm/compress.py) |
-    #                                     auto (by the link)
-    powersgd_rank: int = 4  # comm.compress=powersgd: the rank of each weight matrix's approximation
-    compress_warmup_steps: int = 10  # steps sent uncompressed before compression begins
-
-    def __post_init__(self) -> None:
-        self.reducer = _member(Reducer, self.reducer, "comm.reducer")  # (a member already when OmegaConf built it)
-        self.hierarchical = _member(Hierarchical, self.hierarchical, "comm.hierarchical")
-        self.overlap = _member(Overlap, self.overlap, "comm.overlap")
-        self.compress = _member(Compress, self.compress, "comm.compress")
-        if self.bucket_cap_mb is not None:
-            _check(
-                self.bucket_cap_mb > 0,
-                f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized from the measured link)",
-            )
-        _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
-        _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
-        _check(
-            self.timeout_s is None or self.timeout_s > 0,
-            f"comm.timeout_s={self.timeout_s} must be > 0 (or null: {TRAINER_TIMEOUT_S:.0f} s for the trainer)",
-        )
-        _check(self.hang_warn_s >= 0, f"comm.hang_warn_s={self.hang_warn_s} must be >= 0 (0 switches the watch off)")
-        _check(
-            self.flight_recorder_entries >= 16,
-            f"comm.flight_recorder_entries={self.flight_recorder_entries} must be >= 16; HINT: 2000 (torch's default)",
-        )
-        _check(self.trace_steps >= 1, f"comm.trace_steps={self.trace_steps} must be >= 1")
-        _check(self.powersgd_rank >= 1, f"comm.powersgd_rank={self.powersgd_rank} must be >= 1; HINT: 4")
-        _check(self.compress_warmup_steps >= 0, f"comm.compress_warmup_steps={self.compress_warmup_steps} must be >= 0")
-
-
 DATASETS = ("digits", "synthetic", "idx")
 
 
@@ -247,6 +193,12 @@ class JobConfig:
                 Path(self.script).is_file(),
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
+        _check(
+            not (self.comm.reducer is Reducer.fsdp and self.cluster.may_shrink),
+            f"comm.reducer=fsdp with cluster.min_nodes={self.cluster.min_nodes} < cluster.nodes={self.cluster.nodes}: "
+            "a sharded job cannot go on with fewer machines yet; HINT: leave cluster.min_nodes unset (a sharded job "
+            "restarts from its checkpoint under cluster.max_restarts) or comm.reducer=ddp",
+        )
         fewest = self.cluster.min_nodes if self.cluster.may_shrink else self.cluster.nodes  # null: not yet planned
         assert fewest is not None  # (may_shrink: min_nodes is set)
         per_node = self.cluster.procs_per_node or 1

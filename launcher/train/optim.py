@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.config import OptimConfig
@@ -40,6 +41,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """SGD (with momentum) or AdamW over the model's parameters, fused where ``fusable``."""
     lr, fused = effective_lr(cfg, world_size), fusable(model, precision)
+    if cfg.name != "adamw" and any(isinstance(p, DTensor) for p in model.parameters()):
+        fused = False  # FSDP2's shards: torch has no DTensor rule for the fused SGD kernel (it has AdamW's)
     optimizer: torch.optim.Optimizer
     if cfg.name == "adamw":
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay, fused=fused or None)

@@ -151,7 +151,8 @@ class Records:
         sync.flush()
         sync.module.eval()
         with state.stepper.autocast():
-            found = evaluate(state.model, world.test_loader, state.device, state.stepper.task, self.scores, self.peers)
+            task, lockstep = state.stepper.task, sync.sharded
+            found = evaluate(state.model, world.test_loader, state.device, task, self.scores, self.peers, lockstep)
         self.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **{f"test_{k}": v for k, v in found.items()}})
         shown = ", ".join(f"test {name} {_shown(value)}" for name, value in found.items() if name != "loss")
         log.info("epoch %d step %d: %stest loss %.4f", epoch, step, f"{shown}, " if shown else "", found["loss"])

@@ -1,10 +1,12 @@
-"""How the trainer's gradients are averaged: torch DDP (optionally with our node-first comm hook) or our
-BucketedReducer, as the sync plan says (``comm/sync_plan.py``: flat or node-first, compression, overlap, bucket cap, and
-why; ``sync_plan`` puts the config's ``comm`` section in its terms). One object, one interface, so the training loop
-has no reducer branches."""
+"""How the trainer's gradients are averaged: torch DDP (optionally with our node-first comm hook), our BucketedReducer,
+or FSDP2's shards with our cross-node stage (``comm/shard.py``; the model was sharded when built:
+``train/model.py``), as the sync plan says (``comm/sync_plan.py``: flat or node-first, compression, overlap, bucket
+cap, and why; ``sync_plan`` puts the config's ``comm`` section in its terms). One object, one interface, so the
+training loop has no reducer branches."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from contextlib import AbstractContextManager
@@ -20,6 +22,7 @@ from launcher.comm import Topology, hierarchical_hook
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
 from launcher.comm.reducer import BucketedReducer
+from launcher.comm.shard import CrossNodeStage, describe_sharding, no_sync
 from launcher.comm.strategy import StrategyChoice
 from launcher.comm.sync_plan import MeasuredLinks, SyncAsk, SyncPlan, SyncWorld, plan_sync
 from launcher.comm.updates import forward_overlap_refusal
@@ -51,6 +54,7 @@ def sync_plan(
         first_bucket_mb=cfg.first_bucket_mb,
         whole_gradient=whole_gradient,
         forward_refusal=forward_overlap_refusal(optimizer, cfg.find_unused_parameters),
+        shard=cfg.shard,
     )
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     kept = None if kept_hierarchical is None else bool(kept_hierarchical)
@@ -88,7 +92,16 @@ class GradientSync:
         self._restore_compression(resumed_compression, env, healed)
         self.bucket_cap_mb = cap = plan.bucket_cap_mb
         self.reducer: Optional[BucketedReducer] = None
-        if plan.reducer is Reducer.bucketed:
+        self.stage: Optional[CrossNodeStage] = None  # sharded, several nodes, comm.shard=node: our cross-node stage
+        self._buffers: Optional[Any] = None  # sharded: the forward pre-hook broadcasting rank 0's buffers
+        self.module: nn.Module = model
+        if plan.reducer is Reducer.fsdp:
+            if plan.hierarchical:
+                self.stage = CrossNodeStage(model, self.topology, self.compression, self.abort)
+            if cfg.broadcast_buffers and any(True for _ in model.buffers()):  # as DDP's (FSDP2 leaves them alone)
+                self._buffers = model.register_forward_pre_hook(functools.partial(_broadcast_buffers, peers or Peers()))
+            layout = describe_sharding(model)
+        elif plan.reducer is Reducer.bucketed:
             self.reducer = BucketedReducer(
                 model,
                 self.topology,
@@ -104,7 +117,6 @@ class GradientSync:
                 compression=self.compression,
                 prefer_backward=plan.overlap_reason,
             )
-            self.module: nn.Module = model
             layout = f"bucketed, cap {cap:.2f} MB ({plan.cap_reason}): {self.reducer.describe()}"
         else:
             self.module = self._ddp(model, device, cfg)
@@ -171,6 +183,11 @@ class GradientSync:
     def hierarchical(self) -> bool:
         return self.plan.hierarchical
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP2's shards: every rank takes part in every forward (evaluation in lockstep)."""
+        return self.plan.reducer is Reducer.fsdp
+
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         if self.reducer is not None:
             self.reducer.zero_grad()  # keeps .grad as views into the buckets
@@ -181,6 +198,8 @@ class GradientSync:
         """Backward passes that accumulate without synchronising (every micro-batch of a step but the last)."""
         if self.reducer is not None:
             return self.reducer.no_sync()
+        if self.sharded:
+            return no_sync(self.module)
         assert isinstance(self.module, DistributedDataParallel)
         return self.module.no_sync()
 
@@ -203,6 +222,8 @@ class GradientSync:
 
     def exposed_s(self) -> Optional[float]:
         """Time the last backward waited for communication after its own work was done (bucketed only)."""
+        if self.stage is not None:
+            return self.stage.last_wait_s
         return self.reducer.last_wait_s if self.reducer is not None else None
 
     def close(self) -> None:
@@ -210,6 +231,10 @@ class GradientSync:
             return
         if self.reducer is not None:
             self.reducer.close()
+        if self.stage is not None:
+            self.stage.close()
+        if self._buffers is not None:
+            self._buffers.remove()
         self.topology.close()
 
     def leave(self) -> None:
@@ -220,3 +245,10 @@ class GradientSync:
         self.left = True
         if self.abort is not None:
             self.abort.keep(self)
+
+
+def _broadcast_buffers(peers: Peers, module: nn.Module, _: Any) -> None:
+    """Sharded training's forward pre-hook: rank 0's buffers (batch-norm statistics) before each training forward,
+    as torch DDP's ``broadcast_buffers`` (FSDP2 leaves buffers alone)."""
+    if module.training:
+        peers.broadcast_buffers(module)

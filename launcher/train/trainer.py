@@ -34,7 +34,7 @@ from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
 from launcher.train.data import IMAGE_MODELS, build_datasets
 from launcher.train.in_place import Healing, healing_for
-from launcher.train.model import build_model, check_same_weights
+from launcher.train.model import build_model, check_same_weights, shard
 from launcher.train.optim import build_optimizer
 from launcher.train.progress import Finished, Grows, Left, Lost, RoundEnd, Totals
 from launcher.train.records import Records, progress_bar
@@ -104,6 +104,7 @@ class Trainer:
         model = build_model(job, device)
         if not joins:
             check_same_weights(model, self.peers)
+        shard(job, env, device, model)  # comm.reducer=fsdp: sharded in place, before the optimizer holds its parameters
         seed_all(job.train.seed + env.rank)
         # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
         self.checkpointer = Checkpointer(job, device, self.peers, joins)

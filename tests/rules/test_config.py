@@ -44,7 +44,7 @@ CASES = [
     (["model._target_=no.such.Net"], "model._target_='no.such.Net' cannot be imported"),
     (["data=idx"], "data.path=None is not a directory; HINT: data=idx data.path="),
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
-    (["comm.reducer=horovod"], "comm.reducer='horovod' is not a choice; HINT: comm.reducer=ddp or bucketed"),
+    (["comm.reducer=horovod"], "comm.reducer='horovod' is not a choice; HINT: comm.reducer=ddp, bucketed or fsdp"),
     (["train.resume=/nope.pt"], "train.resume='/nope.pt' is not a checkpoint file"),
     (["+cluster=sim", "cluster.min_nodes=3"], "cluster.min_nodes=3 must be in 1..cluster.nodes=2"),
     (["+cluster=sim", "cluster.min_nodes=0"], "cluster.min_nodes=0 must be in 1..cluster.nodes=2"),

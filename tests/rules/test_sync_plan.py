@@ -180,7 +180,7 @@ def test_the_bucketed_cap_set_kept_or_sized_from_the_link_of_the_chosen_path():
 )
 def test_a_value_that_is_no_member_is_refused_naming_it_and_the_members(override):
     key, value = override.split("=")
-    members = {"comm.compress": "none, bf16, powersgd or auto", "comm.reducer": "ddp or bucketed"}
+    members = {"comm.compress": "none, bf16, powersgd or auto", "comm.reducer": "ddp, bucketed or fsdp"}
     members["comm.overlap"] = "forward or backward"
     bad = value.split(",")[-1]
     with pytest.raises(ConfigError, match=re.escape(f"{key}='{bad}' is not a choice; HINT: {key}={members[key]}")):
