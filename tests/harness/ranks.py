@@ -108,8 +108,19 @@ def _train_and_dump(rank, world, out_dir, per_node):
     summary = trainer.fit()
     assert summary is not None
     torch.save(
-        {"params": trainer.state.model.state_dict(), "summary": summary.to_json()}, out_dir / f"params-{rank}.pt"
+        {"params": whole_params(trainer.state.model), "summary": summary.to_json()}, out_dir / f"params-{rank}.pt"
     )
+
+
+def whole_params(model):
+    """The model's state dict as plain tensors: a sharded (FSDP2) model's gathered on every rank (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
 
 
 def train_layout(tmp_path, layout, *overrides):
