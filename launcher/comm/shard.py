@@ -119,8 +119,8 @@ def units(model: nn.Module, spec: ShardSpec) -> list[tuple[str, nn.Module]]:
     def visit(name: str, module: nn.Module) -> None:
         for child_name, child in module.named_children():
             visit(f"{name}.{child_name}" if name else child_name, child)
-        if not name or name in shared:
-            return
+        if not name or name in shared or type(module).forward is nn.Module.forward:
+            return  # the root (apart), tied weights, containers never called (ModuleList: no forward to gather in)
         free = [p for p in module.parameters() if id(p) not in claimed]
         listed = type(module).__name__ in spec.unit_classes
         if free and (listed or (not spec.unit_classes and sum(p.numel() for p in free) >= min_params)):

@@ -1,0 +1,116 @@
+"""Sharded training's pure rules (``comm.reducer=fsdp``): which modules become FSDP2 units (``comm/shard.py``
+``units``), what the sync plan says of the layout (``comm/sync_plan.py``), and the combinations refused with the fix
+before any rank starts (``config/comm.py``, ``config/schema.py``)."""
+
+import pytest
+from torch import nn
+
+from harness.config import plan
+from launcher.base.sync_modes import Compress, Overlap, Reducer, Shard
+from launcher.comm.shard import ShardSpec, units
+from launcher.comm.sync_plan import SyncAsk, SyncWorld, plan_sync
+from launcher.config import ConfigError
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.attn, self.mlp = nn.Linear(width, width), nn.Linear(width, 4 * width)
+
+    def forward(self, x):
+        return self.mlp(self.attn(x))
+
+
+class Net(nn.Module):
+    def __init__(self, tied=False):
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.blocks = nn.ModuleList(Block(32) for _ in range(3))
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 100, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+
+def names(model, **spec):
+    return [name for name, _ in units(model, ShardSpec(**spec))]
+
+
+def test_units_are_the_modules_holding_enough_parameters_children_first():
+    # Linear(32, 128) holds 4224, Linear(32, 32) 1056, the embedding and the head 3200 each
+    assert names(Net(), min_params=3000) == ["embed", "blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp", "head"]
+    # a parent gathers what its children left: each block's attn and mlp together
+    assert names(Net(), min_params=5000) == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_the_classes_named_are_the_units():
+    assert names(Net(), unit_classes=("Block",)) == ["blocks.0", "blocks.1", "blocks.2"]
+    assert names(Net(), unit_classes=("Block", "Embedding")) == ["embed", "blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_the_default_size_is_an_eighth_of_a_small_model():
+    total = sum(p.numel() for p in Net().parameters())  # 22,304: a unit from 2,788 parameters
+    assert total // 8 == 2788
+    assert names(Net()) == ["embed", "blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp", "head"]
+
+
+def test_containers_that_are_never_called_are_never_units():
+    """The blocks' attn layers left over (3,168 parameters) sit in a ModuleList, which has no forward: FSDP2 would
+    never gather them; they stay with the root."""
+    assert "blocks" not in names(Net(), min_params=3000)
+
+
+def test_modules_sharing_a_parameter_are_never_units_of_their_own():
+    """Tied weights (the head is the embedding's transpose): FSDP2 refuses a parameter in two units, so both stay
+    with the root."""
+    assert names(Net(tied=True), min_params=3000) == ["blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp"]
+
+
+TWO_BY_TWO = SyncWorld(nodes=2, world_size=4, useful=True, model_bytes=1 << 20)
+
+
+class NoLinks:
+    def strategy_ms(self, numel):
+        raise AssertionError("sharded training measures no strategy")
+
+    def link(self, hierarchical):
+        raise AssertionError("nothing to measure")
+
+
+@pytest.mark.parametrize(
+    "world, shard, node_first, said",
+    [
+        (TWO_BY_TWO, Shard.node, True, "comm.shard=node: sharded among the ranks of a node"),
+        (TWO_BY_TWO, Shard.world, False, "comm.shard=world: one flat shard group over 4 ranks; every all-gather"),
+        (SyncWorld(1, 2, False, 1 << 20), Shard.node, False, "comm.reducer=fsdp on one node: sharded among its ranks"),
+    ],
+)
+def test_the_plan_names_the_sharded_layout_and_measures_nothing(world, shard, node_first, said):
+    p = plan_sync(SyncAsk(reducer=Reducer.fsdp, shard=shard), world, NoLinks())
+    assert p.hierarchical is node_first and p.strategy.reason.startswith(said), p.strategy.reason
+    assert p.overlap is Overlap.backward and p.overlap_reason.startswith("comm.reducer=fsdp: the sharded optimizer")
+
+
+def test_compression_applies_to_the_cross_node_stage():
+    p = plan_sync(SyncAsk(reducer=Reducer.fsdp, compress=Compress.powersgd), TWO_BY_TWO, NoLinks())
+    assert p.hierarchical and p.compression is Compress.powersgd
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (
+            ("comm.reducer=fsdp", "comm.shard=world", "comm.compress=bf16"),
+            "comm.compress=bf16 with comm.shard=world: a flat shard group has no cross-node stage to compress",
+        ),
+        (
+            ("comm.reducer=fsdp", "+cluster=sim", "cluster.nodes=2", "cluster.min_nodes=1"),
+            "comm.reducer=fsdp with cluster.min_nodes=1 < cluster.nodes=2: a sharded job cannot go on with fewer",
+        ),
+        (("comm.fsdp_min_params=0",), "comm.fsdp_min_params=0 must be >= 1 (or null)"),
+        (("comm.shard=rows",), "comm.shard='rows' is not a choice; HINT: comm.shard=node or world"),
+    ],
+)
+def test_combinations_that_cannot_run_are_refused_with_the_fix(overrides, said):
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        plan(*overrides)
