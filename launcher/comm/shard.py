@@ -150,10 +150,15 @@ def shard_model(model: nn.Module, mesh: Any, spec: ShardSpec) -> list[str]:
 def describe_sharding(model: nn.Module) -> str:
     """For the banner: how many ranks share each parameter, the units, this rank's parameter bytes."""
     params = list(model.parameters())
-    size = params[0].device_mesh.size() if params else 1  # type: ignore[attr-defined]  # DTensors
+    mesh = params[0].device_mesh if params else None  # type: ignore[attr-defined]  # DTensors
+    size, device = (mesh.size(), mesh.device_type) if mesh is not None else (1, "cpu")
+    among = "every rank" if size == dist.get_world_size() else "the ranks of each node"
     per_rank = sum(p.to_local().numel() * p.element_size() for p in params) / 2**20  # type: ignore[attr-defined]
     units = len(fsdp_modules(model)) - 1
-    return f"FSDP2 sharded over {size} rank(s), {units} unit(s) + the root, {per_rank:.2f} MB of parameters a rank"
+    return (
+        f"FSDP2 on a 1-D {device} mesh of {size} rank(s) ({among}), {units} unit(s) + the root, {per_rank:.2f} MB of "
+        "parameters a rank"
+    )
 
 
 def fsdp_modules(model: nn.Module) -> list[nn.Module]:

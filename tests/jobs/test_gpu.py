@@ -2,7 +2,7 @@
 ``./scripts/test.sh -m gpu``. The trainer through ``python -m launcher`` with nccl on one GPU, in each precision;
 our reducer (flat, node-first, forward overlap) and torch DDP on CUDA tensors with two gloo ranks sharing the GPU,
 against one process's full-batch step; a checkpoint written on the GPU loaded on the CPU; GPU choice by free
-memory through NVML against what CUDA itself reports."""
+memory through NVML against what CUDA itself reports; sharded training (``comm.reducer=fsdp``) on one GPU."""
 
 import json
 
@@ -41,6 +41,19 @@ def test_trainer_on_one_gpu_with_nccl(tmp_path, precision):
     model = LeNet()
     ckpt.load_model_state(model, state)
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sharded_trainer_on_one_gpu_with_nccl(tmp_path, precision):
+    """``comm.reducer=fsdp`` on CUDA: FSDP2's streams under nccl, the mesh a cuda one (the plan line says so), the
+    sharded checkpoint written and the loss falling. (The cross-node stage on CUDA needs two machines' GPUs.)"""
+    done = run_launcher(*JOB, "comm.reducer=fsdp", f"train.precision={precision}", run_dir=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "FSDP2 on a 1-D cuda mesh of 1 rank(s)" in done.stdout + done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["backend"], summary["device"], summary["reducer"]) == ("nccl", "cuda", "fsdp"), summary
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").open() if '"train"' in line]
+    assert losses[-1] < losses[0], losses
 
 
 def _reducers_on_cuda(rank, world, out_dir, mode, device_type="cuda"):

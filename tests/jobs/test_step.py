@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from harness.checks import assert_same_training_state, final_state
-from harness.ranks import spawn_ranks, train_layout, virtual_env
+from harness.ranks import spawn_ranks, train_layout, virtual_env, whole_params
+from launcher.base.sync_modes import Shard
 from launcher.comm.schedule import WARMUP_STEPS
+from launcher.comm.shard import ShardSpec, shard_mesh, shard_model
 from launcher.config import CommConfig, OptimConfig, TrainConfig
 from launcher.config.rules import whole_gradient_reason
 from launcher.train.batch import split
@@ -174,31 +176,33 @@ def _skip_on_every_rank(rank, world, out_dir, reducer):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     start = {k: v.clone() for k, v in model.state_dict().items()}
+    env = virtual_env(rank, world, world)
+    if reducer == "fsdp":  # each rank holds half of each weight: the scaler's inf check must agree across shards
+        shard_model(model, shard_mesh(env, Shard.node, "cpu"), ShardSpec(min_params=1, param_dtype=torch.float16))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train = TrainConfig(precision="fp16")
     cfg = CommConfig(reducer=reducer, hierarchical="false", bucket_cap_mb=0.01, hang_warn_s=0)
     whole = whole_gradient_reason(train, OptimConfig())
-    sync = GradientSync(
-        model, virtual_env(rank, world, world), torch.device("cpu"), cfg, optimizer, whole_gradient=whole
-    )
+    sync = GradientSync(model, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
+    gathered = whole_params if reducer == "fsdp" else lambda m: m.state_dict()
     if reducer == "bucketed":
         assert "not the forward overlap: train.precision=fp16" in sync.description, sync.description
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     stepper = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
     stepper.step(sync, split([x * (3e4 if rank == 1 else 1.0), y], "labels"))  # fp16 overflows on rank 1 only
-    for name, value in model.state_dict().items():
+    for name, value in gathered(model).items():
         assert torch.equal(value, start[name]), f"{name} was updated on rank {rank}: the step was not skipped"
     assert stepper.skipped == 1 and stepper.scaler.get_scale() == 2.0**15, (stepper.skipped, stepper.scaler.get_scale())
     stepper.step(sync, split([x, y], "labels"))  # the next one is taken
-    assert stepper.skipped == 1 and any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())
+    assert stepper.skipped == 1 and any(not torch.equal(v, start[k]) for k, v in gathered(model).items())
     fresh = Stepper(train, OptimConfig(), torch.device("cpu"), optimizer, scheduler)
     fresh.load_state_dict(stepper.state_dict())  # what a checkpoint carries
     assert fresh.scaler.get_scale() == 2.0**15
     sync.close()
 
 
-@pytest.mark.parametrize("reducer", ["ddp", "bucketed"])
+@pytest.mark.parametrize("reducer", ["ddp", "bucketed", "fsdp"])
 def test_fp16_skips_an_overflowing_step_on_every_rank(tmp_path, reducer):
     spawn_ranks(_skip_on_every_rank, 2, tmp_path, reducer)
 
