@@ -45,6 +45,7 @@ class LaunchPlan:
     entry: str
     on_loss: str = ""  # what losing a machine does (a job that may shrink: plan.describe_on_loss)
     threads: str = ""  # threads per rank (launcher.base.threads.plan_line)
+    sharding: str = ""  # comm.reducer=fsdp: who holds which shard, what crosses nodes (plan.describe_sharding)
 
     @property
     def world_size(self) -> int:
@@ -68,6 +69,7 @@ class LaunchPlan:
                 *([f"lost machine: {self.on_loss}"] if self.on_loss else []),
                 *([f"threads     : {self.threads}"] if self.threads else []),
                 f"entry       : {self.entry}",
+                *([f"sharding    : {self.sharding}"] if self.sharding else []),
                 f"run dir     : {self.run_dir}",
             ]
         )

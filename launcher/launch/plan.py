@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
 from launcher.base.gpus import backend_for
+from launcher.base.sync_modes import Compress, Reducer, Shard
 from launcher.base.threads import plan_line
 from launcher.config import ConfigError, JobConfig, to_job
 from launcher.config.keys import check_model_keys
@@ -69,6 +70,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         entry=describe_entry(job),
         on_loss=describe_on_loss(job),
         threads=plan_line(job.train.threads_per_rank, mode.ranks_on_this_machine(job, env), os.environ),
+        sharding=describe_sharding(job, procs),
     )
     return job, plan, mode
 
@@ -88,3 +90,23 @@ def describe_entry(job: JobConfig) -> str:
         return f"script {job.script} {' '.join(job.script_args)}".rstrip()
     preflight = " (after the doctor's preflight checks)" if job.preflight else ""
     return f"trainer: model {job.model['_target_']} on data {job.data.label}{preflight}"
+
+
+def describe_sharding(job: JobConfig, per_node: int) -> str:
+    """``comm.reducer=fsdp`` in the trainer: who holds which shard and what crosses nodes ("" otherwise)."""
+    comm, nodes = job.comm, job.cluster.nodes
+    if comm.reducer is not Reducer.fsdp or job.script or job.doctor:
+        return ""
+    if comm.shard is Shard.world or nodes == 1:
+        world = nodes * per_node
+        said = (
+            f"FSDP2 over every rank: each of {world} holds 1/{world} of the parameters, gradients and optimizer state"
+        )
+        if nodes > 1:
+            said += "; every all-gather and reduce-scatter crosses the slowest link (comm.shard=node: inside a node)"
+        return said
+    compressed = f", {comm.compress} across nodes" if comm.compress is not Compress.none else ""
+    return (
+        f"FSDP2 among the {per_node} rank(s) of each node (each holds 1/{per_node} of the model), replicated across "
+        f"{nodes} nodes: only each shard's gradient crosses nodes{compressed}"
+    )

@@ -114,3 +114,17 @@ def test_compression_applies_to_the_cross_node_stage():
 def test_combinations_that_cannot_run_are_refused_with_the_fix(overrides, said):
     with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
         plan(*overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        ((), "FSDP2 among the 2 rank(s) of each node (each holds 1/2 of the model), replicated across 2 nodes: only"),
+        (("comm.shard=world",), "FSDP2 over every rank: each of 4 holds 1/4 of the parameters, gradients and opt"),
+        (("comm.compress=powersgd",), "only each shard's gradient crosses nodes, powersgd across nodes"),
+    ],
+)
+def test_the_launch_plan_says_who_holds_which_shard_and_what_crosses_nodes(overrides, said):
+    _, launch = plan("comm.reducer=fsdp", "+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", *overrides)
+    assert said in launch.describe(), launch.describe()
+    assert "sharding" not in plan("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2")[1].describe()
