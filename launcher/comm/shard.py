@@ -37,7 +37,7 @@ from torch.futures import Future
 from launcher.base.sync_modes import Compress, Shard
 from launcher.comm.collectives import hierarchical_allreduce
 from launcher.comm.compress import Compression, Matrix
-from launcher.comm.topology import Layout, Topology, _groups
+from launcher.comm.topology import Layout, Topology, new_groups
 from launcher.dist.abort import Abort
 
 log = logging.getLogger(__name__)
@@ -57,14 +57,13 @@ def _fsdp() -> Any:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """How a model is sharded: ``shard`` (node: among the ranks of a node; world: one flat group), whether the
-    units free their gathered parameters after forward, which modules are units (the classes named, else every
-    module holding ``min_params`` parameters not yet in a unit), the dtype the forward computes in."""
+    """How a model is sharded on its mesh (``shard_mesh``): whether the units free their gathered parameters after
+    forward, which modules are units (the classes named, else every module holding ``min_params`` parameters not yet
+    in a unit), the dtype the forward computes in."""
 
-    shard: Shard = Shard.node
     reshard_after_forward: bool = True
     unit_classes: tuple[str, ...] = ()
-    min_params: Optional[int] = None  # None: min(1M, a 1/8 of the model)
+    min_params: Optional[int] = None  # None: 2^20 or an eighth of the model, the fewer
     param_dtype: Optional[torch.dtype] = None  # None: the parameters' own (fp32)
     scatter_unused: bool = False  # parameters without a gradient join the reduce-scatter as zeros (same layout)
 
@@ -87,7 +86,7 @@ def shard_mesh(env: Any, shard: Shard, device_type: str, timeout_s: Optional[flo
                 "ranks must hold one shard each of the same model; HINT: comm.shard=world (one flat group)"
             )
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        group = _groups([list(n) for n in layout.nodes], env.rank, None, timeout)
+        group = new_groups([list(n) for n in layout.nodes], env.rank, None, timeout)
     assert group is not None
     return DeviceMesh.from_group(group, device_type, mesh_dim_names=("shard",))
 
@@ -128,6 +127,12 @@ def units(model: nn.Module, spec: ShardSpec) -> list[tuple[str, nn.Module]]:
             chosen.append((name, module))
 
     visit("", model)
+    if spec.unit_classes and not chosen:
+        present = sorted({type(m).__name__ for _, m in model.named_modules() if any(True for _ in m.parameters())})
+        raise ValueError(
+            f"comm.fsdp_units={list(spec.unit_classes)}: no module of {type(model).__name__} is one (every parameter "
+            f"would be gathered at once, with the root); HINT: the classes holding parameters: {', '.join(present)}"
+        )
     return chosen
 
 

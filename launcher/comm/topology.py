@@ -122,9 +122,9 @@ class Topology:
         if self.lanes or self.num_nodes == 1 or self.launch_in_order:
             return
         nodes = [list(n) for n in self.layout.nodes]
-        intra = _groups(nodes, self.env.rank, None, self.timeout)
-        intra_bcast = _groups(nodes, self.env.rank, None, self.timeout)
-        inter = _groups([list(g) for g in self.layout.inter_groups()], self.env.rank, None, self.timeout)
+        intra = new_groups(nodes, self.env.rank, None, self.timeout)
+        intra_bcast = new_groups(nodes, self.env.rank, None, self.timeout)
+        inter = new_groups([list(g) for g in self.layout.inter_groups()], self.env.rank, None, self.timeout)
         self.lanes.append((intra, intra_bcast, inter))
 
     def across(self, second_lane: bool = False) -> Topology:
@@ -220,16 +220,18 @@ class Topology:
         inter_ranks = next(g for g in layout.inter_groups() if env.rank in g)
         # new_group is collective over the default group: every rank creates every group, in one order.
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        intra = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
-        intra_bcast = _groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
-        inter = _groups([list(g) for g in layout.inter_groups()], env.rank, backend, timeout)
+        intra = new_groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
+        intra_bcast = new_groups([list(n) for n in layout.nodes], env.rank, backend, timeout)
+        inter = new_groups([list(g) for g in layout.inter_groups()], env.rank, backend, timeout)
         nccl = dist.get_backend() == "nccl" if backend is None else backend == "nccl"
         return cls(env, layout, dist.group.WORLD, intra, intra_bcast, inter, node_ranks, inter_ranks, nccl, [], timeout)
 
 
-def _groups(
+def new_groups(
     members: list[list[int]], rank: int, backend: str | None, timeout: timedelta | None
 ) -> dist.ProcessGroup | None:
+    """One group per list of ``members`` (collective over the default group: every rank creates every group, in one
+    order); this rank's, or None."""
     mine = None
     for ranks in members:
         group = dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=False)

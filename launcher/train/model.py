@@ -42,7 +42,6 @@ def shard(job: JobConfig, env: DistEnv, device: torch.device, model: nn.Module) 
     if comm.reducer is not Reducer.fsdp:
         return None
     spec = ShardSpec(
-        shard=comm.shard,
         reshard_after_forward=comm.reshard_after_forward,
         unit_classes=tuple(comm.fsdp_units),
         min_params=comm.fsdp_min_params,

@@ -128,3 +128,12 @@ def test_the_launch_plan_says_who_holds_which_shard_and_what_crosses_nodes(overr
     _, launch = plan("comm.reducer=fsdp", "+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", *overrides)
     assert said in launch.describe(), launch.describe()
     assert "sharding" not in plan("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2")[1].describe()
+
+
+def test_unit_classes_the_model_lacks_are_named_with_the_classes_it_has():
+    with pytest.raises(
+        ValueError,
+        match=r"comm.fsdp_units=\['Blok'\]: no module of Net is one .* HINT: the classes "
+        r"holding parameters: Block, Embedding, LayerNorm, Linear, ModuleList, Net",
+    ):
+        units(Net(), ShardSpec(unit_classes=("Blok",)))
