@@ -55,3 +55,28 @@ def _full_rank(rank, world, out_dir, micro):
 @pytest.mark.parametrize("micro", [1, 4])
 def test_powersgd_on_shards_at_full_rank_is_the_exact_gradient(tmp_path, micro):
     spawn_ranks(_full_rank, 4, tmp_path, micro)
+
+
+def _rebuilt(rank, world, out_dir):
+    """The cross-node stage's groups are the topology's, not the sharded model's: a new topology and stage (what a
+    heal builds) take over the same sharded model, its hooks replaced, and the next backward is exact again."""
+    env = virtual_env(rank, world, 2)
+    reference, model = _model(), _model()
+    whole, mine = _batch(rank, world)
+    reference(whole).square().mean().backward()
+    shard_model(model, shard_mesh(env, Shard.node, "cpu"), ShardSpec(min_params=1))
+    for _ in range(2):
+        with Topology.build(env) as topology:
+            stage = CrossNodeStage(model, topology, PowerSGD(rank=64, warmup_steps=0, min_gain=0), None)
+            for p in model.parameters():
+                p.grad = None
+            model(mine).square().mean().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(
+                    p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: n + m
+                )
+            stage.close()
+
+
+def test_a_new_cross_node_stage_takes_over_the_same_sharded_model(tmp_path):
+    spawn_ranks(_rebuilt, 4, tmp_path)
