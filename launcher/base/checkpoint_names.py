@@ -1,5 +1,11 @@
-"""Checkpoint file names, ``checkpoints/step-XXXXXXXX.pt``, and which is newest: no torch here, so the head
-(``launcher.heal.membership``) reads them as the trainer (``launcher.train.checkpoint``) writes them."""
+"""Checkpoint names, and which is newest: no torch here, so the head (``launcher.heal.membership``, the stop line)
+reads them as the trainer (``launcher.train.saving``) writes them.
+
+A replicated job's checkpoint is one file, ``checkpoints/step-XXXXXXXX.pt``; a sharded job's (``comm.reducer=fsdp``)
+is a directory ``checkpoints/step-XXXXXXXX/`` every rank writes its shard into (torch.distributed.checkpoint). Such
+a directory is written as ``step-XXXXXXXX.tmp/`` and renamed once whole, and it counts only with DCP's ``.metadata``
+(written last, by DCP's coordinator) and rank 0's ``train.pt``: a write cut short (a crash, a full disk) never
+becomes the newest checkpoint, whatever a file system does with the rename."""
 
 from __future__ import annotations
 
@@ -7,23 +13,67 @@ import re
 from pathlib import Path
 from typing import Optional
 
-_NAME = re.compile(r"step-(\d+)\.pt$")
+_NAME = re.compile(r"step-(\d+)(\.pt)?")  # (matched whole: ``step-N.tmp``, ``step-N.old``, ``x-step-N.pt`` are not)
+DCP_METADATA = ".metadata"  # DCP's own name for the file that makes a directory a checkpoint
+TRAIN_STATE = "train.pt"  # a sharded checkpoint's position, schedule and config (rank 0; not the model's)
+WRITING, REPLACED = ".tmp", ".old"  # a sharded checkpoint being written; one being replaced by another of its step
+_CUT_SHORT = re.compile(rf"step-\d+({re.escape(WRITING)}|{re.escape(REPLACED)})")
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
+    """A replicated job's checkpoint file at ``step``."""
     return directory / f"step-{step:08d}.pt"
 
 
+def sharded_path(directory: Path, step: int) -> Path:
+    """A sharded job's checkpoint directory at ``step``."""
+    return directory / f"step-{step:08d}"
+
+
+def rank_state(path: Path, rank: int) -> Path:
+    """Rank ``rank``'s own part of the sharded checkpoint ``path``: its RNG, log window and compression state."""
+    return path / f"own-{rank}.pt"
+
+
+def is_sharded(path: Path) -> bool:
+    return path.is_dir()
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint directory with DCP's metadata and the training state."""
+    if path.is_dir():
+        return (path / DCP_METADATA).is_file() and (path / TRAIN_STATE).is_file()
+    return path.is_file()
+
+
+def step_of(path: Path) -> Optional[int]:
+    """The step in a checkpoint's name; None for any other name."""
+    match = _NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first (by step)."""
+    """Complete checkpoints in ``directory`` (files and sharded directories), oldest first (by step)."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
+    found = [(step, p) for p in directory.iterdir() if (step := step_of(p)) is not None and is_complete(p)]
     return [p for _, p in sorted(found)]
+
+
+def leftovers(directory: Path) -> list[Path]:
+    """Sharded checkpoints' directories a write or a replacement cut short left behind (``.tmp``, ``.old``)."""
+    if not directory.is_dir():
+        return []
+    return [p for p in directory.iterdir() if _CUT_SHORT.fullmatch(p.name)]
+
+
+def newest(directory: Path) -> Optional[Path]:
+    """The newest complete checkpoint in ``directory``, None when there is none."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
 
 
 def newest_step(directory: Path) -> Optional[int]:
     """The step of the newest checkpoint in ``directory`` (by its name), None when there is none."""
-    found = list_checkpoints(directory)
-    match = _NAME.search(found[-1].name) if found else None
-    return int(match.group(1)) if match else None
+    path = newest(directory)
+    return step_of(path) if path is not None else None

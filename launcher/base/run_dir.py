@@ -9,6 +9,7 @@ file system in every multi-node mode). What it holds (who writes it):
   logs/rank-<k>.log                    everything rank k logged or printed (every rank)
   logs/elastic/node-<n>/               torch's per-worker error and log files (node n's elastic agent)
   checkpoints/step-<N>.pt (+ .sha256)  the training state, names in ``checkpoint_names`` (rank 0)
+  checkpoints/step-<N>/                a sharded job's instead: every rank's shards and own part (every rank)
   metrics.jsonl                        one JSON line per logged step and evaluation (rank 0); straggler lines
                                        (rank 0's watch)
   tensorboard/events.out.tfevents.*    metrics.jsonl's train and eval numbers as TensorBoard scalars,
@@ -90,7 +91,8 @@ class RunDir:
     # ------------------------------------------------------------------------------------------ training
     @property
     def checkpoints(self) -> Path:
-        """``step-<N>.pt`` (+ ``.sha256``, names in ``checkpoint_names``): rank 0's Checkpointer; the head reads."""
+        """``step-<N>.pt`` (+ ``.sha256``) or a sharded job's ``step-<N>/`` (names in ``checkpoint_names``): the
+        Checkpointer (rank 0; every rank for a sharded one); the head reads."""
         return self.path / "checkpoints"
 
     @property

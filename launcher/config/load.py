@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from launcher.base.checkpoint_names import list_checkpoints
 from launcher.base.env import DistEnv
 from launcher.base.files import write_atomic
 from launcher.base.run_dir import RunDir
@@ -100,7 +101,7 @@ def check_resumable(job: JobConfig) -> None:
     with the same global batch resumes (the same samples per step, the same schedule)."""
     where = job.run
     old_path = where.config
-    if job.train.resume != "auto" or not old_path.is_file() or not any(where.checkpoints.glob("step-*.pt")):
+    if job.train.resume != "auto" or not old_path.is_file() or not list_checkpoints(where.checkpoints):
         return
     old = _flat(OmegaConf.to_container(OmegaConf.load(old_path)))
     new = _flat(OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True))

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from launcher.base.checkpoint_names import is_complete
 from launcher.base.liveness import TRAINER_TIMEOUT_S
 from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Reducer
@@ -88,9 +89,9 @@ class TrainConfig:
         _check(self.log_every_steps >= 1, f"train.log_every_steps={self.log_every_steps} must be >= 1")
         if self.resume not in ("auto", "force", "never"):
             _check(
-                Path(self.resume).is_file(),
-                f"train.resume={self.resume!r} is not a checkpoint file; "
-                "HINT: use auto, force, never or a path to a .pt file",
+                Path(self.resume).is_file() or is_complete(Path(self.resume)),
+                f"train.resume={self.resume!r} is not a checkpoint; "
+                "HINT: use auto, force, never, a path to a .pt file or a sharded checkpoint's directory",
             )
 
 

@@ -4,6 +4,9 @@
   a reader sees the old file or the new one, never half of one.
 - A checkpoint holds the model (without ``module.``), optimiser, scheduler, position (step, epoch, batch in
   epoch), every rank's RNG states and the resolved config.
+- A sharded job's checkpoint is a directory (``launcher.train.sharded``): here its ``train.pt`` (all of the above
+  but the model and optimiser, which DCP's files hold shard by shard) is what is read, verified with every rank's
+  own file; listed only once complete (``launcher.base.checkpoint_names``).
 - Loading maps tensors to the current device (``map_location``: a GPU checkpoint loads on a CPU box) and accepts
   state dicts saved from ``DataParallel``/DDP (``module.``) or ``torch.compile`` (``_orig_mod.``) wrappers.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -19,7 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from launcher.base.checkpoint_names import list_checkpoints
+from launcher.base.checkpoint_names import TRAIN_STATE, is_sharded, leftovers, list_checkpoints
 from launcher.base.files import atomic_file, write_atomic
 from launcher.dist import helpers as dist_helpers
 
@@ -94,22 +99,48 @@ def verify(path: Path) -> None:
         raise ValueError(f"checkpoint {path} is corrupted (sha256 differs from {digest.name})")
 
 
+def read(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint's training state, verified: the file, or a sharded checkpoint's ``train.pt`` (its model and
+    optimiser stay in DCP's files until every rank loads its shard) with every rank's own file checked too."""
+    if not is_sharded(path):
+        verify(path)
+        return load(path, map_location)
+    for part in sorted(path.glob("*.pt")):
+        verify(part)
+    return load(path / TRAIN_STATE, map_location)
+
+
 def load_newest_valid(directory: Path, map_location: str | torch.device = "cpu") -> tuple[Path | None, dict | None]:
     """The newest checkpoint that verifies and loads; each one skipped is logged with the reason."""
     for path in reversed(list_checkpoints(directory)):
         try:
-            verify(path)
-            return path, load(path, map_location)
+            return path, read(path, map_location)
         except Exception as exc:  # truncated, corrupted, unreadable: fall back to the previous one
             log.warning("skipping checkpoint %s: %s", path, str(exc).splitlines()[0])
     return None, None
 
 
 def prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints."""
+    """Delete all but the newest ``keep`` checkpoints, and what sharded writes cut short left."""
     for old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
-        _digest_path(old).unlink(missing_ok=True)
+        remove(old)
+    clear_leftovers(directory)
+
+
+def clear_leftovers(directory: Path) -> None:
+    """Sharded checkpoints' directories a write or a replacement cut short left (``.tmp``, ``.old``): rank 0's, when
+    no write is under way (at the start, after a checkpoint is whole)."""
+    for path in leftovers(directory):
+        remove(path)
+
+
+def remove(path: Path) -> None:
+    """A checkpoint file with its digest, or a sharded checkpoint's directory."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        _digest_path(path).unlink(missing_ok=True)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -145,13 +176,29 @@ def load_model_state(
     model: nn.Module, source: str | Path | Mapping[str, Any], map_location: Optional[str | torch.device] = None
 ) -> None:
     """Load weights into ``model`` (wrapped or not) from a checkpoint file, a checkpoint dict or a bare state
-    dict, whatever wrapper prefixes it was saved with and whichever device it was saved on."""
+    dict, whatever wrapper prefixes it was saved with and whichever device it was saved on; or from a sharded
+    checkpoint's directory into a plain model (``load_sharded_model``)."""
+    if isinstance(source, (str, Path)) and is_sharded(Path(source)):
+        load_sharded_model(unwrap(model), Path(source))
+        return
     if map_location is None:
         map_location = next(model.parameters()).device
     state = load(source, map_location) if isinstance(source, (str, Path)) else source
     if "model" in state and isinstance(state["model"], Mapping):
         state = state["model"]
     unwrap(model).load_state_dict(strip_prefixes(state))
+
+
+def load_sharded_model(model: nn.Module, path: Path) -> None:
+    """A sharded job's model, whole, into a plain ``model`` in this one process (no process group needed): DCP
+    reads every rank's shards into the model's own tensors (the checkpoint's names are the plain model's)."""
+    from torch.distributed import checkpoint as dcp  # (here: only a sharded checkpoint needs it)
+
+    state = {"model": model.state_dict()}
+    with warnings.catch_warnings():  # (DCP warns that it reads in one process: asked for)
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    model.load_state_dict(state["model"])
 
 
 def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:
@@ -161,8 +208,7 @@ def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Opti
         return None, None
     if mode in ("auto", "force"):
         return load_newest_valid(ckpt_dir, map_location=device)
-    verify(Path(mode))
-    return Path(mode), load(mode, map_location=device)
+    return Path(mode), read(Path(mode), map_location=device)
 
 
 def agreed_resume_source(
@@ -176,5 +222,5 @@ def agreed_resume_source(
     if chosen != mine:
         log.warning("resuming from rank 0's choice %s instead of %s", chosen, mine)
         path = Path(str(chosen)) if chosen is not None else None
-        state = load(path, map_location=device) if path is not None else None
+        state = read(path, map_location=device) if path is not None else None
     return path, state

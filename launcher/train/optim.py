@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -80,11 +82,19 @@ def _momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, keeping how this run built it: torch takes each saved group's flags
-    over the built ones, so a checkpoint written unfused (before the fused kernels, or where they did not apply)
-    would decide for this run and every later checkpoint, and a fused one would pass over ``fusable``."""
+    """``optimizer.load_state_dict(state)``, keeping how this run built it (``as_built``)."""
+    with as_built(optimizer):
+        optimizer.load_state_dict(state)
+
+
+@contextmanager
+def as_built(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Around loading a saved state into ``optimizer`` (its own ``load_state_dict``, or DCP's ``set_state_dict``
+    for a sharded one): torch takes each saved group's flags over the built ones, so a checkpoint written unfused
+    (before the fused kernels, or where they did not apply) would decide for this run and every later checkpoint,
+    and a fused one would pass over ``fusable``; the flags are put back as built."""
     built = [group.get("fused") for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
+    yield
     for group, fused in zip(optimizer.param_groups, built):
         group["fused"] = fused
     _momentum_buffers(optimizer)

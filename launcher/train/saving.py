@@ -3,22 +3,26 @@
 prunes; a full disk named with the previous checkpoint kept), and the resume's own steps (every rank's RNG stream and
 log window, what it says). What a checkpoint holds is the ``TrainState``'s ``state_dict`` with those per-rank parts:
 ``rng``, ``log_window`` (``progress.Totals``: the resumed run logs what the uninterrupted one logs) and
-``compression``."""
+``compression``. A sharded job's (``comm.reducer=fsdp``) is a directory every rank writes its shards and its own
+parts into (``launcher.train.sharded``): nothing is gathered; each rank reads back only its own."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from launcher.base.checkpoint_names import checkpoint_path, list_checkpoints
+from launcher.base.checkpoint_names import checkpoint_path, is_sharded, list_checkpoints, sharded_path
 from launcher.base.devices import rng_state, seed_all, set_rng_state
 from launcher.base.env import DistEnv
+from launcher.base.sync_modes import Reducer
 from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
+from launcher.train import sharded
 from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
@@ -27,14 +31,19 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, job: JobConfig, device: torch.device, peers: Peers, joins: bool) -> None:
+    def __init__(self, job: JobConfig, env: DistEnv, device: torch.device, peers: Peers, joins: bool) -> None:
         """Collective unless ``joins`` (a rank joining a running job takes the state from a live peer)."""
         self.run, self.dir = job.run, job.run.checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers, self.joins = peers, joins
-        self.resume_path, self._resume_state = (
-            (None, None) if joins else ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
-        )
+        self.resume_path: Optional[Path] = None
+        self._resume_state: Optional[dict[str, Any]] = None
+        if not joins:
+            if env.is_main:  # what a sharded write cut short left (before the agreement: no rank writes yet)
+                ckpt.clear_leftovers(self.dir)
+            self.resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
+        if self.resume_path is not None and self._resume_state is not None:
+            self._resume_state = resumable(self.resume_path, self._resume_state, job, env, device)
         self.start_step = int((self._resume_state or {}).get("step", 0))  # the run starts from (0: fresh, joining)
 
     def kept(self, world_size: int) -> dict[str, Any]:
@@ -52,7 +61,11 @@ class Checkpointer:
             if not self.joins:  # (a joining rank's window is the others', once it is in)
                 totals.start(0)
             return None
-        state.load_state_dict(saved)
+        if self.resume_path is not None and is_sharded(self.resume_path):
+            sharded.load(self.resume_path, state.model, state.optimizer)  # (collective) each rank its shards
+            state.load_shared_state_dict(saved)
+        else:
+            state.load_state_dict(saved)
         self._resumed(saved, env, seed, state.span)
         windows = saved.get("log_window") or []
         same_world = saved.get("world_size") == env.world_size and len(windows) == env.world_size
@@ -62,7 +75,10 @@ class Checkpointer:
     def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
         """Collective (every rank hands rank 0 its RNG state, its part of the log's window (``Totals.partial``:
         its own sums, which the log adds; each rank's kept, nothing reduced) and its compression state: each
-        rank's error feedback is its own); rank 0 writes atomically and prunes."""
+        rank's error feedback is its own); rank 0 writes atomically and prunes. Sharded: ``_save_sharded``."""
+        if state.sharded:
+            self._save_sharded(state, sync, env, step, window)
+            return
         mine = sync.compression_state()
         gathered = self.peers.gather_object((rng_state(), window, mine))
         if gathered is None:  # not rank 0
@@ -73,15 +89,33 @@ class Checkpointer:
         try:
             ckpt.save_atomic(dict(state.state_dict(env, sync), **parts, **own), path)
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
-            earlier = [p for p in list_checkpoints(self.dir) if p != path]
-            kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
-            raise RuntimeError(
-                f"rank 0 on {env.hostname}: cannot write checkpoint {path} at step {step} ({exc.strerror or exc}); "
-                f"{kept}; HINT: free space in {self.dir} (train.keep_checkpoints keeps fewer), then run again with "
-                "the same run dir to resume"
-            ) from exc
+            raise self._cannot_write(env, path, step, exc) from exc
         ckpt.prune(self.dir, self.keep)
         log.info("checkpoint %s", path)
+
+    def _save_sharded(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict) -> None:
+        """Collective: every rank writes its shards and its own RNG state, log window and compression state (none
+        gathered); rank 0 the rest of the training state, then it renames the whole directory and prunes."""
+        path = sharded_path(self.dir, step)
+        own = {"rng": rng_state(), "log_window": window, "compression": sync.compression_state()}
+        train = state.shared_state_dict(env, sync) if env.is_main else None
+        try:
+            sharded.save(path, state.model, state.optimizer, self.peers, env.rank, own, train)
+        except OSError as exc:  # (every rank: the rank that could not write is named)
+            raise self._cannot_write(env, path, step, exc) from exc
+        if env.is_main:
+            ckpt.prune(self.dir, self.keep)
+            log.info("checkpoint %s", path)
+
+    def _cannot_write(self, env: DistEnv, path: Path, step: int, exc: OSError) -> RuntimeError:
+        """Disk full, quota, read-only: said with the fix; the previous checkpoint stays valid."""
+        earlier = [p for p in list_checkpoints(self.dir) if p != path]
+        kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
+        return RuntimeError(
+            f"rank {env.rank} on {env.hostname}: cannot write checkpoint {path} at step {step} "
+            f"({exc.strerror or exc}); {kept}; HINT: free space in {self.dir} (train.keep_checkpoints keeps fewer), "
+            "then run again with the same run dir to resume"
+        )
 
     def _resumed(self, state: dict[str, Any], env: DistEnv, seed: int, span: Span) -> None:
         """After ``state`` (this run's resume source) is applied: every rank's RNG stream (its own saved one on the
@@ -116,3 +150,18 @@ class Checkpointer:
                 path,
                 step,
             )
+
+
+def resumable(path: Path, state: dict[str, Any], job: JobConfig, env: DistEnv, device: torch.device) -> dict[str, Any]:
+    """The chosen checkpoint's state as this rank resumes from it: a sharded one with this rank's own parts
+    (``sharded.own_view``). A sharded checkpoint into a replicated job, or a file into a sharded one, is refused
+    with the fix (loading one layout into the other is resharding: not done here)."""
+    reducer, dcp = job.comm.reducer, is_sharded(path)
+    if dcp == (reducer is Reducer.fsdp):
+        return sharded.own_view(path, state, env.rank, env.world_size, device) if dcp else state
+    wrote = "comm.reducer=fsdp: a directory of shards" if dcp else "a replicated job (ddp, bucketed): one file"
+    again = "comm.reducer=fsdp" if dcp else "comm.reducer=ddp or comm.reducer=bucketed"
+    raise ValueError(
+        f"cannot resume checkpoint {path}, written by {wrote}, in this comm.reducer={reducer.value} job; HINT: run "
+        f"with {again} to resume it, or start over with train.resume=never or a new hydra.run.dir"
+    )

@@ -12,6 +12,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.base.env import DistEnv
+from launcher.base.sync_modes import Reducer
 from launcher.config import JobConfig
 from launcher.train import checkpoint as ckpt
 from launcher.train.optim import build_scheduler, load_optimizer_state
@@ -36,11 +37,21 @@ class TrainState:
         self.scheduler = build_scheduler(self.job.optim, self.optimizer, self.span.schedule_steps)
         self.stepper = Stepper(self.job.train, self.job.optim, self.device, self.optimizer, self.scheduler)
 
+    @property
+    def sharded(self) -> bool:
+        """The model and optimiser are FSDP2's shards (``comm.reducer=fsdp``): a checkpoint holds them shard by shard
+        (``launcher.train.sharded``), never gathered into one state dict."""
+        return self.job.comm.reducer is Reducer.fsdp
+
     def state_dict(self, env: DistEnv, sync: GradientSync) -> dict[str, Any]:
         """With the world size and the sync's measured choices (a resume on the same world size keeps them)."""
+        weights = {"model": ckpt.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {**weights, **self.shared_state_dict(env, sync)}
+
+    def shared_state_dict(self, env: DistEnv, sync: GradientSync) -> dict[str, Any]:
+        """All of ``state_dict`` but the model and optimiser: what a sharded checkpoint's rank 0 writes beside the
+        shards (``train.pt``)."""
         return {
-            "model": ckpt.unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "stepper": self.stepper.state_dict(),  # the fp16 gradient scaler
             "step": self.pos.step,
@@ -58,6 +69,10 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ckpt.load_model_state(self.model, state)
         load_optimizer_state(self.optimizer, state["optimizer"])
+        self.load_shared_state_dict(state)
+
+    def load_shared_state_dict(self, state: dict[str, Any]) -> None:
+        """After the model and optimiser are loaded (the optimiser's learning rates first: the schedule's after)."""
         self.scheduler.load_state_dict(state["scheduler"])
         self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]

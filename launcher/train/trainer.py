@@ -107,7 +107,7 @@ class Trainer:
         shard(job, env, device, model)  # comm.reducer=fsdp: sharded in place, before the optimizer holds its parameters
         seed_all(job.train.seed + env.rank)
         # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
-        self.checkpointer = Checkpointer(job, device, self.peers, joins)
+        self.checkpointer = Checkpointer(job, env, device, self.peers, joins)
         optimizer = build_optimizer(job.optim, model, env.world_size, job.train.precision)  # fused where it applies
         self.state = TrainState(job, model, optimizer, device)
         self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)

@@ -52,6 +52,7 @@ def test_sharded_trainer_on_one_gpu_with_nccl(tmp_path, precision):
     assert "FSDP2 on a 1-D cuda mesh of 1 rank(s)" in done.stdout + done.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["backend"], summary["device"], summary["reducer"]) == ("nccl", "cuda", "fsdp"), summary
+    assert (tmp_path / "checkpoints" / "step-00000030" / ".metadata").is_file()  # DCP's, every rank's shards in
     losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").open() if '"train"' in line]
     assert losses[-1] < losses[0], losses
 

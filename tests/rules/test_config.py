@@ -45,7 +45,7 @@ CASES = [
     (["data=idx"], "data.path=None is not a directory; HINT: data=idx data.path="),
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
     (["comm.reducer=horovod"], "comm.reducer='horovod' is not a choice; HINT: comm.reducer=ddp, bucketed or fsdp"),
-    (["train.resume=/nope.pt"], "train.resume='/nope.pt' is not a checkpoint file"),
+    (["train.resume=/nope.pt"], "train.resume='/nope.pt' is not a checkpoint; HINT: use auto, force, never, a path"),
     (["+cluster=sim", "cluster.min_nodes=3"], "cluster.min_nodes=3 must be in 1..cluster.nodes=2"),
     (["+cluster=sim", "cluster.min_nodes=0"], "cluster.min_nodes=0 must be in 1..cluster.nodes=2"),
     (

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from launcher.base.checkpoint_names import checkpoint_path, newest_step
+from launcher.base.checkpoint_names import newest, step_of
 from launcher.base.exiting import children
 from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig
@@ -101,13 +101,13 @@ def stop_message(code: int, run_dir: RunDir, script: bool, resume: str = "auto")
             "it saved anything is up to the script)"
         )
     checkpoints = run_dir.checkpoints
-    step = newest_step(checkpoints)
-    if step is None:
+    path = newest(checkpoints)  # (a file, or a sharded job's directory)
+    if path is None:
         start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"
         return f"{stopped}; no checkpoint was written yet in {checkpoints}: running again starts from {start}"
     again = "" if resume in ("auto", "force") else " train.resume=auto"
     return (
-        f"{stopped}; the newest checkpoint is {checkpoint_path(checkpoints, step)} (step {step}): run again with "
+        f"{stopped}; the newest checkpoint is {path} (step {step_of(path)}): run again with "
         f"hydra.run.dir={run_dir}{again} to continue from it"
     )
 
