@@ -62,6 +62,7 @@ def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: f
     Fails with the failing rank's traceback; kills every rank if any is still running after ``timeout``."""
     ctx = _rank_context()
     store = tmp_path / "filestore"
+    store.unlink(missing_ok=True)  # a FileStore left by earlier ranks in this directory would hand on its keys
     common = (str(store), str(tmp_path), args, dict(os.environ), os.getcwd())
     procs = [ctx.Process(target=_rank_main, args=(fn, r, world, *common)) for r in range(world)]
     for p in procs:
