@@ -71,7 +71,7 @@ def run_in_namespaces(
     procs = []
     for rank, (node, local) in enumerate(placement):
         where = DistEnv(rank, local, len(placement), per_node, node, len(placement) // per_node, net.addr(0), port)
-        env = {**os.environ, **where.torchrun_environ(), "GLOO_SOCKET_IFNAME": net.ifname(node)}
+        env = {**os.environ, **where.torchrun_environ(0), "GLOO_SOCKET_IFNAME": net.ifname(node)}
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         procs.append(
             subprocess.Popen(
