@@ -25,6 +25,7 @@ Simulated nodes and Slurm::
 Watch and check::
 
     python -m launcher plot RUN_DIR                      # RUN_DIR/plots/curves.png (also written at the end)
+    python -m launcher export RUN_DIR [--step N] OUT     # the model alone: one state_dict file (or .safetensors)
     python -m launcher doctor [cluster overrides]        # reachability, interfaces, GPUs, per-link allreduce times
     python -m launcher comm.trace=true                   # RUN_DIR/trace.json: Chrome/Perfetto timeline of a few steps
 
@@ -57,6 +58,7 @@ from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress
 from launcher.base.titles import name_process
 from launcher.commands.command_line import prepared
+from launcher.commands.export import export_command
 from launcher.commands.plot import plot_all
 from launcher.commands.sweep import Sweep
 from launcher.config import (
@@ -257,8 +259,8 @@ def check_output_dir(args: list[str]) -> None:
 def main() -> None:
     no_world_writable_files()  # before Hydra creates the run dir
     command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if command == "plot":
-        raise SystemExit(plot_command(sys.argv[2:]))
+    if command in ("plot", "export"):
+        raise SystemExit((plot_command if command == "plot" else export_command)(sys.argv[2:]))
     if command == "doctor":  # the same job, launched the same way, checking the cluster instead of training
         sys.argv = [sys.argv[0], *sys.argv[2:], "doctor=true"]
     check_output_dir(sys.argv[1:])

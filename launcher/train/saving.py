@@ -4,7 +4,9 @@ prunes; a full disk named with the previous checkpoint kept), and the resume's o
 log window, what it says). What a checkpoint holds is the ``TrainState``'s ``state_dict`` with those per-rank parts:
 ``rng``, ``log_window`` (``progress.Totals``: the resumed run logs what the uninterrupted one logs) and
 ``compression``. A sharded job's (``comm.reducer=fsdp``) is a directory every rank writes its shards and its own
-parts into (``launcher.train.sharded``): nothing is gathered; each rank reads back only its own."""
+parts into (``launcher.train.sharded``): nothing is gathered; each rank reads back only its own. Either kind resumes
+in a job of either kind and on another layout of ranks (``launcher.train.reshard``); what belonged to the old layout
+(RNG streams, the loss window, the sync's choices, compression state) starts anew there, said once."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
-from launcher.train import sharded
+from launcher.train import reshard, sharded
 from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
@@ -38,19 +40,26 @@ class Checkpointer:
         self.peers, self.joins = peers, joins
         self.resume_path: Optional[Path] = None
         self._resume_state: Optional[dict[str, Any]] = None
+        self._changed: Optional[str] = None  # how the resumed checkpoint's kind or comm.shard is not this job's
         if not joins:
             if env.is_main:  # what a sharded write cut short left (before the agreement: no rank writes yet)
                 ckpt.clear_leftovers(self.dir)
             self.resume_path, self._resume_state = ckpt.agreed_resume_source(job.train.resume, self.dir, device, peers)
         if self.resume_path is not None and self._resume_state is not None:
-            self._resume_state = resumable(self.resume_path, self._resume_state, job, env, device)
+            self._resume_state = resumable(self.resume_path, self._resume_state, env, device)
+            self._changed = layout_change(self.resume_path, self._resume_state, job)
         self.start_step = int((self._resume_state or {}).get("step", 0))  # the run starts from (0: fresh, joining)
 
     def kept(self, world_size: int) -> dict[str, Any]:
-        """The resumed checkpoint's measured choices a run keeps (strategy, bucket cap): not on another world size,
-        where the layout of ranks and links changed."""
+        """The resumed checkpoint's measured choices a run keeps (strategy, bucket cap) and each rank's compression
+        state: not on another world size, where the layout of ranks and links changed, nor from a checkpoint of
+        the other kind or ``comm.shard`` (other buckets, other shards: another rank's error feedback is not this
+        one's). There a compression state the checkpoint had is handed on as none of any rank's: the sync starts
+        it anew and says so once."""
         state = self._resume_state or {}
-        return state if state.get("world_size", world_size) == world_size else {}
+        if state.get("world_size", world_size) == world_size and self._changed is None:
+            return state
+        return {"compression": [None]} if state.get("compression") or state.get("compressed") else {}
 
     def resume(self, state: TrainState, env: DistEnv, seed: int, totals: Totals) -> Optional[str]:
         """Apply the checkpoint chosen at start to ``state`` (once), with every rank's RNG stream, and start the
@@ -61,8 +70,15 @@ class Checkpointer:
             if not self.joins:  # (a joining rank's window is the others', once it is in)
                 totals.start(0)
             return None
-        if self.resume_path is not None and is_sharded(self.resume_path):
-            sharded.load(self.resume_path, state.model, state.optimizer)  # (collective) each rank its shards
+        path = self.resume_path
+        assert path is not None
+        if is_sharded(path):  # into this job's shards or whole model (DCP reads each rank what it asks for)
+            reshard.check_model(path, state.model, reshard.dcp_shapes(path))
+            sharded.load(path, state.model, state.optimizer)  # (collective)
+            state.load_shared_state_dict(saved)
+        elif state.sharded:  # a replicated job's file: each rank cuts its own shards out of it
+            reshard.check_model(path, state.model, reshard.file_shapes(saved["model"]))
+            reshard.from_whole(state.model, state.optimizer, saved.pop("model"), saved.pop("optimizer"))
             state.load_shared_state_dict(saved)
         else:
             state.load_state_dict(saved)
@@ -139,6 +155,13 @@ class Checkpointer:
                 step,
             )
         path = self.resume_path
+        if self._changed is not None and env.is_main:
+            log.info(
+                "resuming %s on another layout (%s): each rank loads its part of the model and optimiser as this job "
+                "holds them (launcher.train.reshard); the sync's choices are this job's own",
+                path,
+                self._changed,
+            )
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, step, state["epoch"], state["batch_in_epoch"])
         was = state.get("schedule_steps")
         if was is not None and was != span.schedule_steps:
@@ -152,16 +175,20 @@ class Checkpointer:
             )
 
 
-def resumable(path: Path, state: dict[str, Any], job: JobConfig, env: DistEnv, device: torch.device) -> dict[str, Any]:
+def resumable(path: Path, state: dict[str, Any], env: DistEnv, device: torch.device) -> dict[str, Any]:
     """The chosen checkpoint's state as this rank resumes from it: a sharded one with this rank's own parts
-    (``sharded.own_view``). A sharded checkpoint into a replicated job, or a file into a sharded one, is refused
-    with the fix (loading one layout into the other is resharding: not done here)."""
-    reducer, dcp = job.comm.reducer, is_sharded(path)
-    if dcp == (reducer is Reducer.fsdp):
-        return sharded.own_view(path, state, env.rank, env.world_size, device) if dcp else state
-    wrote = "comm.reducer=fsdp: a directory of shards" if dcp else "a replicated job (ddp, bucketed): one file"
-    again = "comm.reducer=fsdp" if dcp else "comm.reducer=ddp or comm.reducer=bucketed"
-    raise ValueError(
-        f"cannot resume checkpoint {path}, written by {wrote}, in this comm.reducer={reducer.value} job; HINT: run "
-        f"with {again} to resume it, or start over with train.resume=never or a new hydra.run.dir"
-    )
+    (``sharded.own_view``), whichever reducer this job runs (``reshard``: either kind loads into either)."""
+    return sharded.own_view(path, state, env.rank, env.world_size, device) if is_sharded(path) else state
+
+
+def layout_change(path: Path, state: dict[str, Any], job: JobConfig) -> Optional[str]:
+    """How the checkpoint's writer differs from this job in kind (sharded or replicated) or, both sharded, in
+    ``comm.shard``; None where it does not (the sync's kept choices and compression state are then this job's)."""
+    comm = (state.get("config") or {}).get("comm") or {}
+    wrote = f"comm.reducer={comm.get('reducer', 'fsdp' if is_sharded(path) else '?')}"
+    here = f"comm.reducer={job.comm.reducer.value}"
+    if is_sharded(path) != (job.comm.reducer is Reducer.fsdp):
+        return f"{wrote} wrote it, this job is {here}"
+    if is_sharded(path) and comm.get("shard") not in (None, job.comm.shard.value):
+        return f"comm.shard={comm['shard']} wrote it, this job shards with comm.shard={job.comm.shard.value}"
+    return None

@@ -13,8 +13,10 @@ directory, ``checkpoints/step-XXXXXXXX/`` (names in ``launcher.base.checkpoint_n
 
 It is written as ``step-XXXXXXXX.tmp/`` and renamed by rank 0 once every part is in (DCP's paths inside are
 relative: the renamed directory loads), so a write cut short is never taken for a checkpoint. Loading reads only
-this rank's parts: each rank's shards into the sharded model and optimiser in place (the same layout of ranks
-gives back every bit). DCP wants a file system every rank sees (one host's, or a shared one, as for a run dir)."""
+what this rank holds: its shards into the sharded model and optimiser in place (the same layout of ranks gives back
+every bit; on another, DCP reads each new shard from the saved chunks it overlaps), or, into a replicated job's
+plain model, every chunk (``launcher.train.reshard``). DCP wants a file system every rank sees (one host's, or a
+shared one, as for a run dir)."""
 
 from __future__ import annotations
 
@@ -150,8 +152,10 @@ def _commit(writing: Path, path: Path) -> None:
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank reads its shards of ``path`` into the sharded ``model`` and ``optimizer`` in place
-    (the optimiser built as this run built it: ``optim.as_built``)."""
+    """Collective: every rank reads into ``model`` and ``optimizer`` in place what they hold of ``path``: a sharded
+    model its shards, of whatever layout wrote them (DCP reshards: each rank's ``get_state_dict`` says which part of
+    each tensor it holds), a plain one the whole tensors (the optimiser built as this run built it:
+    ``optim.as_built``)."""
     msd, osd = get_state_dict(model, optimizer)  # (an optimiser without state yet: DCP's zero step makes it)
     dcp.load({"model": msd, "optim": osd}, checkpoint_id=path)  # (in place: the tensors and the values in them)
     with as_built(optimizer):
@@ -162,7 +166,8 @@ def own_view(path: Path, state: dict[str, Any], rank: int, world_size: int, devi
     """``train.pt``'s ``state`` as rank ``rank`` resumes from it: with its own part (``own-<k>.pt``) in the per-rank
     lists a file checkpoint holds (``rng``, ``log_window``, ``compression``, at its place; the other places None,
     the other ranks' to read), on the same world size; on another, none (every rank starts its streams afresh,
-    as from a file checkpoint of another world size)."""
+    as from a file checkpoint of another world size; a compression state starts anew: ``train.pt``'s
+    ``compressed`` says there was one)."""
     if state.get("world_size") != world_size:
         return state
     own = ckpt.read(rank_state(path, rank), map_location=device)

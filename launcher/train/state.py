@@ -63,6 +63,7 @@ class TrainState:
             "schedule_steps": self.span.schedule_steps,  # the LR schedule's span: a resume with another one says so
             "hierarchical": sync.hierarchical,
             "bucket_cap_mb": sync.bucket_cap_mb,
+            "compressed": sync.plan.compresses,  # a resume on another layout says its compression starts anew
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), enum_to_str=True),  # weights_only loads
         }
 

@@ -94,7 +94,7 @@ def virtual_env(rank, world, per_node, interleaved=False):
 
 
 # ``train_layout``'s layouts (world size, ranks per virtual node) and the job it trains unless told otherwise
-LAYOUTS = {"1x2": (2, 2), "1x1": (1, 1), "2x2": (4, 2)}
+LAYOUTS = {"1x2": (2, 2), "1x1": (1, 1), "2x2": (4, 2), "3x1": (3, 1), "2x1": (2, 1)}
 LAYOUT_JOB = ("train.max_steps=40", "train.log_every_steps=5", "model=mlp", "comm.bucket_cap_mb=0.05")
 
 

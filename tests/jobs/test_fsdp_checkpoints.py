@@ -3,7 +3,8 @@ rank writes its own shards with torch.distributed.checkpoint into ``checkpoints/
 log window and compression state beside them), and the job resumes from them bit for bit on the same layout: a run
 stopped by SIGTERM and run again ends with the parameters and the logged losses of the run never stopped, with
 PowerSGD's per-rank error feedback across two (virtual) nodes too. Retention, the stop line's resume command and a
-replicated job refusing the directory, with the fix. (The directory's rules in one process:
+job whose model is not the checkpoint's refusing it, naming what differs (on other layouts and reducers:
+tests/jobs/test_reshard.py). (The directory's rules in one process:
 tests/rules/test_sharded_checkpoint.py, test_checkpoint_names.py.)"""
 
 import json
@@ -75,16 +76,17 @@ def test_each_rank_writes_its_shard_and_a_stopped_job_resumes_bit_identical(tmp_
     assert kept == ["step-00000008", "step-00000012"], kept  # train.keep_checkpoints=2 directories, nothing else
 
 
-def test_a_replicated_job_refuses_a_sharded_checkpoint_with_the_fix(tmp_path, uninterrupted):
+def test_a_job_whose_model_is_not_the_checkpoints_refuses_it_naming_what_differs(tmp_path, uninterrupted):
+    """train.resume=force passes the config's check (another model.*): every rank refuses the shards before loading
+    any, with the tensors that differ and the fix."""
     shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
-    replicated = [o for o in JOB if not o.startswith("comm.reducer=")] + ["comm.reducer=ddp"]  # (the same job)
-    result = run_launcher(*replicated, run_dir=tmp_path)
+    result = run_launcher(*JOB, "model.hidden=128", "train.max_steps=16", "train.resume=force", run_dir=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert (
-        f"cannot resume checkpoint {newest}, written by comm.reducer=fsdp: a directory of shards, in this "
-        "comm.reducer=ddp job; HINT: run with comm.reducer=fsdp to resume it, or start over with "
-        "train.resume=never or a new hydra.run.dir"
+        f"cannot resume checkpoint {newest}: its model is not this job's (of another shape: net.1.bias [256] saved, "
+        "[128] here, net.1.weight [256, 784] saved, [128, 784] here, net.3.bias [256] saved, [128] here, net.3.weight "
+        "[256, 256] saved, [128, 128] here and 1 more); HINT: resume it with the model settings"
     ) in result.stderr, result.stderr[-3000:]
 
 

@@ -1,11 +1,13 @@
 """A sharded job's checkpoint directory (``launcher.train.sharded``), in one process (DCP runs without a process
 group): what it holds, that it loads back, that it appears whole or not at all (a write that fails, a full disk, is
-named with its rank and leaves the previous checkpoint the newest), that a plain model loads it, and that a job of
-the other kind (replicated) refuses it with the fix. The sharded job itself, every rank its own shard:
+named with its rank and leaves the previous checkpoint the newest), that a plain model loads it, that a job of the
+other kind (replicated) takes it, as another layout, and that a model not the checkpoint's is refused, naming what
+differs (the resumes on other layouts: tests/jobs/test_reshard.py). The sharded job itself, every rank its own shard:
 tests/jobs/test_fsdp_checkpoints.py."""
 
 import errno
 import io
+import re
 from contextlib import contextmanager
 
 import pytest
@@ -25,8 +27,8 @@ from launcher.base.checkpoint_names import (
 from launcher.base.env import DistEnv
 from launcher.dist.helpers import Peers
 from launcher.train import checkpoint as ckpt
-from launcher.train import sharded
-from launcher.train.saving import resumable
+from launcher.train import reshard, sharded
+from launcher.train.saving import layout_change, resumable
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -119,21 +121,46 @@ def test_a_full_disk_names_the_rank_and_leaves_the_previous_checkpoint_newest(tm
     ckpt.verify(rank_state(sharded_path(tmp_path, 10), 0))
 
 
-@pytest.mark.parametrize("reducer", ["fsdp", "ddp"])
-def test_a_checkpoint_of_the_other_kind_is_refused_with_the_fix(tmp_path, reducer):
-    """A replicated job's file into a sharded job, a sharded job's directory into a replicated one: refused (loading
-    one layout into the other is resharding), naming both and what resumes it."""
-    job, _ = plan(f"comm.reducer={reducer}", run_dir=tmp_path / "run")
-    path = checkpoint_path(tmp_path, 10)
-    if reducer == "fsdp":
-        ckpt.save_atomic({"step": 10}, path)
-    else:
-        write(tmp_path, 10, *trained(0))
-        path = sharded_path(tmp_path, 10)
-    wrote = "a replicated job (ddp, bucketed): one file" if reducer == "fsdp" else "comm.reducer=fsdp: a directory"
-    again = "comm.reducer=ddp or comm.reducer=bucketed" if reducer == "fsdp" else "comm.reducer=fsdp"
-    with pytest.raises(ValueError) as refused:
-        resumable(path, ckpt.read(path), job, DistEnv(), torch.device("cpu"))
-    assert str(refused.value).startswith(
-        f"cannot resume checkpoint {path}, written by {wrote}"
-    ) and f"in this comm.reducer={reducer} job; HINT: run with {again} to resume it" in str(refused.value)
+def test_a_checkpoint_of_the_other_kind_resumes_and_says_how_it_differs(tmp_path):
+    """A replicated job's file into a sharded job, a sharded job's directory into a replicated one: resumed (each
+    rank loads its part as this job holds it: tests/jobs/test_reshard.py), named as another layout; the same kind
+    and comm.shard is none."""
+    write(tmp_path, 10, *trained(0))
+    directory, file = sharded_path(tmp_path, 10), checkpoint_path(tmp_path, 10)
+    ckpt.save_atomic({"step": 10, "config": {"comm": {"reducer": "ddp"}}}, file)
+    node = {"step": 10, "world_size": 1, "config": {"comm": {"reducer": "fsdp", "shard": "node"}}}
+    cpu = torch.device("cpu")
+    assert resumable(file, ckpt.read(file), DistEnv(), cpu) == ckpt.read(file)
+    assert resumable(directory, ckpt.read(directory), DistEnv(), cpu)["log_window"] == [{"from_step": 10}]
+    jobs = {r: plan(f"comm.reducer={r}", run_dir=tmp_path / "run")[0] for r in ("ddp", "fsdp")}
+    assert layout_change(directory, node, jobs["ddp"]) == "comm.reducer=fsdp wrote it, this job is comm.reducer=ddp"
+    said = "comm.reducer=ddp wrote it, this job is comm.reducer=fsdp"
+    assert layout_change(file, ckpt.read(file), jobs["fsdp"]) == said
+    assert layout_change(directory, node, jobs["fsdp"]) is None and layout_change(file, {}, jobs["ddp"]) is None
+    world = plan("comm.reducer=fsdp", "comm.shard=world", run_dir=tmp_path / "run")[0]
+    said = "comm.shard=node wrote it, this job shards with comm.shard=world"
+    assert layout_change(directory, node, world) == said
+
+
+def test_a_model_that_is_not_the_checkpoints_is_refused_naming_what_differs(tmp_path):
+    """Before anything loads (DCP would fail in its internals on a missing name, and load a model with fewer tensors
+    partly): the names only in one of them, the shapes that differ, the fix."""
+    model, optimizer = trained(0)
+    write(tmp_path, 10, model, optimizer)
+    expected = (
+        r"cannot resume checkpoint {}: its model is not this job's \(only in this job's model: 3.bias, 3.weight; "
+        r"of another shape: 0.bias \[4\] saved, \[5\] here, 0.weight \[4, 6\] saved, \[5, 6\] here, "
+        r"2.weight \[3, 4\] saved, \[3, 5\] here\); HINT: resume it with the model settings of the run that wrote "
+        r"it \(its config.yaml\), or start over with train.resume=never or a new hydra.run.dir"
+    )
+    wider = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3), nn.Linear(3, 3))  # a layer more, wider
+    for path, saved in (
+        (sharded_path(tmp_path, 10), reshard.dcp_shapes(sharded_path(tmp_path, 10))),
+        (checkpoint_path(tmp_path, 10), reshard.file_shapes({f"module.{k}": v for k, v in model.state_dict().items()})),
+    ):
+        with pytest.raises(ValueError, match=expected.format(re.escape(str(path)))):
+            reshard.check_model(path, wider, saved)
+    narrower = nn.Sequential(nn.Linear(6, 4))  # (DCP would load its one layer and leave the rest unsaid)
+    with pytest.raises(ValueError, match=r"\(only in the checkpoint: 2.bias, 2.weight\); HINT: "):
+        reshard.check_model(sharded_path(tmp_path, 10), narrower, reshard.dcp_shapes(sharded_path(tmp_path, 10)))
+    reshard.check_model(sharded_path(tmp_path, 10), trained(1)[0], reshard.dcp_shapes(sharded_path(tmp_path, 10)))
