@@ -41,6 +41,8 @@ class TrainConfig:
         "auto"  # auto (newest valid checkpoint in the run dir) | force (same, even if the job changed) | never | PATH
     )
     checkpoint_every_steps: int = 50  # 0 = only at the end
+    checkpoint_async: bool = False  # write each checkpoint on a background thread: the loop waits only for a copy of
+    #                                 the state (one write at a time; the next save, a stop and the end wait for it)
     keep_checkpoints: int = 3  # newest checkpoints kept on disk
     eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
     log_every_steps: int = 10  # one metrics.jsonl line every N steps

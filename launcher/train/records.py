@@ -142,6 +142,10 @@ class Records:
                 log.info("comm.trace: %s (open in https://ui.perfetto.dev)", written)
             self._tracer = None
 
+    def saved(self, step: int, blocked_s: float, in_background: bool) -> None:
+        """A checkpoint: what it cost the loop (``train.checkpoint_async``: the staging copy; else the whole write)."""
+        self.metrics.write({"kind": "checkpoint", "step": step, "blocked_ms": blocked_s * 1000, "async": in_background})
+
     def evaluate(self, epoch: int, world: World) -> Optional[dict[str, Optional[float]]]:
         """The held-out split's loss, accuracy (cross-entropy) and ``train.metrics``, by name (None without a test
         split); logged and written to the metrics as ``test_<name>``."""

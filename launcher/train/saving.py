@@ -11,6 +11,7 @@ in a job of either kind and on another layout of ranks (``launcher.train.reshard
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ from launcher.dist.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
 from launcher.train import reshard, sharded
+from launcher.train.background import Background
 from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
 from launcher.train.sync import GradientSync
@@ -38,6 +40,10 @@ class Checkpointer:
         self.run, self.dir = job.run, job.run.checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers, self.joins = peers, joins
+        self.background = Background() if job.train.checkpoint_async else None  # (train/background.py)
+        self._group: Any = None  # a sharded job's async saves: a gloo group of their own (collective: made here)
+        if self.background is not None and job.comm.reducer is Reducer.fsdp and not joins:
+            self._group = torch.distributed.new_group(backend="gloo")
         self.resume_path: Optional[Path] = None
         self._resume_state: Optional[dict[str, Any]] = None
         self._changed: Optional[str] = None  # how the resumed checkpoint's kind or comm.shard is not this job's
@@ -102,12 +108,36 @@ class Checkpointer:
         path = checkpoint_path(self.dir, step)
         own = {} if mine is None else {"compression": [c for *_, c in gathered]}
         parts = {"rng": [r for r, *_ in gathered], "log_window": [w for _, w, _ in gathered]}
+        whole = dict(state.state_dict(env, sync), **parts, **own)
+        if self.background is None:
+            self._write(whole, env, path, step)
+            return
+        self.background.wait("the next checkpoint")  # (its staged buffers are reused; its error is raised here)
+        staged = self.background.stage(whole)
+        self.background.start(step, lambda: self._write(staged, env, path, step))
+
+    def _write(self, whole: dict[str, Any], env: DistEnv, path: Path, step: int) -> None:
+        """Rank 0: ``whole`` to ``path`` atomically, then the retention (in the background under async)."""
         try:
-            ckpt.save_atomic(dict(state.state_dict(env, sync), **parts, **own), path)
+            ckpt.save_atomic(whole, path)
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
             raise self._cannot_write(env, path, step, exc) from exc
         ckpt.prune(self.dir, self.keep)
         log.info("checkpoint %s", path)
+
+    def wait(self, why: str) -> None:
+        """The checkpoint being written (``train.checkpoint_async``), finished: a stop, the end of the run."""
+        if self.background is not None:
+            self.background.wait(why)
+
+    def close(self) -> None:
+        """The writer thread ends; a write that failed is logged, not raised over what ends the run."""
+        if self.background is not None:
+            try:
+                self.background.wait("the end of this process")
+            except Exception as exc:  # noqa: BLE001 - an error raised already, or the one to report below
+                log.error("the last checkpoint was not written: %s", exc)
+            self.background.close()
 
     def _save_sharded(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict) -> None:
         """Collective: every rank writes its shards and its own RNG state, log window and compression state (none
@@ -115,8 +145,22 @@ class Checkpointer:
         path = sharded_path(self.dir, step)
         own = {"rng": rng_state(), "log_window": window, "compression": sync.compression_state()}
         train = state.shared_state_dict(env, sync) if env.is_main else None
+        if self.background is not None:
+            self.background.wait("the next checkpoint")
+            args = (path, state.model, state.optimizer, self.peers, env.rank, own, train)
+            try:
+                finish = sharded.save_async(*args, self.background.stager, self._group)
+            except OSError as exc:
+                raise self._cannot_write(env, path, step, exc) from exc
+            self.background.start(step, lambda: self._finish_sharded(finish, env, path, step))
+            return
+        self._finish_sharded(
+            lambda: sharded.save(path, state.model, state.optimizer, self.peers, env.rank, own, train), env, path, step
+        )
+
+    def _finish_sharded(self, write: Callable[[], None], env: DistEnv, path: Path, step: int) -> None:
         try:
-            sharded.save(path, state.model, state.optimizer, self.peers, env.rank, own, train)
+            write()
         except OSError as exc:  # (every rank: the rank that could not write is named)
             raise self._cannot_write(env, path, step, exc) from exc
         if env.is_main:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, cast
@@ -69,6 +69,50 @@ def save(
         raise OSError(errno, f"{why} (rank {at})")
     if rank == 0:
         _commit(writing, path)
+
+
+def save_async(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    peers: Peers,
+    rank: int,
+    own: dict[str, Any],
+    train: Optional[dict[str, Any]],
+    stager: Any,
+    group: Any,
+) -> Callable[[], None]:
+    """``save``'s ``train.checkpoint_async``: the small parts written as there (collective), the shards staged by
+    ``stager`` (kept buffers: the previous write must be done) and handed to DCP's ``async_save`` on ``group`` (a
+    gloo group of its own: its planning collectives must never meet the training's in another order); returns
+    what finishes it on the writer thread (the shards written, then rank 0's rename)."""
+    writing = path.with_name(path.name + WRITING)
+    failed = [f for f in peers.all_gather_object(_write_parts(writing, rank, own, train)) if f is not None]
+    if failed:
+        if rank == 0:
+            ckpt.remove(writing)
+        at, errno, why = failed[0]
+        raise OSError(errno or 0, f"{why} (rank {at})")
+    msd, osd = get_state_dict(model, optimizer)
+    writer = FileSystemWriter(writing)
+    writer.fs = _Disk()
+    response = dcp.async_save(
+        {"model": msd, "optim": osd}, storage_writer=writer, process_group=group, async_stager=stager
+    )
+    done: Any = getattr(response, "upload_completion", response)  # (torch 2.13: an AsyncSaveResponse with a stager)
+
+    def finish() -> None:
+        try:
+            done.result()
+        except CheckpointException as exc:
+            kept = writer.fs.errors  # type: ignore[attr-defined]  # a full disk: the OSError it hit
+            if kept:
+                raise OSError(kept[0].errno, f"{kept[0].strerror or kept[0]} (rank {rank})") from exc
+            raise
+        if rank == 0:
+            _commit(writing, path)
+
+    return finish
 
 
 def _write_parts(writing: Path, rank: int, own: dict[str, Any], train: Optional[dict[str, Any]]) -> Optional[Failure]:

@@ -96,8 +96,7 @@ class Trainer:
         failing = lambda: self.stop is not None and self.stop.failing()  # noqa: E731 (another rank failed on its own)
         self.seam = healing_for(job.cluster.lost_after_s, backend, secret, self.watch, failing)
         self.peers = dist_helpers.Peers(self.seam.abort, secret)
-        heals = self.seam.abort is not None
-        self.stop = stop or (StopRequest() if heals else None)  # (the step boundary where a machine joins)
+        self.stop = stop or (StopRequest() if self.seam.abort is not None else None)  # (where a machine joins)
         joins = self.seam.joins  # no collective until the keeper lets it in
         self.has_state = not joins
         # 3. the model, the same initial weights on every rank; per-rank RNG streams (data order: the sampler's)
@@ -146,6 +145,7 @@ class Trainer:
                 self.stop.disarm()
             if self.world is not None:
                 self.world.sync.close()
+            self.checkpointer.close()
             self.records.close()
             self.seam.close(trained=self.wall_s is not None)
 
@@ -161,6 +161,7 @@ class Trainer:
             end = self._round(bar)
             while isinstance(end, (Lost, Grows)):  # a machine was lost, or one joins: on in the next round
                 end = self._next_round(end.decision) or self._round(bar)
+        self.checkpointer.wait("the end of the run" if isinstance(end, Finished) else "the stop")  # (async: written)
         if not isinstance(end, Finished):
             return end if isinstance(end, Stopped) else None  # (Left: the job goes on without this rank)
         sync, wall_s = self._world().sync, self.wall_s or 0.0
@@ -247,11 +248,12 @@ class Trainer:
         return self.records.evaluate(epoch, self._world())
 
     def _save(self) -> None:
-        self.phase = f"the checkpoint at step {self.state.pos.step}"
-        sync = self._world().sync
+        step, started, sync = self.state.pos.step, time.perf_counter(), self._world().sync
+        self.phase = f"the checkpoint at step {step}"
         sync.flush()  # the checkpoint holds the fully updated state (forward overlap)
-        self.checkpointer.save(self.state, sync, self.env, self.state.pos.step, self.totals.partial())
-        self.totals.saved_step = self.state.pos.step
+        self.checkpointer.save(self.state, sync, self.env, step, self.totals.partial())
+        self.totals.saved_step = step
+        self.records.saved(step, time.perf_counter() - started, self.checkpointer.background is not None)
 
     def _complete(self) -> None:
         """The end: the evaluation and the checkpoint the loop did not write."""
@@ -262,7 +264,6 @@ class Trainer:
             self._save()
         self.seam.step_completed(self.env, self.run_dir, "the end of training")  # a loss at the end: recorded now
 
-    # ---------------------------------------------------------------- healing in place
     def _next_round(self, decision: Decision) -> Optional[Left]:
         """Into the round after ``decision`` (collective with its members, new ones too); a machine lost while it
         formed: into the round after that one. None once this rank is in; ``Left``: it is out of the job."""
