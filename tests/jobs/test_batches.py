@@ -52,7 +52,8 @@ def test_f1_is_the_whole_evaluations_not_a_mean_of_batches(tmp_path):
     assert metrics["f1"] == pytest.approx(whole, abs=1e-6), metrics
     assert abs(metrics["batch_f1"] - whole) > 1e-3, metrics  # the mean of batch values: not the F1 of the set
     assert set(metrics) == {"accuracy", "f1", "batch_f1"}
-    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
     assert {"test_f1", "test_batch_f1", "test_accuracy", "test_loss"} <= set(evals[-1]), evals[-1]
 
 

@@ -3,6 +3,8 @@ TensorBoard scalar at the record's step into run_dir/tensorboard/, read back her
 run resumed from an earlier step writes into the same folder and TensorBoard drops what the first run wrote after
 that step (no step twice; the values the resumed run logged). Without the flag there is no folder."""
 
+import json
+
 import pytest
 
 from harness.run import run_launcher
@@ -26,14 +28,17 @@ def scalars_written(run_dir) -> dict[str, list[tuple[int, float]]]:
 
 
 def scalars_expected(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """The same from metrics.jsonl: every numeric field but the step of each train and eval record (the last
-    record of a (kind, step): a resumed run's), tagged ``train/<field>``, ``eval/<field without test_>``."""
+    """The same from metrics.jsonl: every numeric field but the step of each train, eval and checkpoint record (the
+    last record of a (kind, step): a resumed run's), tagged ``train/<field>``, ``eval/<field without test_>``,
+    ``checkpoint/blocked_ms``."""
     expected: dict[str, list[tuple[int, float]]] = {}
     train, evals = load_metrics(RunDir(run_dir))
-    for record in train + evals:
+    lines = RunDir(run_dir).metrics.read_text().splitlines()
+    saves = {r["step"]: r for r in map(json.loads, lines) if r["kind"] == "checkpoint"}  # (a resumed run's last)
+    for record in train + evals + [saves[step] for step in sorted(saves)]:
         kind = record["kind"]
         for key, value in record.items():
-            if key in ("kind", "step") or value is None:
+            if key in ("kind", "step") or value is None or isinstance(value, bool):
                 continue
             tag = f"{kind}/{key.removeprefix('test_') if kind == 'eval' else key}"
             expected.setdefault(tag, []).append((record["step"], value))
