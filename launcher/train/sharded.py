@@ -58,17 +58,22 @@ def save(
     directory is removed."""
     writing = path.with_name(path.name + WRITING)
     failed = [f for f in peers.all_gather_object(_write_parts(writing, rank, own, train)) if f is not None]
-    if not failed:
-        failed = _write_shards(writing, model, optimizer, rank, peers)
-    if failed:
-        if rank == 0:
-            ckpt.remove(writing)
-        at, errno, why = failed[0]
-        if errno is None:
-            raise RuntimeError(f"torch.distributed.checkpoint could not write {writing}: rank {at}: {why}")
-        raise OSError(errno, f"{why} (rank {at})")
+    _raise_failed(failed or _write_shards(writing, model, optimizer, rank, peers), writing, rank)
     if rank == 0:
         _commit(writing, path)
+
+
+def _raise_failed(failed: list[Failure], writing: Path, rank: int) -> None:
+    """Every rank, when any could not write: the half-written directory removed (rank 0), the first failure raised
+    (an ``OSError`` naming the rank, or DCP's report)."""
+    if not failed:
+        return
+    if rank == 0:
+        ckpt.remove(writing)
+    at, errno, why = failed[0]
+    if errno is None:
+        raise RuntimeError(f"torch.distributed.checkpoint could not write {writing}: rank {at}: {why}")
+    raise OSError(errno, f"{why} (rank {at})")
 
 
 def save_async(
@@ -87,12 +92,9 @@ def save_async(
     gloo group of its own: its planning collectives must never meet the training's in another order); returns
     what finishes it on the writer thread (the shards written, then rank 0's rename)."""
     writing = path.with_name(path.name + WRITING)
-    failed = [f for f in peers.all_gather_object(_write_parts(writing, rank, own, train)) if f is not None]
-    if failed:
-        if rank == 0:
-            ckpt.remove(writing)
-        at, errno, why = failed[0]
-        raise OSError(errno or 0, f"{why} (rank {at})")
+    _raise_failed(
+        [f for f in peers.all_gather_object(_write_parts(writing, rank, own, train)) if f is not None], writing, rank
+    )
     msd, osd = get_state_dict(model, optimizer)
     writer = FileSystemWriter(writing)
     writer.fs = _Disk()
