@@ -13,16 +13,14 @@ checksum) is read by an unpickler that knows only DCP's index classes, and its s
 from __future__ import annotations
 
 import ast
-import pickle
 import sys
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from launcher.base.checkpoint_names import DCP_METADATA, is_sharded, list_checkpoints, step_of
+from launcher.base.checkpoint_names import is_sharded, list_checkpoints, step_of
 from launcher.base.files import atomic_file, write_atomic
 from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError, load_frozen
@@ -31,17 +29,6 @@ from launcher.train import checkpoint as ckpt
 USAGE = "usage: python -m launcher export RUN_DIR [--step N] OUT   (OUT ending .safetensors: safetensors' format)"
 EXIT_OK, EXIT_FAILED, EXIT_BAD = 0, 1, 2
 SAFETENSORS = ".safetensors"
-_INDEX = "torch.distributed.checkpoint.metadata"  # DCP's index classes: what a .metadata pickle may build
-_INDEX_CLASSES = ["Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata"]
-_INDEX_CLASSES += ["TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"]
-_INDEX_GLOBALS = {(_INDEX, name) for name in _INDEX_CLASSES} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # (a layout by its name)
-    ("pathlib", "PosixPath"),  # (the checkpoint_id it was written to)
-    ("pathlib", "WindowsPath"),
-    ("collections", "OrderedDict"),
-}
 
 
 def export_command(args: list[str]) -> int:
@@ -136,7 +123,7 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
         state = ckpt.read(path)
     except ValueError as exc:  # corrupted: its sha256 differs
         raise ValueError(f"{exc}; HINT: --step an earlier checkpoint") from None
-    model = sharded_model(path) if is_sharded(path) else state.get("model")
+    model = _whole_sharded(path) if is_sharded(path) else state.get("model")
     if not isinstance(model, Mapping) or not model:
         raise ValueError(f"checkpoint {path} holds no model state; HINT: a checkpoint the launcher's trainer wrote")
     out = {}
@@ -147,57 +134,10 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def sharded_model(path: Path) -> dict[str, torch.Tensor]:
-    """A sharded checkpoint's model tensors (the ``model.`` entries of DCP's index), each assembled whole from every
-    rank's shards by DCP in this process; the optimiser's entries are never read."""
-    from torch.distributed import checkpoint as dcp  # (here: only a sharded checkpoint needs it, 0.6 s to import)
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def _whole_sharded(path: Path) -> dict[str, torch.Tensor]:
+    from launcher.train.dcp_index import whole_model  # (here: torch.distributed.checkpoint takes 0.6 s to import)
 
-    index = read_index(path)
-
-    class Reader(dcp.FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:  # DCP's own unpickles whatever the file holds
-            index.storage_meta.load_id = self.load_id
-            return index
-
-    entries = {k.removeprefix("model."): v for k, v in index.state_dict_metadata.items() if k.startswith("model.")}
-    other = [k for k, v in entries.items() if not isinstance(v, TensorStorageMetadata)]
-    if other:
-        raise ValueError(f"checkpoint {path}: the model's {other} are not tensors; export takes tensors only")
-    state = {"model": {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in entries.items()}}
-    with warnings.catch_warnings():  # (DCP warns that it reads in one process: asked for)
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, storage_reader=Reader(path), no_dist=True)
-    return state["model"]
-
-
-def read_index(path: Path) -> Any:
-    """DCP's ``.metadata`` of ``path`` (its index: every entry's shape, dtype and where each shard lies), built by
-    ``_IndexUnpickler``: only DCP's index classes, never another global."""
-    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-
-    index = path / DCP_METADATA
-    try:
-        with open(index, "rb") as f:
-            metadata = _IndexUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
-        raise ValueError(f"{index} is not DCP's index of a checkpoint ({exc}); HINT: --step another") from None
-    if not isinstance(metadata, Metadata):
-        raise ValueError(f"{index} holds a {type(metadata).__name__}, not DCP's index; HINT: --step another")
-    if getattr(metadata, "storage_meta", None) is None:  # (older DCP versions wrote none)
-        metadata.storage_meta = StorageMeta()
-    return metadata
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    """Builds DCP's index classes, torch's sizes, dtypes and layouts, and paths; refuses every other global."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _INDEX_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refused to build {module}.{name}: not part of DCP's index")
+    return whole_model(path)
 
 
 def write(state: dict[str, torch.Tensor], out: Path, step: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -191,14 +190,10 @@ def load_model_state(
 
 def load_sharded_model(model: nn.Module, path: Path) -> None:
     """A sharded job's model, whole, into a plain ``model`` in this one process (no process group needed): DCP
-    reads every rank's shards into the model's own tensors (the checkpoint's names are the plain model's)."""
-    from torch.distributed import checkpoint as dcp  # (here: only a sharded checkpoint needs it)
+    assembles every rank's shards (``dcp_index.whole_model``; the checkpoint's names are the plain model's)."""
+    from launcher.train.dcp_index import whole_model  # (here: only a sharded checkpoint needs DCP)
 
-    state = {"model": model.state_dict()}
-    with warnings.catch_warnings():  # (DCP warns that it reads in one process: asked for)
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=True)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(whole_model(path))
 
 
 def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Optional[Path], Optional[dict]]:

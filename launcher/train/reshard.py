@@ -23,12 +23,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from launcher.train.checkpoint import strip_prefixes
+from launcher.train.dcp_index import model_shapes, read_index
 from launcher.train.optim import as_built
 
 Shapes = dict[str, tuple[int, ...]]
@@ -36,11 +35,9 @@ SHOWN = 4  # names a refusal lists of each kind (the rest counted)
 
 
 def dcp_shapes(path: Path) -> Shapes:
-    """The model's tensors in a sharded checkpoint, by name, with their whole shapes: DCP's index (``.metadata``),
-    read without reading a shard."""
-    index = FileSystemReader(path).read_metadata().state_dict_metadata
-    found = {k.removeprefix("model."): m for k, m in index.items() if k.startswith("model.")}
-    return {k: tuple(m.size) for k, m in found.items() if isinstance(m, TensorStorageMetadata)}
+    """The model's tensors in a sharded checkpoint, by name, with their whole shapes: DCP's index (``.metadata``,
+    read by ``dcp_index``), without reading a shard."""
+    return model_shapes(read_index(path))
 
 
 def file_shapes(weights: Mapping[str, Any]) -> Shapes:

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from launcher.base.checkpoint_names import REPLACED, TRAIN_STATE, WRITING, rank_state
 from launcher.dist.helpers import Peers
 from launcher.train import checkpoint as ckpt
+from launcher.train.dcp_index import IndexReader
 from launcher.train.optim import as_built
 
 PER_RANK = ("rng", "log_window", "compression")  # what each rank writes of its own (``own-<k>.pt``)
@@ -203,7 +204,7 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     each tensor it holds), a plain one the whole tensors (the optimiser built as this run built it:
     ``optim.as_built``)."""
     msd, osd = get_state_dict(model, optimizer)  # (an optimiser without state yet: DCP's zero step makes it)
-    dcp.load({"model": msd, "optim": osd}, checkpoint_id=path)  # (in place: the tensors and the values in them)
+    dcp.load({"model": msd, "optim": osd}, storage_reader=IndexReader(path))  # (in place; the index read safely)
     with as_built(optimizer):
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
 
