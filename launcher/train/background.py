@@ -45,11 +45,6 @@ class Background:
             log.info("%s waits for the checkpoint of step %d being written", why, step)
         future.result()
 
-    @property
-    def in_flight(self) -> Optional[int]:
-        """The step whose checkpoint is being written, or None."""
-        return None if self._pending is None or self._pending[1].done() else self._pending[0]
-
     def close(self) -> None:
         """After ``wait``: the writer thread ends (a write still running finishes first)."""
         self._pool.shutdown(wait=True)
