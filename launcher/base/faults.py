@@ -7,8 +7,8 @@
   every worker of that agent, as when the machine is lost); ``stall`` blocks forever, as a rank stuck in user code
   or a driver would;
 - ``step=0`` acts before the rank joins the process group (a rank that never joins);
-- ``backward``: acts inside step K's backward pass (from a gradient hook), while the peers wait inside the
-  step's gradient allreduce;
+- ``backward``: acts inside step K's backward pass (from a gradient hook: the first parameter's, or under FSDP2 the
+  first layer's output's), while the peers wait inside the step's gradient allreduce;
 - ``slow=F``: from step K on, rank R takes F times as long per step (a straggler: each forward first waits
   F - 1 times the work the rank did since the previous one);
 - ``delay=S``: from step K on, rank R spends S seconds more on each step (a job slow enough for a test to act
@@ -72,9 +72,24 @@ def fire_at(faults: dict[int, Fault], step: int, model: Any) -> None:
         model.register_forward_pre_hook(_Delay(fault.delay, fault.while_path))
     elif fault.backward:
         first = next(p for p in model.parameters() if p.requires_grad)
-        first.register_hook(lambda grad: fault.fire())
+        if type(first).__name__ != "DTensor":
+            first.register_hook(lambda grad: fault.fire())
+        else:  # FSDP2's shards get no gradient hook of their own: the first layer's output's gradient, then
+            _on_first_layers_gradient(model, fault)
     else:
         fault.fire()
+
+
+def _on_first_layers_gradient(model: Any, fault: Fault) -> None:
+    """Fire ``fault`` when the backward reaches the first module holding parameters (its output's gradient)."""
+    layer = next(m for m in model.modules() if any(True for _ in m.parameters(recurse=False)))
+
+    def forward_hook(module: Any, args: Any, output: Any) -> None:
+        if getattr(output, "requires_grad", False):
+            output.register_hook(lambda grad: fault.fire())
+            handle.remove()
+
+    handle = layer.register_forward_hook(forward_hook)
 
 
 class _Delay:

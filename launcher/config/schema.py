@@ -20,7 +20,6 @@ from omegaconf import MISSING
 from launcher.base.checkpoint_names import is_complete
 from launcher.base.liveness import TRAINER_TIMEOUT_S
 from launcher.base.run_dir import RunDir
-from launcher.base.sync_modes import Reducer
 from launcher.config.clusters import ClusterConfig, SimClusterConfig, SlurmClusterConfig, SshClusterConfig
 from launcher.config.comm import CommConfig as CommConfig
 from launcher.config.errors import ConfigError as ConfigError  # (imported from here by keys.py, load.py, __init__.py)
@@ -196,12 +195,6 @@ class JobConfig:
                 Path(self.script).is_file(),
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
-        _check(
-            not (self.comm.reducer is Reducer.fsdp and self.cluster.may_shrink),
-            f"comm.reducer=fsdp with cluster.min_nodes={self.cluster.min_nodes} < cluster.nodes={self.cluster.nodes}: "
-            "a sharded job cannot go on with fewer machines yet; HINT: leave cluster.min_nodes unset (a sharded job "
-            "restarts from its checkpoint under cluster.max_restarts) or comm.reducer=ddp",
-        )
         fewest = self.cluster.min_nodes if self.cluster.may_shrink else self.cluster.nodes  # null: not yet planned
         assert fewest is not None  # (may_shrink: min_nodes is set)
         per_node = self.cluster.procs_per_node or 1

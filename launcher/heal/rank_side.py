@@ -252,15 +252,32 @@ class Healer:
         return self._poll(formed_or_ended, missing)[0]
 
 
-def agree_on_state(steps: list[int], state: Callable[[], Any], healer: Healer) -> tuple[int, Optional[Any]]:
+def agree_on_state(
+    steps: list[int], state: Callable[[], Any], healer: Healer, lanes: Optional[list[int]] = None
+) -> tuple[int, Optional[Any]]:
     """Step 3 (collective, the new round; ``steps``: every rank's completed step, gathered): the highest, and, on
     the ranks behind it, the state of the lowest rank that holds it (None on ranks already there: nothing to load).
-    ``state``: returns this rank's state (called on the source only). Signed: a rank unpickles only what verifies."""
-    top = max(steps)
-    if min(steps) == top:
-        return top, None
-    source, rank = steps.index(top), dist_helpers.get_rank()
-    sent = dist_helpers.broadcast_object(
-        state() if rank == source else None, src=source, abort=healer.abort, secret=healer.secret
-    )
-    return top, sent if steps[rank] < top else None
+    ``state``: returns this rank's state (called on the source only). Signed: a rank unpickles only what verifies.
+    ``lanes``: each rank's lane, when only a rank of the same lane holds what another needs (a sharded job: its
+    place in its node, whose shards it holds); each lane's source sends to that lane's ranks behind."""
+    top, rank = max(steps), dist_helpers.get_rank()
+    lanes = lanes or [0] * len(steps)
+    sent = None
+    for lane in sorted(set(lanes)):
+        members = [r for r, at in enumerate(lanes) if at == lane]
+        held = max(steps[r] for r in members)
+        if held < top:
+            raise HealStop(
+                f"no survivor holds one whole step: the shards of local rank {lane} are at step {held} at most, "
+                f"others at step {top} (the loss cut a cross-node allreduce short on some ranks only); the job "
+                "stops, to restart from the newest checkpoint (cluster.max_restarts)"
+            )
+        if all(steps[r] == top for r in members):
+            continue  # nobody behind in this lane: no traffic
+        source = min(r for r in members if steps[r] == top)
+        got = dist_helpers.broadcast_object(
+            state() if rank == source else None, src=source, abort=healer.abort, secret=healer.secret
+        )
+        if lanes[rank] == lane and steps[rank] < top:
+            sent = got
+    return top, sent

@@ -52,8 +52,11 @@ class Healing(Protocol):
         """This rank's group and place in the round after ``decision`` (``LeftJob``: it is out of the job)."""
         ...
 
-    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
-        """Collective, the new round formed: the state of a rank at the highest step on the ranks behind it."""
+    def settle(
+        self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any], by_place: bool = False
+    ) -> Optional[Any]:
+        """Collective, the new round formed: the state of a rank at the highest step on the ranks behind it
+        (``by_place``: of a rank at the same place in its node, a sharded job's)."""
         ...
 
     def step_completed(self, env: DistEnv, run_dir: RunDir, what: str = "") -> None: ...
@@ -79,7 +82,9 @@ class NoHealing:
     def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
         raise AssertionError("a job that does not heal has one round")
 
-    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
+    def settle(
+        self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any], by_place: bool = False
+    ) -> Optional[Any]:
         raise AssertionError("a job that does not heal has one round")
 
     def step_completed(self, env: DistEnv, run_dir: RunDir, what: str = "") -> None:
@@ -135,8 +140,11 @@ class InPlace:
         self.left = self.watch.known_groups()  # taken before this rank leaves them
         return self.healer.enter_round(env, decision)
 
-    def settle(self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any]) -> Optional[Any]:
-        step, sent = agree_on_state(steps, state, self.healer)
+    def settle(
+        self, env: DistEnv, steps: list[int], behind: int, state: Callable[[], Any], by_place: bool = False
+    ) -> Optional[Any]:
+        lanes = [rank % env.local_world_size for rank in range(env.world_size)] if by_place else None
+        step, sent = agree_on_state(steps, state, self.healer, lanes)
         self.watch.rebase(env, self.healer.number, self.left)
         self.healed_from = step
         log.info(

@@ -11,12 +11,15 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from launcher.base.devices import rng_state, set_rng_state
 from launcher.base.env import DistEnv
 from launcher.base.sync_modes import Reducer
 from launcher.config import JobConfig
 from launcher.train import checkpoint as ckpt
-from launcher.train.optim import build_scheduler, load_optimizer_state
+from launcher.train.model import build_model, shard
+from launcher.train.optim import build_optimizer, build_scheduler, load_optimizer_state
 from launcher.train.progress import Position, Span
+from launcher.train.regroup import is_sharded, load_local_state, local_state
 from launcher.train.step import Stepper
 from launcher.train.sync import GradientSync
 
@@ -44,8 +47,12 @@ class TrainState:
         return self.job.comm.reducer is Reducer.fsdp
 
     def state_dict(self, env: DistEnv, sync: GradientSync) -> dict[str, Any]:
-        """With the world size and the sync's measured choices (a resume on the same world size keeps them)."""
-        weights = {"model": ckpt.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+        """With the world size and the sync's measured choices (a resume on the same world size keeps them).
+        Sharded: this rank's shards (what a heal sends a rank at the same place in its node: ``train/regroup.py``)."""
+        if self.sharded:
+            weights = {"local": local_state(self.model, self.optimizer, clone=True)}
+        else:
+            weights = {"model": ckpt.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
         return {**weights, **self.shared_state_dict(env, sync)}
 
     def shared_state_dict(self, env: DistEnv, sync: GradientSync) -> dict[str, Any]:
@@ -68,8 +75,11 @@ class TrainState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ckpt.load_model_state(self.model, state)
-        load_optimizer_state(self.optimizer, state["optimizer"])
+        if "local" in state:  # a sharded rank's, sent by a rank at the same place
+            load_local_state(self.model, self.optimizer, state["local"])
+        else:
+            ckpt.load_model_state(self.model, state)
+            load_optimizer_state(self.optimizer, state["optimizer"])
         self.load_shared_state_dict(state)
 
     def load_shared_state_dict(self, state: dict[str, Any]) -> None:
@@ -77,6 +87,30 @@ class TrainState:
         self.scheduler.load_state_dict(state["scheduler"])
         self.stepper.load_state_dict(state.get("stepper") or {})
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+
+    def regroup(self, env: DistEnv) -> None:
+        """Collective (the new round, every rank): a sharded job healing in place (``train/regroup.py``): the model
+        sharded anew on this round's mesh, the optimizer built again, this rank's shards and optimizer state in them
+        (a survivor's own; a joining rank's are sent to it next). The schedule and the stepper go on."""
+        job, device, local = self.job, self.device, None
+        model = self.model  # a rank joining the job: the model it built, still whole
+        if is_sharded(model):  # a survivor: the same model, sharded anew, its shards copied in
+            local = local_state(model, self.optimizer)
+            streams = rng_state()  # (build_model seeds every generator with the job's seed)
+            model = build_model(job, device)
+            set_rng_state(streams)
+        shard(job, env, device, model)
+        optimizer = build_optimizer(job.optim, model, env.world_size, job.train.precision)
+        shaped = hasattr(self, "span")  # (a joining rank takes the job's shape with the state it is sent)
+        kept = (self.scheduler.state_dict(), self.stepper.state_dict()) if shaped else None
+        self.model, self.optimizer = model, optimizer
+        if shaped:
+            self.shape(self.span.global_batch, self.span.steps_per_epoch)  # around the new optimizer
+        if local is not None:
+            load_local_state(model, optimizer, local)  # (its learning rates too: after the schedule set its own)
+        if kept is not None:
+            self.scheduler.load_state_dict(kept[0])
+            self.stepper.load_state_dict(kept[1])
 
     def take(self, state: dict[str, Any], joining: bool) -> None:
         """Healing in place: the state a live peer sent this rank, behind it; ``joining``: first the job's shape as it

@@ -29,6 +29,7 @@ from launcher.comm.updates import forward_overlap_refusal
 from launcher.config import CommConfig, collective_timeout_s
 from launcher.dist.abort import Abort
 from launcher.dist.helpers import Peers
+from launcher.train.regroup import mesh_groups
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,13 @@ class GradientSync:
         if self.reducer is not None:
             self.reducer.close()
         self.left = True
-        if self.abort is not None:
+        if self.abort is None:
+            return
+        if (
+            self.sharded
+        ):  # the model goes to the next round's mesh (train/regroup.py): its groups are kept, not its shards
+            self.abort.keep((self.topology, self.stage and self.stage.across, mesh_groups(self.model)))
+        else:
             self.abort.keep(self)
 
 

@@ -66,9 +66,8 @@ class Trainer:
     totals: Totals
     has_state: bool  # this rank holds the job's state (its own, or from a live peer; not yet: it joins)
     resumed_from: Optional[str]
-    started: float  # when the loop started (perf_counter)
-    wall_s: Optional[float]  # the loop's time, once every step is trained
-    # the components
+    started: float  # when the loop started (perf_counter); wall_s: its time, once every step is trained
+    wall_s: Optional[float]
     watch: ProgressWatch  # the progress watch (its rounds follow the trainer's)
     seam: Healing  # healing in place (NoHealing in a job that does not heal)
     stop: Optional[StopRequest]  # a stop signal, agreed by every rank at a step boundary
@@ -101,9 +100,9 @@ class Trainer:
         self.has_state = not joins
         # 3. the model, the same initial weights on every rank; per-rank RNG streams (data order: the sampler's)
         model = build_model(job, device)
-        if not joins:
+        if not joins:  # (a joining rank's model is sharded once it is in a round: ``regroup``)
             check_same_weights(model, self.peers)
-        shard(job, env, device, model)  # comm.reducer=fsdp: sharded in place, before the optimizer holds its parameters
+            shard(job, env, device, model)  # comm.reducer=fsdp: sharded in place, before the optimizer holds it
         seed_all(job.train.seed + env.rank)
         # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
         self.checkpointer = Checkpointer(job, env, device, self.peers, joins)
@@ -284,14 +283,14 @@ class Trainer:
     def _enter_round(self, decision: Decision) -> None:
         joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
         self.group, self.env = self.seam.enter(self.env, decision)
+        if self.state.sharded:  # the model sharded anew on this round's mesh, each rank's shards kept (collective)
+            self.state.regroup(self.env)
         self.records.entered(self.env)  # (perhaps as the new rank 0)
-        # one gather: each rank's step (-1: it joins, it holds none of the job's), its loop counts, its node and host
-        behind, env = self.state.pos.step, self.env
+        behind, env = self.state.pos.step, self.env  # one gather: each rank's step (-1: it joins), counts, node, host
         mine = (-1 if joining else behind, self.totals.counts(), env.node_rank, env.hostname)
         facts = self.peers.all_gather_object(mine)
-        sent = self.seam.settle(
-            env, [f[0] for f in facts], behind, lambda: self.state.state_dict(env, self._world().sync)
-        )
+        state = lambda: self.state.state_dict(env, self._world().sync)  # noqa: E731 (a sharded rank's: its shards)
+        sent = self.seam.settle(env, [f[0] for f in facts], behind, state, by_place=self.state.sharded)
         if sent is not None:
             self.state.take(sent, joining)
             self.has_state = True

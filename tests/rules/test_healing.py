@@ -73,6 +73,15 @@ SIM3 = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs
         (("cluster.heal=false",), "cluster.heal=false"),
         (("doctor=true",), "doctor=true"),
         (("cluster.min_nodes=3",), "every machine is needed (cluster.min_nodes = cluster.nodes)"),
+        (
+            ("comm.reducer=fsdp", "comm.shard=world"),
+            "comm.shard=world: a lost machine takes shards no survivor holds (comm.shard=node keeps a whole replica "
+            "on every machine: it heals in place)",
+        ),
+        (
+            ("comm.reducer=fsdp", "train.checkpoint_async=true"),
+            "train.checkpoint_async with comm.reducer=fsdp: a sharded write in flight holds the old round's group",
+        ),
     ],
 )
 def test_a_job_that_does_not_heal_says_why_in_its_plan(overrides, reason):
@@ -97,6 +106,7 @@ def test_what_heals_and_the_rules_that_keep_nccl_and_the_forward_overlap_away():
 
     job, _ = plan(*SIM3)
     assert heals_in_place(job) and describe(job) == "the survivors heal in place (cluster.heal)"
+    assert heals_in_place(plan(*SIM3, "comm.reducer=fsdp")[0])  # comm.shard=node: a whole replica on every machine
     clipped, _ = plan(*SIM3, "comm.reducer=bucketed", "comm.overlap=forward", "optim.clip_grad_norm=1.0")
     assert heals_in_place(clipped)
     gpus = copy.deepcopy(job)
