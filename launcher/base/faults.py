@@ -14,6 +14,9 @@
 - ``delay=S``: from step K on, rank R spends S seconds more on each step (a job slow enough for a test to act
   while it runs: unlike ``slow``, a pause between steps, e.g. a heal, adds nothing); ``while=PATH``: only while
   that file exists (the test removes it when it has seen what it waited for);
+- ``write=S``: step K's checkpoint on rank R takes S seconds more to be made whole (before rank 0's file is
+  written, or a sharded directory renamed; under ``train.checkpoint_async`` on the writer thread): a write in
+  flight for a test to kill a rank in;
 - ``attempt=A``: only in attempt A (the DistEnv's 0-based attempt: elastic or head restarts, Slurm requeues);
 - several faults are separated by ``;`` (e.g. one preemption per attempt).
 """
@@ -46,6 +49,15 @@ class Fault:
     slow: float = 0.0
     delay: float = 0.0
     while_path: str = ""
+    write: float = 0.0
+
+    def hold_write(self) -> None:
+        """``write=S``: the checkpoint of this step, slower to complete (called where it would be made whole)."""
+        if self.write:
+            log.warning(
+                "%s: the checkpoint of step %d waits %g s before it is made whole", FAULT_ENV, self.step, self.write
+            )
+            time.sleep(self.write)  # simulated slow storage, not synchronisation
 
     def fire(self) -> None:
         log.warning("%s: firing %s at step %d", FAULT_ENV, self, self.step)  # the rank's log says when
@@ -64,7 +76,7 @@ def fire_at(faults: dict[int, Fault], step: int, model: Any) -> None:
     """The trainer, before step ``step``: fire its fault now, inside its backward pass when the first layer's
     gradient is computed (the last buckets are already in flight), or slow the rank down from now on."""
     fault = faults.get(step)
-    if fault is None:
+    if fault is None or fault.write:  # (write=S: the checkpointer's)
         return
     if fault.slow:
         model.register_forward_pre_hook(_SlowDown(fault.slow))
@@ -137,6 +149,7 @@ def faults_for(env: DistEnv, spec: Optional[str] = None) -> dict[int, Fault]:
             slow=float(fields.get("slow", 0)),
             delay=float(fields.get("delay", 0)),
             while_path=fields.get("while", ""),
+            write=float(fields.get("write", 0)),
             signum=getattr(signal, f"SIG{fields['signal']}") if "signal" in fields else None,
         )
         mine[fault.step] = fault

@@ -262,9 +262,8 @@ def agree_on_state(
     place in its node, whose shards it holds); each lane's source sends to that lane's ranks behind."""
     top, rank = max(steps), dist_helpers.get_rank()
     lanes = lanes or [0] * len(steps)
-    sent = None
-    for lane in sorted(set(lanes)):
-        members = [r for r, at in enumerate(lanes) if at == lane]
+    sent, members_of = None, {lane: [r for r, at in enumerate(lanes) if at == lane] for lane in sorted(set(lanes))}
+    for lane, members in members_of.items():  # (every lane checked before any traffic)
         held = max(steps[r] for r in members)
         if held < top:
             raise HealStop(
@@ -272,6 +271,7 @@ def agree_on_state(
                 f"others at step {top} (the loss cut a cross-node allreduce short on some ranks only); the job "
                 "stops, to restart from the newest checkpoint (cluster.max_restarts)"
             )
+    for lane, members in members_of.items():
         if all(steps[r] == top for r in members):
             continue  # nobody behind in this lane: no traffic
         source = min(r for r in members if steps[r] == top)

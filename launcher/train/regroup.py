@@ -52,10 +52,14 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, local: 
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     if set(params) != set(local["params"]) or set(buffers) != set(local["buffers"]):
         raise RuntimeError(f"a healed rank's state names other tensors than its model ({type(model).__name__})")
-    for name, t in local["params"].items():
-        _local(params[name], clone=False).copy_(t)
-    for name, t in local["buffers"].items():
-        buffers[name].copy_(t)
+    mine = {**{n: _local(p, clone=False) for n, p in params.items()}, **buffers}
+    theirs = {**local["params"], **local["buffers"]}
+    if wrong := [
+        f"{n} {tuple(t.shape)} != {tuple(mine[n].shape)}" for n, t in theirs.items() if t.shape != mine[n].shape
+    ]:
+        raise RuntimeError(f"a healed rank's shards are not shaped as its own (another place's?): {', '.join(wrong)}")
+    for name, t in theirs.items():
+        mine[name].copy_(t)
     ordered = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}
     for i, entry in local["optimizer"]["state"].items():

@@ -20,6 +20,7 @@ import torch
 from launcher.base.checkpoint_names import checkpoint_path, is_sharded, list_checkpoints, sharded_path
 from launcher.base.devices import rng_state, seed_all, set_rng_state
 from launcher.base.env import DistEnv
+from launcher.base.faults import faults_for
 from launcher.base.sync_modes import Reducer
 from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
@@ -40,6 +41,7 @@ class Checkpointer:
         self.run, self.dir = job.run, job.run.checkpoints
         self.keep = job.train.keep_checkpoints
         self.peers, self.joins = peers, joins
+        self.faults = faults_for(env)  # LAUNCHER_FAULT's write=S: a checkpoint slower to complete (the tests')
         self.background = Background() if job.train.checkpoint_async else None  # (train/background.py)
         self._group: Any = None  # a sharded job's async saves: a gloo group of their own (collective: made here)
         if self.background is not None and job.comm.reducer is Reducer.fsdp and not joins:
@@ -118,6 +120,7 @@ class Checkpointer:
 
     def _write(self, whole: dict[str, Any], env: DistEnv, path: Path, step: int) -> None:
         """Rank 0: ``whole`` to ``path`` atomically, then the retention (in the background under async)."""
+        self._hold(step)
         try:
             ckpt.save_atomic(whole, path)
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
@@ -159,6 +162,7 @@ class Checkpointer:
         )
 
     def _finish_sharded(self, write: Callable[[], None], env: DistEnv, path: Path, step: int) -> None:
+        self._hold(step)
         try:
             write()
         except OSError as exc:  # (every rank: the rank that could not write is named)
@@ -166,6 +170,10 @@ class Checkpointer:
         if env.is_main:
             ckpt.prune(self.dir, self.keep)
             log.info("checkpoint %s", path)
+
+    def _hold(self, step: int) -> None:
+        if (fault := self.faults.get(step)) is not None:
+            fault.hold_write()
 
     def _cannot_write(self, env: DistEnv, path: Path, step: int, exc: OSError) -> RuntimeError:
         """Disk full, quota, read-only: said with the fix; the previous checkpoint stays valid."""

@@ -73,3 +73,26 @@ def test_a_sharded_jobs_background_checkpoints_hold_what_the_synchronous_ones_ho
         same(model_of(a), model_of(s), a.name)
         for rank in range(4):
             same(ckpt.read(rank_state(a, rank)), ckpt.read(rank_state(s, rank)), f"{a.name} rank {rank}")
+
+
+def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_newest(tmp_path):
+    """A sharded job writing in the background: step 4's checkpoint is held before rank 0 renames it whole (its
+    shards written: ``LAUNCHER_FAULT``'s ``write``), and rank 0 is killed at step 5 meanwhile. The half-made
+    ``step-4.tmp`` is never taken for a checkpoint: the restart resumes from step 2 (and clears the leftover), the
+    end waits for the last write in flight and says so, and the model is the uninterrupted run's."""
+    job = ("cluster.procs_per_node=2", "comm.reducer=fsdp", "train.max_steps=8", "train.checkpoint_every_steps=2")
+    job += ("train.log_every_steps=2", "train.checkpoint_async=true")
+    held = "step=4,rank=0,write=60,attempt=0;step=5,rank=0,signal=KILL,attempt=0;step=8,rank=0,write=1,attempt=1"
+    run = tmp_path / "killed"
+    result = run_launcher(*job, "cluster.max_restarts=1", run_dir=run, env={"LAUNCHER_FAULT": held})
+    err = result.stderr
+    assert result.returncode == 0, err[-3000:]
+    assert "the checkpoint of step 4 waits 60 s before it is made whole" in (run / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run}/checkpoints/step-00000002 at step 2" in err, err[-3000:]
+    assert "the end of the run waits for the checkpoint of step 8 being written" in err, err[-3000:]
+    assert [p.name for p in list_checkpoints(run / "checkpoints")][-1] == "step-00000008"
+    assert not list((run / "checkpoints").glob("*.tmp")), "a write cut short left its directory"
+    whole = run_launcher(*job, run_dir=tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    newest = {name: list_checkpoints(tmp_path / name / "checkpoints")[-1] for name in ("killed", "whole")}
+    same(model_of(newest["killed"]), model_of(newest["whole"]), "step 8")
