@@ -22,6 +22,7 @@ from harness.jobs import HEAL_JOB, job_args
 from harness.probes import scanning_processes
 from harness.run import launcher_argv, run_launcher, run_watched, user_env, wait_first_checkpoint
 from launcher.train.checkpoint import verify
+from launcher.train.dcp_index import whole_model
 
 pytestmark = needs_ssh_machines
 AT_ONCE_S = 3.0  # a lost machine's peers are ended at once: well under the 5 s a failed rank's peers get
@@ -288,19 +289,25 @@ def test_max_restarts_restarts_every_machine_from_the_checkpoint(ssh_args, tmp_p
     assert second["ended"] == "finished" and second["resumed_from_step"] == 10 and summary["exit"] == 0
 
 
-def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines, tmp_path, one_process_heal_job):
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
+def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(
+    machines, tmp_path, one_process_heal_job, sharded
+):
     """Three machines, ``cluster.min_nodes=2``: as soon as training runs the FIRST machine's link goes down (no
     reset reaches anyone: only its silent heartbeat tells). The keeper, on this head (the job's store: no machine
     holds it), declares it lost after ``cluster.lost_after_s``; the other two leave the broken group and go on in
     the same processes, from memory: the next step within 10 s of the loss. The link comes back: the head's checks
     find the machine answering, start its ranks, and they join at a step boundary within 10 s of the answer, with
     the state from a live peer (the world is 3 again, the machine last). Each step is logged once, exit 0, the final
-    model is one process's on the same global batches (test_launch's tolerance), and nothing is left running."""
+    model is one process's on the same global batches (test_launch's tolerance), and nothing is left running.
+    ``sharded``: the same with ``comm.reducer=fsdp`` (a whole replica on each machine, one rank each: the survivors'
+    model sharded anew on each round's mesh, the joining machine's filled from a survivor's shards)."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log = tmp_path / "run", tmp_path / "run-head.log"
     # HEAL_JOB, slowed down by the second machine's rank (the job's pace is the slowest rank's) so that the first
     # one has time to come back and join
     overrides = (*HEAL_JOB, "cluster.min_nodes=2", "train.log_every_steps=1", "cluster.heartbeat_timeout_s=15")
+    overrides += ("comm.reducer=fsdp",) if sharded else ()
     slow = tmp_path / "slow"  # the second machine's rank takes DELAY_S more per step while it exists
     slow.touch()
     head = start_head(args, run_dir, *overrides, fault=f"step=2,rank=1,delay={DELAY_S},while={slow}")
@@ -364,6 +371,10 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(machines
         r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]
     assert steps == list(range(1, len(steps) + 1)), steps
-    assert_same_trajectory(final_state(run_dir), final_state(one_process_heal_job))
+    if sharded:
+        newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+        assert_same_trajectory({"model": whole_model(newest)}, final_state(one_process_heal_job))
+    else:
+        assert_same_trajectory(final_state(run_dir), final_state(one_process_heal_job))
     for path in run_dir.glob("checkpoints/step-*.pt"):
         verify(path)  # raises on a torn or corrupted file
