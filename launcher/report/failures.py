@@ -106,6 +106,18 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
+CALLBACK_ERROR = "Got the following error when running the callback: "  # torch's wrapper of a failed future's
+
+
+def summarize(exc: BaseException) -> str:
+    """One line: the error's type and the first line of its message (a message's later lines, torch's ``At:`` frames
+    and the like, are in the traceback), the error a failed future's callback raised rather than torch's wrapper."""
+    lines = "".join(traceback.format_exception_only(exc)).strip().splitlines()
+    name = type(exc).__name__
+    line = next((x for x in lines if x.split(":", 1)[0].endswith(name)), lines[-1] if lines else name)
+    return line.partition(CALLBACK_ERROR)[2] or line
+
+
 def _write(path: Path, failure: Failure) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, asdict(failure))
@@ -137,13 +149,12 @@ class FailureLog:
             self.on_failure()
         if self.path.exists():  # the watch named this rank as the hang's culprit: that record says more
             return
-        summary = "".join(traceback.format_exception_only(exc)).strip().splitlines()
         _write(
             self.path,
             Failure(
                 rank=self.env.rank,
                 kind=classify(exc),
-                summary=summary[-1] if summary else type(exc).__name__,
+                summary=summarize(exc),
                 host=self.env.hostname or socket.gethostname(),
                 node=self.env.node_rank,
                 nodes=self.env.num_nodes,
