@@ -21,7 +21,7 @@ Set up the venv (outside the repo; no internet but PyPI) and run, with the testb
     /tmp/tfvenv/bin/pip install --no-deps /tmp/torchft-0.2.0*.whl
     /tmp/tfvenv/bin/pip install 'opentelemetry-api>=1.39.0' 'opentelemetry-sdk>=1.39.0' \
         'opentelemetry-exporter-otlp-proto-http>=1.39.0' torch==2.13.0
-    flock /tmp/launcher-testbed.lock /tmp/tfvenv/bin/python bench/torchft_heal.py [--case kill/between/ddp ...]
+    /tmp/tfvenv/bin/python bench/torchft_heal.py [--case kill/between/ddp ...]
         [--at 15] [--steps 40] [--join-timeout-ms 10000] [--heartbeat-ms 5000] [--timeout 60]
 
 (or any Python >= 3.11 with ``--python /tmp/tfvenv/bin/python``: the driver imports neither torch nor torchft).

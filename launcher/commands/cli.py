@@ -30,7 +30,8 @@ Watch and check::
     python -m launcher comm.trace=true                   # RUN_DIR/trace.json: Chrome/Perfetto timeline of a few steps
 
 Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started);
-130 / 143 stopped by Ctrl-C / SIGTERM after writing a checkpoint.
+130 / 143 / 129 stopped by Ctrl-C / SIGTERM / SIGHUP (128 + the signal): the built-in trainer checkpoints at the
+next step; a ``script=`` job's ranks are only stopped (the launcher writes no checkpoint for a script).
 """
 
 from __future__ import annotations

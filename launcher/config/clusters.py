@@ -12,19 +12,28 @@ from launcher.config.errors import _check
 
 @dataclass
 class ClusterConfig:
-    """Where the job runs. Local when no cluster is chosen; ``+cluster=slurm|sim`` picks a subclass."""
+    """Where the job runs. Local when no cluster is chosen; ``+cluster=sim|slurm|ssh`` picks a subclass."""
 
     kind: str = "local"  # set by the chosen cluster config: local | sim | slurm | ssh
     nodes: int = 1  # machines (or simulated nodes)
     node_rank: Optional[int] = None  # by hand on each machine (nodes > 1 without +cluster=...): this machine's node
-    gpus_per_node: Optional[int] = None  # 0 = CPU only; null = every visible GPU for a local run, 0 elsewhere
-    procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU
-    max_restarts: int = 0  # whole-group restarts after a rank fails (each resumes from the last checkpoint)
-    min_nodes: Optional[int] = None  # sim, ssh: keep training on this many machines when others are lost
-    #                                  (restart on the survivors from the newest checkpoint); slurm: submit with
-    #                                  --nodes=MIN-MAX (start on what is free); null = nodes (plan_job writes it)
-    master_addr: str = "127.0.0.1"  # rendezvous address for local runs (loopback: nothing listens outside)
-    master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store
+    gpus_per_node: Optional[int] = None  # 0 = CPU only; null = every visible GPU for a local or by-hand run, one
+    #                                      per rank under torchrun (when that many are visible), else 0 (sim, ssh
+    #                                      and Slurm: this host's GPUs say nothing of the nodes')
+    procs_per_node: Optional[int] = None  # ranks per node; null = gpus_per_node, or 2 on CPU (ssh: a hostfile's
+    #                                       slots; torchrun: its --nproc_per_node)
+    max_restarts: int = 0  # whole-group restarts after a rank fails: the trainer resumes from its newest
+    #                        checkpoint, a script= starts again from its first line (its own snapshot, if it keeps one)
+    min_nodes: Optional[int] = None  # sim, ssh: keep training on this many machines when others are lost (the
+    #                                  built-in trainer heals in place, from memory; script=, cluster.heal=false
+    #                                  and the other cases of config.rules.heals_in_place restart the survivors from
+    #                                  the newest checkpoint); slurm: submit with --nodes=MIN-MAX (start on what is
+    #                                  free); null = nodes, every machine needed (plan_job writes it)
+    master_addr: str = "127.0.0.1"  # the rendezvous address: loopback for a local run (nothing listens outside);
+    #                                 by hand (cluster.node_rank), node 0's address as the other machines reach it
+    #                                 (sim and Slurm choose their own)
+    master_port: int = 0  # 0 = a free port chosen and held by the rendezvous store (Slurm: 20000 + job id % 20000;
+    #                       machines started by hand must all be given the same one)
     join_timeout_s: float = 120.0  # how long ranks may take to join the rendezvous
     gpu_select: str = "index"  # index (as CUDA numbers them) | free_memory (most free first: the d2l notes' recipe)
     heal: bool = True  # sim, ssh under cluster.min_nodes: a lost machine's survivors go on in place, from memory
@@ -131,10 +140,10 @@ class SlurmClusterConfig(ClusterConfig):
     kind: str = "slurm"
     partition: Optional[str] = None  # null = the cluster's default partition
     account: Optional[str] = None  # sbatch --account (null: your default)
-    qos: Optional[str] = None  # sbatch --qos
-    time_min: int = 60  # time limit; > 10 so a preemption signal is not mistaken for a timeout
+    qos: Optional[str] = None  # sbatch --qos (null: your default quality of service)
+    time_min: int = 60  # the job's time limit in minutes (sbatch --time); longer than cluster.signal_delay_s
     cpus_per_task: int = 1  # CPUs of each task (one task per rank)
-    mem_gb: Optional[float] = None  # memory per node
+    mem_gb: Optional[float] = None  # memory per node in GB (sbatch --mem; null: the partition's default)
     constraint: Optional[str] = None  # sbatch --constraint: node features, e.g. a100
     exclude: Optional[str] = None  # sbatch --exclude: nodes not to use, e.g. node[3-4]
     extra_sbatch: dict[str, str] = field(default_factory=dict)  # any other #SBATCH option: {key: value}

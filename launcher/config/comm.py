@@ -27,8 +27,9 @@ class CommConfig:
     fsdp_min_params: Optional[int] = None  # null: 2^20 or an eighth of the model, the fewer
     hierarchical: Hierarchical = Hierarchical.auto  # auto (measure both at start-up) | true | false: reduce inside a
     #                                                 node first
-    bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = bucketed: sized from the measured link
-    #                                        (launcher/comm/policy.py), ddp: torch's 25 MB
+    bucket_cap_mb: Optional[float] = None  # gradient bucket size; null = ddp: torch's 25 MB; bucketed: sized from
+    #                                        the measured link (launcher/comm/policy.py; 25 MB under PowerSGD or on
+    #                                        one rank; a resume on the same layout keeps its cap)
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
     find_unused_parameters: bool = False  # reduce parameters that got no gradient instead of failing (as DDP's)
     broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's

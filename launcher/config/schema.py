@@ -35,17 +35,21 @@ class TrainConfig:
     max_steps: Optional[int] = None  # stop after this many optimiser steps in total (null = epochs decide)
     batch_size: int = 64  # GLOBAL batch, split evenly across ranks
     batch_size_per_rank: Optional[int] = None  # if set, each rank's batch is fixed and the global batch grows
-    seed: int = 0  # same initial weights on every rank; rank r's data RNG is seeded with seed + r
+    seed: int = 0  # the initial weights (the same on every rank) and each epoch's shuffle (one order, split
+    #                across the ranks); rank r's own random streams (dropout, the loader's workers) start at seed + r
     resume: str = (
         "auto"  # auto (newest valid checkpoint in the run dir) | force (same, even if the job changed) | never | PATH
     )
-    checkpoint_every_steps: int = 50  # 0 = only at the end
+    checkpoint_every_steps: int = 50  # a checkpoint every N optimiser steps, one at the end and one at a stop;
+    #                                   0 = only at the end (and at a stop)
     checkpoint_async: bool = False  # write each checkpoint on a background thread: the loop waits only for a copy of
     #                                 the state (one write at a time; the next save, a stop and the end wait for it)
     keep_checkpoints: int = 3  # newest checkpoints kept on disk
     eval_every_epochs: int = 1  # evaluate on the held-out split every N epochs (and at the end)
     log_every_steps: int = 10  # one metrics.jsonl line every N steps
-    threads_per_rank: Optional[int] = None  # torch intra-op threads per rank; null = cores / local ranks
+    threads_per_rank: Optional[int] = None  # torch intra-op threads per rank (also OMP_NUM_THREADS); null =
+    #                                         OMP_NUM_THREADS when set (torchrun sets 1), else the cores the rank may
+    #                                         run on / the ranks on its machine
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast on the rank's device (fp16 with a gradient scaler)
     accumulate_steps: int = 1  # micro-batches per optimiser step (the global batch stays train.batch_size);
     #                            gradients are synchronised once per step, after the last one
@@ -98,12 +102,12 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # sgd | adamw
+    name: str = "sgd"  # the optimiser: sgd | adamw
     lr: float = 0.1  # for one rank's batch when lr_scaling=linear, else for the global batch
-    momentum: float = 0.9  # sgd only
+    momentum: float = 0.9  # sgd's momentum (adamw has none: ignored there)
     weight_decay: float = 0.0  # L2 penalty (sgd) / decoupled weight decay (adamw)
     lr_scaling: str = "none"  # none | linear (lr x world size: more GPUs, larger batch, larger lr)
-    scheduler: str = "cosine"  # none | cosine (to 0 over the run)
+    scheduler: str = "cosine"  # none (constant after the warm-up) | cosine (to 0 at the end of optim.schedule_steps)
     warmup_steps: int = 0  # linear warm-up before the schedule
     # the steps the schedule spans; null = the steps the run takes (train.max_steps, or the epochs when fewer).
     # Set it to stop a run early and extend it later along one schedule (what a run of that length would follow)
@@ -128,16 +132,17 @@ DATASETS = ("digits", "synthetic", "idx")
 @dataclass
 class DataConfig:
     name: str = "digits"  # digits (bundled with scikit-learn) | synthetic | idx (MNIST/Fashion-MNIST files)
-    image_size: int = 28  # images are resized to image_size x image_size
+    image_size: int = 28  # the built-in sets' images are resized to image_size x image_size (your own are checked)
     channels: int = 1  # image channels (1 grey, 3 colour), given to the model as in_channels
     num_classes: int = 10  # label classes, given to the model
     path: Optional[str] = None  # idx: directory holding train-images-idx3-ubyte[.gz] and friends
     test_fraction: float = 0.2  # digits: held-out share (stratified, fixed split)
-    train_samples: int = 4096  # synthetic
-    test_samples: int = 1024  # synthetic
-    _target_: Optional[str] = None  # your own data: a factory returning (train, test) map-style Datasets of
-    #                                 (image tensor of shape (channels, image_size, image_size), int label); data.name
-    #                                 is then ignored
+    train_samples: int = 4096  # synthetic: how many training samples it generates
+    test_samples: int = 1024  # synthetic: how many held-out samples it generates
+    _target_: Optional[str] = None  # your own data: a factory returning (train, test) map-style Datasets (test may
+    #                                 be None); for the built-in image models a sample is (image tensor of shape
+    #                                 (channels, image_size, image_size), int label), for your own model any structure
+    #                                 of tensors; data.name is then ignored
     kwargs: dict[str, Any] = field(default_factory=dict)  # _target_: keyword arguments of the factory
     num_workers: int = 0  # DataLoader worker processes per rank (_target_ data; the built-in sets are tensors)
 

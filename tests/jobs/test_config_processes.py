@@ -66,6 +66,6 @@ def test_help_is_a_manual_on_one_screen_without_torch():
     named = [k for k in keys if k not in ("model", "data", "hydra.run.dir")]  # (groups, Hydra's own)
     unknown = [k for k in named if OmegaConf.select(config, k, default=absent) is absent]
     assert not unknown, unknown
-    assert re.search(r"== Exit codes ==\n  0 .*; 1 .*; 2 .*\n.*130 / 143", out), out
+    assert re.search(r"== Exit codes ==\n  0 .*; 1 .*; 2 .*\n.*130 / 143 / 129 .*SIGHUP.*\n.*script= job", out), out
     named_pages = re.findall(r"(docs/[\w-]+\.md)", out)
     assert "docs/" in out and all((REPO / page).is_file() for page in named_pages), named_pages  # where the docs are

@@ -1,6 +1,7 @@
 """The configuration reference (docs/configuration-reference.md, issue 40) cannot go stale: it is what
-``launcher.config.reference`` renders from the schemas; every key has a sentence; every key of the composed config
-(each cluster kind, each model group) is on the page, and the page names no key that does not exist."""
+``launcher.config.reference`` renders from the schemas; every key has a sentence that is not a placeholder (issue 51);
+every key of the composed config (each cluster kind, each model group) is on the page, and the page names no key that
+does not exist."""
 
 import re
 
@@ -45,11 +46,56 @@ def test_the_page_is_what_the_schemas_render():
     )
 
 
+# words that carry no meaning of their own: a sentence made of these and the key's own name says nothing
+FILLER = {"a", "an", "the", "of", "for", "to", "in", "on", "is", "it", "this", "that", "value", "key", "setting"}
+PLACEHOLDER = re.compile(r"\b(todo|tbd|fixme|xxx|placeholder|lorem|undocumented)\b|^\W*$|\?\?", re.IGNORECASE)
+
+
+def placeholder(key: str, sentence: str) -> str:
+    """Why ``sentence`` says nothing about ``key`` ("" when it does): empty, a marker (TODO, ...), under 3 words,
+    or nothing but the key's own name and filler words."""
+    words = re.findall(r"[a-z0-9]+", sentence.replace("\\_", "_").lower())
+    named = set(re.findall(r"[a-z0-9]+", key.lower()))
+    if PLACEHOLDER.search(sentence):
+        return "empty or a placeholder marker"
+    if len(words) < 3:
+        return f"{len(words)} word(s)"
+    if set(words) <= named | FILLER:
+        return "the key's own name again"
+    return ""
+
+
 def test_every_key_has_a_type_a_default_and_a_sentence():
+    """Each row's sentence (its schema field's comment) says something: not empty, no TODO, 3 words at least, more
+    than the key's name (issue 51: "any text" passed before)."""
     rows = [line for line in render().splitlines() if line.startswith("| `")]
     assert len(rows) > 80
-    empty = [row for row in rows if re.search(r"\|\s*\|$", row) or row.count("|") != 5]
-    assert not empty, "keys without a sentence (a comment on their schema field):\n" + "\n".join(empty)
+    broken = [row for row in rows if row.count("|") != 5]
+    assert not broken, "rows that are not key | type | default | sentence:\n" + "\n".join(broken)
+    said = {row.split("|")[1].strip(" `"): row.split("|")[4].strip() for row in rows}
+    bad = {key: why for key, sentence in said.items() if (why := placeholder(key, sentence))}
+    assert not bad, f"keys without a real sentence (a comment on their schema field): {bad}"
+
+
+@pytest.mark.parametrize(
+    ("key", "sentence"),
+    [
+        ("train.seed", ""),
+        ("train.seed", "TODO"),
+        ("train.seed", "seed"),
+        ("data.train_samples", "synthetic"),
+        ("data.train_samples", "the train samples"),
+        ("comm.trace_steps", "trace steps value"),
+        ("optim.lr", "lr: ??"),
+    ],
+)
+def test_a_placeholder_sentence_is_caught(key, sentence):
+    assert placeholder(key, sentence), sentence
+
+
+def test_a_real_sentence_passes():
+    assert placeholder("data.train_samples", "synthetic: how many training samples it generates") == ""
+    assert placeholder("optim.momentum", "sgd's momentum (adamw has none: ignored there)") == ""
 
 
 @pytest.mark.parametrize("overrides", LAYOUTS, ids=lambda o: " ".join(o) or "local")
