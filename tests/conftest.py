@@ -162,6 +162,7 @@ BED_OF_MODULE = {
     "test_slurm": "bed-slurm",
     "test_ssh": "bed-ssh",
     "test_hang_clusters": "bed-ssh",  # (the ssh machines, and simulated nodes)
+    "test_file_modes_beds": "bed-ssh",
 }
 
 

@@ -2,7 +2,13 @@
 
 One helper for every such file: write to a fresh temporary file beside the target (``tempfile.mkstemp``: an
 unpredictable name, created exclusively, so a link planted there is never followed), fsync, rename over it (atomic
-on POSIX file systems, NFS included), with permissions set explicitly rather than left to the caller's umask.
+on POSIX file systems, NFS included), with the permissions the user's umask gives a new file (``run_umask``).
+
+Permissions: every file and folder of a run gets the user's umask, with others' write bit masked (the run dir holds
+checkpoints that resume jobs): a user whose umask is 077 gets a run nobody else can read, one whose umask is 022 a run
+the team can read. Nothing is chmod'ed wider than the umask allows; a file holding the job's secret is 0600 whatever
+the umask (``private_files``). Processes of a job that start under another shell's umask (the ssh hosts', a Slurm
+task's) get the head's: ``run_umask`` is what they carry.
 """
 
 from __future__ import annotations
@@ -15,19 +21,34 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-FILE_MODE = 0o644  # readable by the team, writable by the owner only, whatever the umask
+NEW_FILE_MODE = 0o666  # what open() asks for: the umask takes its bits away
+NOT_FOR_OTHERS = 0o002  # never writable by others, whatever the umask
+
+
+def run_umask() -> int:
+    """This process's umask with others' write bit added (``NOT_FOR_OTHERS``): the bits every file and folder of a
+    run loses. Read from /proc/self/status, not by setting it: ``os.umask`` sets as it reads, and a thread creating a
+    file in between would get the mask set meanwhile (without /proc, a private one: tighter, never looser)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask | NOT_FOR_OTHERS
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path, mode: int = FILE_MODE, sync: bool = True) -> Iterator[BinaryIO]:
+def atomic_file(path: str | Path, mode: int = NEW_FILE_MODE, sync: bool = True) -> Iterator[BinaryIO]:
     """A binary file whose content replaces ``path`` in one step (fsync'd unless ``sync=False``: a file rewritten
     every second, whose loss in a crash costs nothing) when the block ends without an error; on an error the
-    temporary file is removed and ``path`` is untouched."""
+    temporary file is removed and ``path`` is untouched. Its permissions: ``mode`` less the user's umask
+    (``run_umask``), as a file the user made with ``open`` would have (``mkstemp`` makes it 0600)."""
     path = Path(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
-        os.fchmod(fd, mode)
+        os.fchmod(fd, mode & ~run_umask())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -39,7 +60,7 @@ def atomic_file(path: str | Path, mode: int = FILE_MODE, sync: bool = True) -> I
         raise
 
 
-def write_atomic(path: str | Path, data: str | bytes, mode: int = FILE_MODE, sync: bool = True) -> Path:
+def write_atomic(path: str | Path, data: str | bytes, mode: int = NEW_FILE_MODE, sync: bool = True) -> Path:
     """Replace ``path`` with ``data`` in one step; returns the path."""
     with atomic_file(path, mode, sync) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -52,8 +73,21 @@ def write_json_atomic(path: str | Path, data: Any, sync: bool = True) -> Path:
 
 def no_world_writable_files() -> None:
     """From now on this process (and what it starts) creates nothing others may write: the run dir holds
-    checkpoints that resume jobs. Only the "others" write bit is masked; a site's group-write policy stays."""
-    os.umask(os.umask(0) | 0o002)
+    checkpoints that resume jobs. Only the "others" write bit is added to the umask; the user's choice (077: private,
+    022: the team reads, 002: a group writes) stays."""
+    os.umask(run_umask())
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """While the block runs, this process creates files and folders its owner's only (0600, 0700: umask 077
+    added): for files that hold the job's secret, written by a library that takes no mode (submitit's pickled task).
+    Only ever tighter than the run's umask: what another thread creates meanwhile is private too, never looser."""
+    previous = os.umask(run_umask() | 0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def remove_empty_dirs(root: str | Path) -> None:

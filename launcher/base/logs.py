@@ -52,7 +52,7 @@ def setup_logging(run_dir: RunDir, env: DistEnv, redirect_output: bool = True) -
         if env.rank == 0:
             _tee(path, out_fd=os.dup(1))
         else:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # (the umask decides)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)

@@ -19,7 +19,7 @@ CHUNK = 65536
 def tee(log_path: str, sources: dict[int, int]) -> None:
     """Copy each fd of ``sources`` (read end -> console fd) to its console fd and to ``log_path`` until every one
     is at its end."""
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # (the umask decides)
     with selectors.DefaultSelector() as selector:
         for source in sources:
             selector.register(source, selectors.EVENT_READ)

@@ -19,12 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from submitit.core.utils import DelayedSubmission
 
 from harness import REPO
 from harness.checks import assert_hang_named, assert_same_trajectory, expect_root_cause
 from harness.jobs import HANG_SCRIPT as SCRIPT
 from harness.jobs import REPEAT, STUCK, STUCK_FRAME, TRAIN, WATCH, job_args
+from harness.modes import umask, wrong_modes
 from harness.run import run_launcher, run_timed, run_watched, start_head, wait_first_checkpoint
+from launcher.trust.secret import SECRET_ENV
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
 # Pinned: two separate runs under comm.hierarchical=auto could measure differently and sum in another order;
@@ -173,6 +176,23 @@ def test_two_nodes_two_tasks_train(slurm, two_by_two):
     assert oct((tmp_path / "submitit").stat().st_mode & 0o777) == "0o700"  # its pickled task holds the secret
     if slurm["LAUNCHER_SLURM_NETNS"] == "1":  # each node its own host name and network stack
         assert summary["hosts"] == ["node1", "node2"], summary
+
+
+@pytest.mark.parametrize("mask", [0o077, 0o022], ids=["umask077", "umask022"])
+def test_every_file_of_a_slurm_run_has_the_submitters_umask(slurm, tmp_path, mask):
+    """Issue 51: the tasks start under Slurm's umask, the ranks write under the submitter's (carried in the task);
+    the submitit folder, whose pickled task holds the job's secret, is its owner's only (0700, files 0600); every
+    other file and folder has the mode the submitter's umask gives (tests/harness/modes.py)."""
+    run_dir = tmp_path / "run"
+    job = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=1", "train.max_steps=4")
+    with umask(mask):
+        result = run_launcher(*job, "train.checkpoint_every_steps=2", run_dir=run_dir, env=slurm, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pickled = sorted(run_dir.glob("submitit/*/*_submitted.pkl"))
+    assert pickled and sorted(run_dir.glob("checkpoints/step-*.pt")), sorted(run_dir.rglob("*"))
+    secret = DelayedSubmission.load(pickled[0]).function.secret[SECRET_ENV]
+    wrong = wrong_modes(run_dir, mask, {secret}, private=(run_dir / "submitit",))
+    assert not wrong, "\n".join(wrong)
 
 
 def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):

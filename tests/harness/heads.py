@@ -120,7 +120,9 @@ def popen(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Any, stder
             else:
                 fds.append(target.fileno())
         reply, child_reply = socket.socketpair()
-        request = json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()
+        mask = os.umask(0o077)  # (read: set tighter meanwhile, never looser)
+        os.umask(mask)  # a fresh head inherits this process's umask: a forked one is given it (test_file_modes)
+        request = json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "umask": mask}).encode()
         with _lock:
             socket.send_fds(_connect(), [request], [child_reply.fileno(), *fds])
         child_reply.close()
@@ -228,6 +230,7 @@ def _child(request: dict, fds: list[int]) -> None:
             if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
+        os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[0] = request["cwd"]  # as ``python -m`` puts the working directory first

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.modes import umask
 from launcher.base.checkpoint_names import checkpoint_path, list_checkpoints
 from launcher.train import checkpoint as ckpt
 from models import LeNet
@@ -78,9 +79,10 @@ def test_atomic_write_follows_no_link_planted_beside_the_target(tmp_path):
     target = tmp_path / "summary.json"
     for pid in range(os.getpid() - 2, os.getpid() + 3):
         (tmp_path / f".{target.name}.{pid}.tmp").symlink_to(victim)
-    write_atomic(target, "{}")
+    with umask(0o027):
+        write_atomic(target, "{}")
     assert victim.read_text() == "untouched" and target.read_text() == "{}"
-    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    assert oct(target.stat().st_mode & 0o777) == "0o640"  # the user's umask, no mode of its own (issue 51)
 
 
 def test_list_and_prune(tmp_path):

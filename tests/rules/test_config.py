@@ -195,10 +195,10 @@ def test_ssh_hostfile_errors_name_the_line_and_fix(tmp_path, text, overrides, me
 
 
 def test_ssh_forwards_the_launchers_variables_over_stdin_never_on_the_command_line(monkeypatch):
-    """cluster.env's values (tokens, keys) and the job's secret travel in the first line of the connection's stdin;
-    only paths and device lists are on the remote command line (issue 35)."""
+    """cluster.env's values (tokens, keys), cluster.setup's lines and the job's secret travel over the connection's
+    stdin; only paths and device lists are on the remote command line (issues 35, 51)."""
     from launcher.config import SshClusterConfig
-    from launcher.launch.ssh.hosts import forwarded_env, handoff, remote_shell
+    from launcher.launch.ssh.clients import forwarded_env, handoff, remote_shell, setup_input
     from launcher.trust.secret import SECRET_ENV, Secret, read_handoff
 
     for name, value in {
@@ -213,18 +213,22 @@ def test_ssh_forwards_the_launchers_variables_over_stdin_never_on_the_command_li
         "LAUNCHER_SECRET": "ab" * 32,  # a by-hand user's: never forwarded (issue 34)
     }.items():
         monkeypatch.setenv(name, value)
-    c = SshClusterConfig(nodes=1, hosts=["a"], env=["MY_TOKEN", "WANDB_*"], setup=["source /v/bin/activate"])
+    setup = ["source /v/bin/activate", "export HF_TOKEN=hf-probe"]
+    c = SshClusterConfig(nodes=1, hosts=["a"], env=["MY_TOKEN", "WANDB_*"], setup=setup)
     env = forwarded_env(c)
     assert {"LAUNCHER_FAULT", "NCCL_DEBUG", "MY_TOKEN", "OMP_NUM_THREADS", "WANDB_MODE", "WANDB_DIR"} <= set(env)
     assert "HOME" not in env and "LAUNCHER_SECRET" not in env
     shell = remote_shell(c, ["/py", "-m", "x"])
     assert shell.splitlines()[-1] == "exec env PYTHONPATH='/src lib' /py -m x", shell
     assert "a b" not in shell and "ab" * 32 not in shell and "WANDB" not in shell and "step=5" not in shell
-    assert "{ source /v/bin/activate; } </dev/null || exit 96" in shell  # the setup cannot read the secret line
+    assert "/v/bin" not in shell and "hf-probe" not in shell  # the setup comes over stdin (issue 51)
+    assert '{ eval "$launcher_setup"; } </dev/null || exit 96' in shell  # the setup cannot read the secret line
     secret = Secret.new()
     line = handoff(c, secret)
     reader, writer = os.pipe()
     os.write(writer, line + b"INT\n")  # a control word after it stays in the stream
+    lines = setup_input(c).encode()
+    assert os.read(reader, len(lines)) == b"1\nsource /v/bin/activate && export HF_TOKEN=hf-probe\n"  # the shell's
     got = read_handoff(reader)
     assert os.read(reader, 100) == b"INT\n"
     os.close(reader), os.close(writer)

@@ -139,7 +139,7 @@ def set_up(args: NodeArgs) -> tuple[JobConfig, Optional[Secret]]:
 
     if users_level is None:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
-    no_world_writable_files()  # a remote shell's umask is not ours: the workers inherit this one
+    no_world_writable_files()  # the head's umask (ssh: its remote shell set it) and never others' write: the workers'
     secret = Secret.from_environ(os.environ, keep=True)  # the agent's workers inherit it (and take it out of theirs)
     job = load_frozen(args.run_dir)
     name_process(f"node {args.node}/{args.nodes}", entry_words(job), job.run_dir)

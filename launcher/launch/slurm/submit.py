@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.env import DistEnv
-from launcher.base.files import write_json_atomic
+from launcher.base.files import private_files, run_umask, write_json_atomic
 from launcher.base.liveness import SLURM_POLL_S
 from launcher.config import ConfigError, JobConfig, SlurmClusterConfig
 from launcher.launch.mode import BaseMode, LaunchPlan
@@ -131,10 +131,12 @@ def submit_slurm(plan: LaunchPlan, job: JobConfig) -> Any:
     try:
         ex, c = executor(job), job.cluster
         assert isinstance(c, SlurmClusterConfig)  # (executor refuses any other)
+        task = SlurmTask(job.run_dir, Secret.new(), run_umask())  # (the user's umask, before private_files)
         private = job.run.submitit(c.folder)  # the pickled task carries the job's secret: its owner's only
-        private.mkdir(mode=0o700, parents=True, exist_ok=True)
-        private.chmod(0o700)
-        submitted = ex.submit(SlurmTask(job.run_dir, Secret.new()))
+        with private_files():  # (the folder, and each file submitit writes in it: 0700, 0600)
+            private.mkdir(parents=True, exist_ok=True)
+            private.chmod(0o700)  # (an earlier run's)
+            submitted = ex.submit(task)
     except (FailedJobError, subprocess.CalledProcessError, OSError) as exc:
         raise ConfigError(f"Slurm refused the job: {str(exc).strip()}") from None
     layout = f"{plan.world_size} task(s) on {plan.nodes} node(s)"

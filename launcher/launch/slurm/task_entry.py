@@ -46,13 +46,22 @@ def node_range(c: ClusterConfig) -> str:
 
 class SlurmTask:
     """What each Slurm task runs (pickled by submitit into the job's submitit folder, which only its owner can
-    read): one rank of the frozen job, with the job's secret (``launcher.trust.secret``; the same after a requeue)."""
+    read): one rank of the frozen job, with the job's secret (``launcher.trust.secret``; the same after a requeue)
+    and the submitter's umask (``files.run_umask``: a task starts under Slurm's, which need not be the user's)."""
 
-    def __init__(self, run_dir: str, secret: Secret) -> None:
+    def __init__(self, run_dir: str, secret: Secret, umask: int) -> None:
         self.run_dir = run_dir
         self.secret = secret.environ()
+        self.umask = umask
 
     def __call__(self) -> Any:
+        slurms = os.umask(self.umask)  # before the rank makes any file
+        try:
+            return self.run()
+        finally:  # submitit's own files after it (the result pickle) get the umask the task started under: Slurm
+            os.umask(slurms)  # carries sbatch's, private (``submit.private_files``) like the rest of their folder
+
+    def run(self) -> Any:
         # submitit's handler ignores SIGTERM (it bypasses it for its own preemption handling): srun's SIGTERM, when a
         # task failed (--kill-on-bad-exit) or the job is cancelled, would then end this rank only at SIGKILL, after
         # Slurm's KillWait (30 s by default). The launcher's own stop request on Slurm is SIGUSR2 (slurm.py)

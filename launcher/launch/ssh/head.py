@@ -10,8 +10,8 @@ Reading map, in the order things happen (from ``SshMode.run`` to a rank):
      (``cluster.max_restarts``, ``cluster.min_nodes``). How a host is used: ``SshMachines`` (here).
   3. ``SshMachines.place`` -> ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over
      ssh by ``host_check.py`` (its ``HostFacts``).
-  4. ``attempts.run_attempt``: per host an ``SshNode`` (``clients.py``: its ssh client, ``hosts.ssh_command`` +
-     ``hosts.remote_shell`` running ``control.NodeArgs.argv``); stop signals forwarded and heartbeats written as
+  4. ``attempts.run_attempt``: per host an ``SshNode`` (``clients.py``: its ssh client, ``clients.ssh_command`` +
+     ``clients.remote_shell`` running ``control.NodeArgs.argv``); stop signals forwarded and heartbeats written as
      ``control.Control`` words; ``nodes.waiting.wait`` waits, then the job's report names the root cause.
   5. on each host, ``nodes/process.py``: reads the ``Control`` words, relays output, runs ``agent.run_agent``
      (torch's elastic agent, static rendezvous), which starts ``python -m launcher.rank.entry RUN_DIR`` per rank.

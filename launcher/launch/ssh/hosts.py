@@ -1,12 +1,11 @@
-"""The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), the
-command a host runs (its shell prelude and forwarded environment), and the checks every host passes before
-anything starts (``launch/ssh/host_check.py`` over ssh, in parallel), also before each restart, where under
-``cluster.min_nodes`` a host failing them is lost and one passing them again joins (``launcher.heal.membership``)."""
+"""The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), and the
+checks every host passes before anything starts (``launch/ssh/host_check.py`` over ssh, in parallel, run by the
+command ``launch/ssh/clients.py`` builds), also before each restart, where under ``cluster.min_nodes`` a host failing
+them is lost and one passing them again joins (``launcher.heal.membership``)."""
 
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import uuid
@@ -19,28 +18,16 @@ from omegaconf import DictConfig
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import TENSORBOARD_HINT, writes_tensorboard
 from launcher.heal.membership import Membership
-from launcher.launch.ssh.host_check import HostFacts
-from launcher.trust.secret import SECRET_ENV, Secret, handoff_line
-
-# Ours come after the user's cluster.ssh_options: ssh takes the first value it is given for an option.
-SSH_OPTIONS = (
-    "-T",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "ConnectTimeout=10",
-    "-o",
-    "ServerAliveInterval=5",
-    "-o",
-    "ServerAliveCountMax=3",
+from launcher.launch.ssh.clients import (
+    NO_CWD,
+    NOT_FOUND,
+    SETUP_FAILED,
+    SSH_LOST,
+    remote_shell,
+    setup_input,
+    ssh_command,
 )
-SSH_LOST = 255  # ssh's own failure: no connection, or it dropped
-FORWARDED_PREFIXES = ("LAUNCHER_", "NCCL_", "GLOO_", "TORCH_")
-FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "OMP_NUM_THREADS")
-# on the remote command line (python's start and a host check need them; paths and device lists, never secrets);
-# every other forwarded variable, cluster.env's included, goes over the connection's stdin with the job's secret
-ON_COMMAND_LINE = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
-NO_CWD, SETUP_FAILED, NOT_FOUND = 97, 96, 127  # exit codes of the remote shell prelude
+from launcher.launch.ssh.host_check import HostFacts
 
 
 def parse_hostfile(path: str) -> list[tuple[str, int | None]]:
@@ -145,38 +132,6 @@ def ready_hosts(
         return [host for host, _ in ready], master, [facts for _, facts in ready]
 
 
-def ssh_command(c: SshClusterConfig, host: str, shell: str) -> list[str]:
-    return ["ssh", *c.ssh_options, *SSH_OPTIONS, host, shell]
-
-
-def forwarded_env(c: SshClusterConfig) -> dict[str, str]:
-    prefixes = FORWARDED_PREFIXES + tuple(n[:-1] for n in c.env if n.endswith("*"))
-    names = set(FORWARDED_NAMES) | {n for n in c.env if not n.endswith("*")}
-    return {  # never a secret of this process's own: the head's job secret is handed off with these
-        k: v for k, v in sorted(os.environ.items()) if (k in names or k.startswith(prefixes)) and k != SECRET_ENV
-    }
-
-
-def handoff(c: SshClusterConfig, secret: Secret) -> bytes:
-    """The first line a host's node process reads from its stdin: the forwarded environment not on its command
-    line (``cluster.env``'s values: tokens, keys) and the job's secret."""
-    env = {k: v for k, v in forwarded_env(c).items() if k not in ON_COMMAND_LINE}
-    return handoff_line({**env, **secret.environ()})
-
-
-def remote_shell(c: SshClusterConfig, argv: list[str]) -> str:
-    """The script a host runs: this directory (shared file system), ``cluster.setup``, then ``argv`` with the
-    forwarded environment. Each step that can fail exits with its own code (``NO_CWD``, ``SETUP_FAILED``,
-    ``NOT_FOUND``)."""
-    cwd = shlex.quote(os.getcwd())
-    lines = [f"cd {cwd} 2>/dev/null || exit {NO_CWD}"]
-    if c.setup:
-        lines.append("{ " + " && ".join(c.setup) + f"; }} </dev/null || exit {SETUP_FAILED}")  # stdin: the secret
-    env = [f"{k}={shlex.quote(v)}" for k, v in forwarded_env(c).items() if k in ON_COMMAND_LINE]
-    lines.append(" ".join(["exec", "env", *env, shlex.join(argv)]))
-    return "\n".join(lines)
-
-
 def ssh_problem(stderr: str, host: str) -> str:
     """ssh's own failure (exit 255), with the fix."""
     said = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh failed without a message"
@@ -200,7 +155,7 @@ def check_host(
             capture_output=True,
             text=True,
             timeout=c.check_timeout_s,
-            stdin=subprocess.DEVNULL,
+            input=setup_input(c),
         )
     except subprocess.TimeoutExpired:
         return None, [
