@@ -52,3 +52,8 @@ REVOKED_MARGIN_S = 2
 
 # rank 0's output: at its end, each tee (its output to the console and its log) passes on what is left within this
 TEE_DRAIN_S = 5.0
+
+# name resolution (``base/names.py``): a look-up this long is named (a healthy one takes milliseconds); none is
+# waited for longer than the limit (two resolver timeouts of 5 s, and some)
+SLOW_LOOKUP_S = 1.0
+LOOKUP_LIMIT_S = 12.0

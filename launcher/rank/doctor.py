@@ -31,6 +31,7 @@ import torch.distributed as dist
 from launcher.base.devices import describe_device
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
+from launcher.base.names import slow_lookups, time_lookups
 from launcher.base.run_dir import RunDir
 from launcher.comm.sizes import MB
 from launcher.comm.strategy import median_seconds
@@ -76,6 +77,8 @@ def rank_facts(env: DistEnv, use_gpu: bool) -> dict[str, Any]:
     except OSError as exc:
         facts["master_ip"] = None
         facts["problem"] = f"MASTER_ADDR {env.master_addr!r} does not resolve on {facts['host']} ({exc})"
+    lookups = time_lookups([env.master_addr, facts["host"]])  # each both ways (c10d: on every store connection)
+    facts["slow_lookups"] = [lookup.said(facts["host"]) for lookup in slow_lookups(lookups)]
     facts["connect_ms"] = None
     if env.world_size > 1:  # one rank has no store to reach
         start = time.perf_counter()
@@ -190,6 +193,7 @@ def run_doctor(
     intra, links = time_links(env, device, timeout_s, peers)
     hosts = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: -f["rank"])}  # a node's leader's host
     problems = [f"rank {f['rank']}: {f['problem']}" for f in facts if f.get("problem")]
+    problems += list(dict.fromkeys(said for f in facts for said in f.get("slow_lookups", [])))  # (a host's once)
     problems += verdict(intra, links, hosts)
     report = {
         "world_size": env.world_size,

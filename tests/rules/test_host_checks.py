@@ -85,10 +85,11 @@ def test_a_host_checks_answer_is_read_once_into_its_facts_and_a_wrong_key_names_
 
     from launcher.launch.ssh.host_check import HostFacts
 
-    facts = HostFacts("vm1", "10.0.0.2", "10.0.0.1", 0.0, 29500, 0, True, [])
+    facts = HostFacts("vm1", "10.0.0.2", "10.0.0.1", 0.0, 29500, 0, True, [], "10.0.0.2", [])
     assert HostFacts.parse(f"a warning first\n{facts.line()}\n", "vm1") == facts
     raw = json.loads(facts.line())
-    assert sorted(raw) == sorted(["host", "addr", "head", "head_lookup_s", "port", "gpus", "tensorboard", "problems"])
+    keys = ["host", "addr", "head", "head_lookup_s", "port", "gpus", "tensorboard", "problems", "master_ip"]
+    assert sorted(raw) == sorted([*keys, "slow_lookups"])
     del raw["gpus"]
     with pytest.raises(ValueError, match=r"^the host check on vm1 answered without 'gpus': not this launcher's"):
         HostFacts.parse(json.dumps(raw), "vm1")

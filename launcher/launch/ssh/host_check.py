@@ -1,12 +1,14 @@
 """The check one host of an ssh job passes before anything starts (``+cluster=ssh``, run over ssh by the
-head): ``python -m launcher.launch.ssh.host_check RUN_DIR TOKEN MASTER_ADDR PORT``.
+head): ``python -m launcher.launch.ssh.host_check RUN_DIR TOKEN MASTER_ADDR PORT [NAMES]``.
 
 Prints one JSON line, its ``HostFacts`` (the head reads it back with ``HostFacts.parse``): the host's name, the
 address the head reached it on (from ``SSH_CONNECTION``), its GPU count, whether the tensorboard package is there,
 how long a reverse look-up of the head's address takes, where it resolves MASTER_ADDR, and whether the run dir is the
 head's (the token file the head wrote is there) and writable. With ``PORT`` other than "-" (only on the master
-host), the port the rendezvous will use: a free one when ``PORT`` is 0, else ``PORT`` checked free. Problems go into
-``problems``; the exit code is 0 whenever the JSON was printed.
+host), the port the rendezvous will use: a free one when ``PORT`` is 0, else ``PORT`` checked free. ``NAMES`` (the
+job's hosts, comma-separated): each resolved, and each address found looked up in reverse, timed here
+(``base/names.py``: c10d makes both on every store connection); the slow ones are said in ``slow_lookups``.
+Problems go into ``problems``; the exit code is 0 whenever the JSON was printed.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import json
 import os
 import socket
 import sys
-import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
+from launcher.base.names import slow_lookups, time_lookups
 from launcher.base.run_dir import RunDir
 
 
@@ -35,6 +37,8 @@ class HostFacts:
     gpus: int
     tensorboard: bool  # the tensorboard package would import here
     problems: list[str]
+    master_ip: str  # the address MASTER_ADDR resolves to here ("" where it does not)
+    slow_lookups: list[str]  # each slow forward or reverse look-up of the job's names here, said with its fix
 
     def line(self) -> str:
         return json.dumps(asdict(self))
@@ -61,18 +65,7 @@ class HostFacts:
         return cls(**raw)
 
 
-def lookup_s(addr: str) -> float:
-    """How long a reverse look-up of ``addr`` takes here: c10d makes one for each store connection it opens (a
-    DNS server that never answers costs each one 10 s)."""
-    start = time.monotonic()
-    try:
-        socket.getnameinfo((addr, 0), socket.NI_NAMEREQD)
-    except OSError:
-        pass
-    return round(time.monotonic() - start, 1)
-
-
-def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> HostFacts:
+def check_this_host(run_dir: str, token: str, master_addr: str, port: str, names: str = "") -> HostFacts:
     problems: list[str]
     name, problems = socket.gethostname(), []
     picked: Optional[int] = None  # the rendezvous port, on the master host
@@ -114,8 +107,11 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str) -> Ho
             picked = int(port)
     from launcher.base.devices import gpu_count
 
-    found = lookup_s(head) if head else 0.0
-    return HostFacts(name, addr, head, found, picked, gpu_count(), findable("tensorboard"), problems)
+    lookups = time_lookups([n for n in (*names.split(","), master_addr, head) if n])
+    found = next((x.seconds for x in lookups if x.kind == "reverse" and x.what == head), 0.0)
+    slow = [x.said(name) for x in slow_lookups(lookups) if x.what != head]  # (the head's: head_lookup_s)
+    tensorboard = findable("tensorboard")
+    return HostFacts(name, addr, head, found, picked, gpu_count(), tensorboard, problems, master_ip, slow)
 
 
 def findable(name: str) -> bool:
@@ -127,4 +123,4 @@ def findable(name: str) -> bool:
 
 
 if __name__ == "__main__":
-    print(check_this_host(*sys.argv[1:5]).line(), flush=True)
+    print(check_this_host(*sys.argv[1:6]).line(), flush=True)

@@ -129,7 +129,14 @@ def ready_hosts(
             continue
         ready = [(host, facts) for host, (facts, problems) in zip(candidates, results) if facts and not problems]
         members.change({}, joined=[host for host, _ in ready if host not in members.live])
-        return [host for host, _ in ready], master, [facts for _, facts in ready]
+        return [host for host, _ in ready], as_address(master, [facts for _, facts in ready]), [f for _, f in ready]
+
+
+def as_address(master: str, facts: list[HostFacts]) -> str:
+    """The store's address rather than its name where every host resolved the name to the same one: no rank then
+    resolves it again on each store connection (``base/names.py``: where that is slow, it is slow every time)."""
+    seen = {f.master_ip for f in facts}
+    return seen.pop() if len(seen) == 1 and "" not in seen else master
 
 
 def ssh_problem(stderr: str, host: str) -> str:
@@ -148,7 +155,8 @@ def check_host(
     job: JobConfig, c: SshClusterConfig, host: str, token: str, master: str, port: str
 ) -> tuple[Optional[HostFacts], list[str]]:
     """One host's facts (``launch/ssh/host_check.py``) and its problems."""
-    argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port]
+    names = ",".join(c.hosts)  # (each resolved and looked up in reverse there, timed)
+    argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port, names]
     try:
         out = subprocess.run(
             ssh_command(c, host, remote_shell(c, argv)),
@@ -215,6 +223,8 @@ def check_hosts(
         for host, (facts, problems) in zip(hosts, results)
         if facts and not problems and facts.gpus and not c.gpus_per_node
     }
+    for said in dict.fromkeys(s for facts, _ in results if facts for s in facts.slow_lookups):
+        print(f"launcher: warning: {said}", file=sys.stderr)  # (slow start-up, every store connection: named)
     if unused:
         print(
             f"launcher: warning: {', '.join(f'{h} has {n}' for h, n in unused.items())} GPU(s) but "
