@@ -1,6 +1,6 @@
 """The one way to start and end a process group: reach (or host) the rendezvous store, check every rank in,
-then ``init_process_group`` (``init_group``: also a healed job's next round, ``launcher.heal.rank_side``); always destroy
-it. Also the stores' listening rules (``bind_address``)."""
+then ``init_process_group`` (``init_group``: also a healed job's next round, ``launcher.heal.rank_side``); always
+destroy it. Also the stores' listening rules (``bind_address``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import gc
 import ipaddress
 import logging
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,8 +20,9 @@ from typing import Optional
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
+from launcher.base.liveness import RANK_STORE_POLL_S
 from launcher.trust.secret import Secret
-from launcher.trust.signed import guard
+from launcher.trust.signed import SignedStore, guard
 
 log = logging.getLogger(__name__)
 
@@ -164,19 +167,44 @@ def _connect(env: DistEnv, join_s: float) -> dist.Store:
         ) from None
 
 
+ALL_JOINED = "joined/all"  # rank 0's word, once every rank's check-in verified (a signed store)
+
+
 def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
-    """Every rank writes ``joined/<rank>`` = host and waits for all the others, naming the missing ones."""
+    """Every rank writes ``joined/<rank>`` = host and waits for all the others, naming the missing ones. In a signed
+    store a rank has arrived only once its value verifies (a stranger's ``joined/<rank>`` is no arrival; the real
+    rank's own write replaces it): rank 0 reads every one and then says so (``ALL_JOINED``), which the others wait
+    for, so the store serves each rank one read, not one per rank."""
     host = env.hostname or socket.gethostname()
     store.set(f"joined/{env.rank}", host)
     keys = [f"joined/{r}" for r in range(env.world_size)]
-    try:
-        store.wait(keys, timedelta(seconds=join_s))
-    except (RuntimeError, OSError):
-        missing = [r for r in range(env.world_size) if not store.check([keys[r]])]
-        if not missing:
-            return
-        raise JoinError(
-            f"ranks {missing} did not join within {join_s:.0f} s (cluster.join_timeout_s) at {_where(env)}; "
-            f"rank {env.rank} on {host} waited for them; HINT: see those ranks' logs (a crash or hang before "
-            "init), check that their hosts can reach the address, or raise cluster.join_timeout_s"
-        ) from None
+    signed = isinstance(store, SignedStore)
+    waited = keys if env.rank == 0 or not signed else [ALL_JOINED]
+    if _arrived(store, waited, signed, time.monotonic() + join_s):
+        if env.rank == 0 and signed:
+            store.set(ALL_JOINED, "1")
+        return
+    missing = [r for r in range(env.world_size) if not _arrived(store, [keys[r]], signed, 0.0)]
+    raise JoinError(
+        f"ranks {missing} did not join within {join_s:.0f} s (cluster.join_timeout_s) at {_where(env)}; "
+        f"rank {env.rank} on {host} waited for them; HINT: see those ranks' logs (a crash or hang before "
+        "init), check that their hosts can reach the address, or raise cluster.join_timeout_s"
+    )
+
+
+def _arrived(store: dist.Store, keys: list[str], signed: bool, deadline: float) -> bool:
+    """Whether every key is there (and verifies, in a signed store) by ``deadline`` (monotonic)."""
+    tick, waiting = threading.Event(), list(keys)
+    while True:
+        try:
+            store.wait(waiting, timedelta(seconds=max(0.001, deadline - time.monotonic())))
+        except (RuntimeError, OSError):
+            pass  # (what is missing is asked below)
+        there = [k for k in waiting if store.check([k])]
+        waiting = [k for k in waiting if k not in there or (signed and store.read(k) is None)]  # type: ignore[attr-defined]
+        if not waiting:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if all(k in there for k in waiting):  # forged values stand where the ranks' will come: store.wait returns
+            tick.wait(RANK_STORE_POLL_S)  # at once, so ask again at the store's pace

@@ -56,14 +56,33 @@ def test_bf16_accumulation_clipping_and_a_resume_with_the_models_own_loss(tmp_pa
     assert summary["loss"] == "model" and summary["steps"] == 12
 
 
+DOUBLED = """import torch.nn.functional as F
+
+
+def doubled(logits, targets):
+    return 2 * F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+"""
+
+
 def test_a_loss_function_of_ones_own(tmp_path):
-    given = ("train.loss=models.charlm.token_loss", "cluster.procs_per_node=2")
-    result = run_launcher(*LM, *SHORT, *given, run_dir=tmp_path)
-    assert result.returncode == 0, result.stderr
-    trained, evaluated = train_lines(tmp_path)
-    assert trained[-1]["loss"] < trained[0]["loss"] - 0.3
-    assert [k for k in evaluated[-1] if k.startswith("test_")] == ["test_loss"]  # no metric given: the loss only
-    assert "test accuracy" not in result.stderr
+    """``train.loss=pkg.fn`` is what the trainer minimises and logs: a loss of one's own that is not cross-entropy
+    (twice cross-entropy, from a module of the user's on PYTHONPATH) trains, logs its own values, and ends in another
+    model than cross-entropy's run on the same batches (its gradients are twice as large)."""
+    (tmp_path / "my_losses.py").write_text(DOUBLED)
+    own, plain = tmp_path / "own", tmp_path / "cross-entropy"
+    for run_dir, loss in ((own, "my_losses.doubled"), (plain, "cross_entropy")):
+        given = (f"train.loss={loss}", "cluster.procs_per_node=2")
+        result = run_launcher(*LM, *SHORT, *given, run_dir=run_dir, env={"PYTHONPATH": str(tmp_path)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert ("test accuracy" in result.stderr) == (loss == "cross_entropy")  # no metric given: the loss only
+    trained, evaluated = train_lines(own)
+    assert trained[-1]["loss"] < trained[0]["loss"] - 0.6
+    assert [k for k in evaluated[-1] if k.startswith("test_")] == ["test_loss"]
+    baseline, _ = train_lines(plain)
+    assert [r["step"] for r in trained] == [r["step"] for r in baseline]
+    assert all(1.5 < a["loss"] / b["loss"] < 2.5 for a, b in zip(trained, baseline)), (trained, baseline)
+    ours, theirs = final_state(own)["model"], final_state(plain)["model"]
+    assert any(not torch.allclose(ours[name], theirs[name], rtol=1e-3, atol=1e-4) for name in ours)
 
 
 def test_a_model_returning_an_output_with_logits_trains_with_cross_entropy(tmp_path):
