@@ -222,17 +222,11 @@ def test_a_sharded_job_heals_in_place_as_one_process_trains(tmp_path, swapped):
         assert got["lr"] == pytest.approx(lr, abs=1e-12), (rank, got["lr"])
         assert set(got["params"]) == set(params)
         for name in params:
-            torch.testing.assert_close(
-                got["params"][name],
-                params[name],
-                rtol=1e-5,
-                atol=1e-6,
-                msg=lambda m, r=rank, n=name: f"rank {r} {n}: {m}",
-            )
-            torch.testing.assert_close(
-                got["momentum"][name],
-                momentum[name],
-                rtol=1e-5,
-                atol=1e-6,
-                msg=lambda m, r=rank, n=name: f"rank {r} momentum of {n}: {m}",
-            )
+            for what, expected in (("params", params), ("momentum", momentum)):
+                torch.testing.assert_close(
+                    got[what][name],
+                    expected[name],
+                    rtol=1e-5,
+                    atol=1e-6,
+                    msg=lambda m, r=rank, n=name, w=what: f"rank {r} {w} of {n}: {m}",
+                )
