@@ -18,7 +18,9 @@ pytestmark = needs_ssh_machines
 JOB = ("cluster.procs_per_node=1", "train.max_steps=4", "train.checkpoint_every_steps=2", "train.log_every_steps=2")
 
 
-@pytest.mark.parametrize("mask", [0o077, 0o022], ids=["umask077", "umask022"])
+# 077 only: the test machines' shells give 022, so a job that did not carry the head's umask would pass under 022
+# (that the launcher is never tighter than a 022 umask: tests/jobs/test_file_modes.py)
+@pytest.mark.parametrize("mask", [0o077], ids=["umask077"])
 def test_every_file_of_an_ssh_run_has_the_heads_umask(ssh_args, tmp_path, mask):
     """The ranks on both machines (rank 0 writes the checkpoints there, every rank its log and the watch's files)
     run under the head's umask, not the one their machine's shell gives (022 on the test machines)."""

@@ -57,6 +57,7 @@ needs_netns = pytest.mark.skipif(
 
 
 def namespaces() -> set[str]:
-    """The network namespaces of ours (``lnch*``: simulated nodes, the ssh machines) on this host."""
+    """The simulated nodes' network namespaces (``lnch*``) on this host; not the ssh machines' (``ALL``): another
+    worker's module starts and stops those meanwhile, and its fixture checks what they leave."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.startswith("lnch")}
+    return {line.split()[0] for line in out.splitlines() if line.startswith("lnch") and line.split()[0] not in ALL}

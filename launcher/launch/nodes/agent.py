@@ -5,6 +5,7 @@ by each node process of the sim and ssh heads (``launch/nodes/process.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -86,10 +87,13 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     try:
         return _launch(job, config, node, report)
     finally:
-        if isinstance(config.logs_specs, DefaultLogsSpecs):  # this node's folders (others' agents may still run)
-            remove_empty_dirs(config.logs_specs.root_log_dir)
-            if report:  # the job's only agent: the folder above is its own too
-                remove_empty_dirs(Path(config.logs_specs.root_log_dir).parent)
+        # a stop from the head while the folders are tidied (elastic's handler raises it anywhere): the node's end
+        # is already decided, and its own words said; no traceback over it
+        with contextlib.suppress(SignalException):
+            if isinstance(config.logs_specs, DefaultLogsSpecs):  # this node's folders (others' agents may still run)
+                remove_empty_dirs(config.logs_specs.root_log_dir)
+                if report:  # the job's only agent: the folder above is its own too
+                    remove_empty_dirs(Path(config.logs_specs.root_log_dir).parent)
 
 
 def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> int:
