@@ -163,6 +163,7 @@ BED_OF_MODULE = {
     "test_ssh": "bed-ssh",
     "test_hang_clusters": "bed-ssh",  # (the ssh machines, and simulated nodes)
     "test_file_modes_beds": "bed-ssh",
+    "test_signals_ssh": "bed-ssh",
 }
 
 

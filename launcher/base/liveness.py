@@ -39,6 +39,7 @@ CHECK_IN_S = 60.0  # every member of a round being formed must check in this soo
 HEAD_PING_S = 5.0  # the ssh head pings every node process this often (cluster.heartbeat_timeout_s ends a silent one)
 SLOW_PHASE_S = 2.0  # an ssh start-up phase that takes longer says what the head waits for (one line)
 SWEEP_POLL_S = 1.0  # a sweep asks its pending points whether they are done this often
+STOP_SEEN_S = 5.0  # by hand: the machine signalled waits this long at most for the others to see its stop
 SLURM_POLL_S = 1.0  # the Slurm head streams rank 0's log and asks the controller for the job's state this often
 SLURM_RESULTS_WAIT_S = 0.5  # submitit's wait for a task's result file (its own default: 15 s per task)
 SLURM_SETTLE_S = 1.0  # after the first failure record, the report waits until none came for this long

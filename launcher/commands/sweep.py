@@ -44,7 +44,7 @@ class Sweep:
 
     def should_end(self, code: int) -> bool:
         """After a point ended with ``code``: a stop (the head's signal, or the point's own stop) ends the sweep."""
-        if not self.stops and (code in STOP_CODES or code == 128 + signal.SIGHUP):
+        if not self.stops and code in STOP_CODES:
             self.stops.append(code - 128)  # the point's mode caught the signal
         return bool(self.stops)
 

@@ -41,6 +41,7 @@ class KeeperClient:
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **secret.environ()},
+            start_new_session=True,  # a terminal's Ctrl-C or hang-up is the head's to pass on: the head ends it
         )
         self.endpoint = f"{addr}:{port}"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -17,7 +18,7 @@ from datetime import timedelta
 from typing import Protocol
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
 from launcher.base.env import DistEnv, head_attempt
 from launcher.base.liveness import NODE_BEAT_S
@@ -25,7 +26,7 @@ from launcher.config import JobConfig
 from launcher.config.rules import rank_command
 from launcher.dist.rendezvous import attempt_prefix
 from launcher.heal.protocol import Keys, Place, node_id
-from launcher.report.failures import exit_failure, record_exits
+from launcher.report.failures import STOP_SIGNALS, exit_failure, record_exits
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
 
@@ -104,11 +105,18 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     logs = DefaultLogsSpecs(log_dir=str(job.run.node_logs(args.node)))
     entry = rank_command(job)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
+    # A stop from the head (or the terminal's, to the group: the head passes it on too) is recorded, not raised
+    # (elastic's handlers raise anywhere, a second stop inside the first one's handling too): the ranks checkpoint
+    stops: list[int] = []
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: stops.append(signum))
     try:
-        result = ranks.wait(period=0.1)
-    except SignalException as exc:  # SIGTERM / SIGINT from the head: the ranks checkpoint and stop
-        ranks.close(exc.sigval)
-        return 128 + int(exc.sigval)
+        result = None
+        while result is None and not stops:
+            result = ranks.wait(timeout=0.1, period=0.1)
+        if stops:
+            ranks.close(signal.Signals(stops[0]))
+            return 128 + stops[0]
     finally:
         with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
             store.set(Keys.done(me), "1")

@@ -131,7 +131,7 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         addr = c.master_addr if node == 0 else socket.gethostname()
         endpoint = f"{c.master_addr}:{c.master_port}"
         config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)
-        return run_agent(job, config, node=node)
+        return run_agent(job, config, node=node, by_hand=True)
     config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
     os.environ.update(Secret.new().environ())  # a fresh one for this job: the agent's workers inherit it
     try:

@@ -32,15 +32,21 @@ class TorchrunMode(StartedMode):
     def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
         from launcher.rank.entry import end_by_signal, rank_main
 
+        def say_stopped(signum: int) -> None:  # rank 0: no launcher above torchrun says it
+            if env.is_main:
+                print_stopped(128 + signum, job)
+                if job.script is None:
+                    again = f"{rerun_command(os.getppid())} hydra.run.dir={job.run_dir}"
+                    print(f"launcher: the command: {again}", file=sys.stderr)
+
         def stopped(job: JobConfig, env: DistEnv, stop: Any) -> None:
-            if env.is_main and stop.signum:
-                print_stopped(128 + stop.signum, job)
-                again = f"{rerun_command(os.getppid())} hydra.run.dir={job.run_dir}"
-                print(f"launcher: the command: {again}", file=sys.stderr)
+            if stop.signum:
+                say_stopped(stop.signum)
             end_by_signal(job, env, stop)
 
-        # torchrun is an elastic agent: the same stop signals as ours
-        return rank_main(job, env, composed_here=True, after_stop=stopped)
+        # torchrun is an elastic agent: the same stop signals as ours; a script (never in a training loop) ends at
+        # once, saying so
+        return rank_main(job, env, composed_here=True, after_stop=stopped, last_words=say_stopped)
 
 
 def rerun_command(agent_pid: int) -> str:

@@ -52,14 +52,18 @@ def rank_main(
     composed_here: bool = False,
     stop_signals: tuple[int, ...] = STOP_SIGNALS,  # under an elastic agent (ours, torchrun): Ctrl-C / SIGTERM
     after_stop: Callable[[JobConfig, DistEnv, Stopped], None] = end_by_signal,
+    last_words: Optional[Callable[[int], None]] = None,
     task: str = "",
 ) -> Any:
     """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
-    every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it."""
+    every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it.
+    ``last_words``: said before a stop signal ends the rank at once (a script; the trainer outside its loop)."""
     name_process(f"rank {env.rank}/{env.world_size} node {env.node_rank}", entry_words(job), job.run_dir)
     if composed_here and env.is_main:
         freeze(job)
     stop = StopRequest().install(*stop_signals)
+    if last_words is not None:
+        stop.last_words = last_words
     failures = FailureLog(job.run, env, task=task, on_failure=stop.hold)
     stop.failing = failures.others_failed
     elastic_errors = get_error_handler()  # the error file an elastic agent (torchrun) reads, as @record writes

@@ -139,7 +139,7 @@ def attempts(run_dir: RunDir, code: int, launch: Optional[str] = None) -> list[d
 
 
 def _stopped(code: int) -> bool:
-    return code in STOP_CODES or code == 128 + signal.SIGHUP
+    return code in STOP_CODES
 
 
 def attempt_lines(listed: list[dict[str, Any]]) -> list[str]:

@@ -32,6 +32,9 @@ from launcher.base.liveness import STOP_DEADLINE_S
 from launcher.dist.abort import Abort, wait
 
 log = logging.getLogger(__name__)
+# what ends a rank (at the next step boundary in the training loop, at once outside it): Ctrl-C, SIGTERM, SIGHUP;
+# SIGUSR2 (Slurm's warning) only asks for the stop
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,16 @@ class StopRequest:
         self._held = False  # failing: stop signals ignored (``hold``)
         self._asked: Optional[tuple] = None  # agreed(pipelined=True): the question in flight
         self.grow = False  # the last ``agreed``: a machine joins at this step boundary (healing in place)
+        # said once before a stop ends the process at once, outside the training loop (torchrun's rank 0, which has
+        # no launcher above it: the stop line)
+        self.last_words: Callable[[int], None] = lambda signum: None
+        self._said, self._said_lock = False, threading.Lock()
 
     def install(self, *signums: int) -> StopRequest:
         self._signums = signums
         for signum in signums:
             signal.signal(signum, self._record)
-        if {signal.SIGTERM, signal.SIGINT} & set(signums):
+        if set(ENDING) & set(signums):
             reader, writer = socket.socketpair()
             writer.setblocking(False)
             signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
@@ -80,7 +87,7 @@ class StopRequest:
         """Sees each signal's number as it arrives, even while the main thread is blocked in C++."""
         while data := reader.recv(64):
             for signum in data:
-                if signum in (signal.SIGTERM, signal.SIGINT):
+                if signum in ENDING:
                     self._start_deadline(signum)
 
     def hold(self) -> None:
@@ -99,6 +106,7 @@ class StopRequest:
             if self._held:
                 return
             if not self.armed:
+                self._say_last(signum)
                 sys.stderr.flush()
                 os._exit(128 + signum)
             if self._timer is None and not self._agreed:
@@ -106,6 +114,12 @@ class StopRequest:
                 self._timer = threading.Timer(deadline_s, self._expire, args=(signum, deadline_s))
                 self._timer.daemon = True
                 self._timer.start()
+
+    def _say_last(self, signum: int) -> None:
+        with self._said_lock:  # (the watcher thread and the handler may both see the signal)
+            said, self._said = self._said, True
+        if not said:
+            self.last_words(signum)
 
     def uninstall(self) -> None:
         """Default actions again: a later signal (the agent's, after our checkpoint) ends the process at once."""
@@ -130,8 +144,9 @@ class StopRequest:
     def _record(self, signum: int, frame: object) -> None:
         if self._held:
             return
-        if not self.armed and signum in (signal.SIGTERM, signal.SIGINT):
+        if not self.armed and signum in ENDING:
             self.uninstall()  # nothing to checkpoint yet (or any more): stop now, as without a handler
+            self._say_last(signum)
             os.kill(os.getpid(), signum)
             return
         self.signum = signum

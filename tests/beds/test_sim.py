@@ -18,8 +18,7 @@ from harness.checks import assert_same_trajectory, final_state
 from harness.config import plan
 from harness.jobs import HEAL_JOB, HEAL_SCHEDULE
 from harness.probes import stranger_writing
-from harness.run import run_launcher, start_head, wait_first_checkpoint
-from launcher.base.liveness import STOP_DEADLINE_S
+from harness.run import run_launcher
 from launcher.config import ConfigError
 from launcher.launch.sim.netns import RECORDS, SimNetwork
 
@@ -319,62 +318,3 @@ def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
     report = next(line for line in err.splitlines() if line.startswith("launcher: rank "))
     assert report.startswith("launcher: rank 1 (node 1, pid ") and " hung: " in report, report
     assert "Thread heal-watch" not in err  # the launcher's own threads are not where a rank is stuck
-
-
-def job_processes(run_dir) -> list[str]:
-    """The processes whose command line (or title: ``launcher.base.titles``) names ``run_dir`` (the node processes
-    and their ranks)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if entry.isdigit() and int(entry) != os.getpid() and str(run_dir).encode() in b" ".join(argv):
-            found.append(f"{entry}: {b' '.join(argv).decode(errors='replace')[:200]}")
-    return found
-
-
-@pytest.mark.parametrize(
-    ("sig", "group", "code"),
-    [(signal.SIGHUP, False, 129), (signal.SIGINT, True, 130)],  # SIGTERM: the same path (and test_ssh, test_slurm)
-    ids=["SIGHUP-to-the-head", "Ctrl-C"],
-)
-def test_a_stop_signal_to_the_head_stops_every_node_with_a_checkpoint(tmp_path, sig, group, code):
-    """Issue 36: SIGTERM to a sim head's PID alone ended the head (143, nothing said) and left both node processes
-    and their ranks training headless under init. Now the head passes the stop on: the ranks agree on a step and
-    checkpoint, the head exits 129 / 130 with the stop line (within STOP_DEADLINE_S + 10 s on a loaded machine: ~0.5 s
-    alone), and no process of the job is left 15 s later; Ctrl-C (SIGINT to the group, as a terminal sends it)
-    prints no traceback."""
-    run_dir, log = tmp_path / "run", tmp_path / "head.log"
-    job = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1", "train.epochs=200")
-    head = start_head(run_dir, *job, "train.checkpoint_every_steps=20", log=log)
-    try:
-        first = wait_first_checkpoint(head, run_dir, log)
-        (os.killpg if group else os.kill)(head.pid, sig)
-        stopped = time.monotonic()
-        try:  # STOP_DEADLINE_S (25 s) bounds a rank that cannot reach a step boundary; a stop takes ~0.5 s alone
-            assert head.wait(timeout=STOP_DEADLINE_S + 10) == code, log.read_text()[-3000:]
-        except subprocess.TimeoutExpired:
-            ranks = "".join(f"\n--- {p.name}:\n{p.read_text()[-1500:]}" for p in sorted(run_dir.glob("logs/*.log")))
-            pytest.fail(
-                f"the head still runs {STOP_DEADLINE_S + 10:.0f} s after {sig.name}:\n{log.read_text()[-3000:]}{ranks}"
-            )
-        took, ended = time.monotonic() - stopped, time.monotonic()
-        while (left := job_processes(run_dir)) and time.monotonic() - ended < 15:
-            time.sleep(0.2)
-        assert not left, f"still running 15 s after the head ended ({took:.1f} s after the stop):\n" + "\n".join(left)
-    finally:
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        for pid in job_processes(run_dir):
-            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
-    stderr = log.read_text()
-    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
-    assert last not in first, "no checkpoint at the stop: " + stderr[-2000:]
-    step = int(last.stem.split("-")[1])
-    newest = f"the newest checkpoint is {last} (step {step}): run again with hydra.run.dir={run_dir}"
-    assert f"stopped by {sig.name}; {newest}" in stderr, stderr[-3000:]
-    assert "Traceback" not in stderr and "death signal" not in stderr, stderr[-3000:]

@@ -21,12 +21,25 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from harness import REPO
+from harness import REPO, heads
 from harness.checks import assert_hang_named, assert_same_trajectory, expect_root_cause
 from harness.jobs import HANG_SCRIPT as SCRIPT
 from harness.jobs import REPEAT, STUCK, STUCK_FRAME, TRAIN, WATCH, job_args
 from harness.modes import umask, wrong_modes
-from harness.run import run_launcher, run_timed, run_watched, start_head, wait_first_checkpoint
+from harness.run import launcher_argv, run_launcher, run_timed, run_watched
+from harness.stops import (
+    TRAINER,
+    Cell,
+    Outcome,
+    cells,
+    check,
+    checkpoints,
+    drive,
+    drive_all,
+    popen_logged,
+    processes_of,
+    selected,
+)
 from launcher.trust.secret import SECRET_ENV
 
 SLURM_ROOT = "/tmp/launcher-slurm-tests"
@@ -463,26 +476,76 @@ def test_script_stuck_on_the_second_node_is_named_live(slurm, tmp_path):
     assert_hang_named(run, tmp_path, 3, "node2", [0, 1, 2], who, STUCK_FRAME)
 
 
-def test_sigterm_to_the_waiting_head_stops_the_job_with_a_checkpoint(slurm, tmp_path):
-    """Issue 36: SIGTERM to the head of a +cluster=slurm job (cluster.wait=true) left the job running on Slurm
-    headless. Now every task is sent SIGUSR2 (as a preemption: the ranks agree on a step, checkpoint) and rank 0
-    does not requeue: the head exits 143 with the stop line, and the job has ended, not requeued."""
-    run_dir, log = tmp_path / "run", tmp_path / "head.log"
-    head = start_head(run_dir, *TWO_BY_TWO, "train.epochs=200", "train.checkpoint_every_steps=20", log=log, env=slurm)
+MODES = ("slurm",)
+
+
+def slurm_driver(cell: Cell, base, slurm):
+    run_dir, log = base / cell.id / "run", base / cell.id / "head.log"
+    argv = launcher_argv(run_dir, "+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=1")
+    argv += cell.program_args(run_dir)
+    env = {**os.environ, **slurm}
+
+    def start() -> list[heads.Process]:
+        return [popen_logged(argv, log, slurm)]
+
+    def left() -> list[str]:  # the job's tasks, and the job in Slurm's queue (ended, not requeued)
+        ids = re.findall(r"submitted Slurm job (\d+)", log.read_text())
+        queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], env=env, capture_output=True)
+        return processes_of(run_dir) + [f"0: Slurm job {i}" for i in queued.stdout.decode().split() if ids]
+
+    def run() -> Outcome:
+        run_dir.mkdir(parents=True)
+        return drive(cell, start, run_dir, [log], 2, left)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, slurm, tmp_path_factory):
+    if slurm["LAUNCHER_SLURM_NETNS"] == "1":
+        pytest.skip("runs on the one-host cluster only (NETNS_TOO lists the tests run on both)")
+    base = tmp_path_factory.mktemp("signals")
+    return drive_all(lambda cell: slurm_driver(cell, base, slurm), selected(request), at_once=2)
+
+
+@pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)
+def test_a_stop_signal(outcomes, cell):
+    """The stop-signal matrix's cells on Slurm (tests/harness/stops.py), the head waiting for its job (issue 36: a
+    stopped head left the job running headless): every task is sent SIGUSR2 (as a preemption: the trainer's ranks
+    agree on a step and checkpoint), rank 0 does not requeue, the job ends."""
+    out = outcomes[cell]
+    check(out)
+    assert "the launcher's head stopped the job (not requeued)" in out.logs[0], out.tail()
+    assert not (out.run_dir / "requeues.json").exists()
+
+
+def test_a_stop_signal_to_a_sweep_stops_its_slurm_jobs(slurm, tmp_path):
+    """A sweep's head waits for its points' Slurm jobs: SIGTERM to it stops every job (each point's ranks
+    checkpoint, none is requeued), both points are reported stopped, the head exits 143."""
+    log = tmp_path / "head.log"
+    argv = [sys.executable, "-m", "launcher", "-m", "+cluster=slurm", *TRAINER, "train.plots=false"]
+    argv += ["optim.lr=0.1,0.05", f"hydra.sweep.dir={tmp_path}"]
+    head = popen_logged(argv, log, slurm)
     try:
-        first = wait_first_checkpoint(head, run_dir, log, timeout=180)
+        deadline = time.monotonic() + 240
+        while not all('"step"' in text_of(tmp_path / str(k) / "metrics.jsonl") for k in (0, 1)):
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
         head.send_signal(signal.SIGTERM)
-        assert head.wait(timeout=60) == 143, log.read_text()[-3000:]
+        assert head.wait(timeout=90) == 143, log.read_text()[-3000:]
     finally:
         if head.poll() is None:
-            head.kill()
+            os.killpg(head.pid, signal.SIGKILL)
             head.wait()
     stderr = log.read_text()
-    [job_id] = re.findall(r"submitted Slurm job (\d+)", stderr)
-    wait_gone(job_id, {**os.environ, **slurm}, within_s=60)  # ended, not pending again
-    last = sorted(run_dir.glob("checkpoints/step-*.pt"))[-1]
-    assert last not in first, "no checkpoint at the stop: " + stderr[-2000:]
-    step = int(last.stem.split("-")[1])
-    assert "the launcher's head stopped the job (not requeued)" in stderr
-    assert f"launcher: stopped by SIGTERM; the newest checkpoint is {last} (step {step})" in stderr
-    assert not (run_dir / "requeues.json").exists()
+    env = {**os.environ, **slurm}
+    for job_id in re.findall(r"submitted Slurm job (\d+)", stderr):
+        wait_gone(job_id, env, within_s=60)  # ended, not pending again
+    for k, lr in enumerate(("0.1", "0.05")):
+        assert re.search(rf"{k}: .*optim.lr={lr}: stopped by SIGTERM \(exit 143\)", stderr), stderr[-3000:]
+        assert len(checkpoints(tmp_path / str(k))) == 1, stderr[-3000:]  # written at the stop
+        assert not (tmp_path / str(k) / "requeues.json").exists()
+
+
+def text_of(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

@@ -1,7 +1,7 @@
 """The line a job stopped by SIGTERM / Ctrl-C ends with (``nodes.control.stop_message``) says only what the launcher
 knows: nothing about a checkpoint for a ``script=`` job (the launcher writes none for it); for the built-in trainer,
 the newest checkpoint in the run dir by name, or that there is none yet. (A real script job stopped by SIGTERM:
-tests/jobs/test_stop_message_processes.py.)"""
+tests/harness/stops.py: the signal matrix.)"""
 
 from pathlib import Path
 

@@ -68,10 +68,10 @@ def agent_config(
     )
 
 
-def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool = True) -> int:
+def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool = True, by_hand: bool = False) -> int:
     """Run one node's agent to the end. On failure, record how each of its ranks ended, print the job's report
     (``report``: the agent is the only one; with several agents the launcher reports once for all) and
-    return 1."""
+    return 1. ``by_hand``: one machine of a job started by hand on each (a stop is relayed to the others)."""
     # We report a failed rank ourselves (once, with the root cause first); elastic would dump every traceback.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # its "Received Signals.SIGTERM death signal, shutting down workers": the launcher says the stop in its own words
@@ -85,7 +85,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
         _store = listening_store(addr, int(port))  # lives until the agent returns
         config.rdzv_endpoint = f"{addr}:{_store.port}"
     try:
-        return _launch(job, config, node, report)
+        return _launch(job, config, node, report, by_hand)
     finally:
         # a stop from the head while the folders are tidied (elastic's handler raises it anywhere): the node's end
         # is already decided, and its own words said; no traceback over it
@@ -96,11 +96,11 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
                     remove_empty_dirs(Path(config.logs_specs.root_log_dir).parent)
 
 
-def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool) -> int:
+def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool, by_hand: bool) -> int:
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
-        launch(config, sys.executable, rank_command(job), job.run, head_attempt(os.environ))
+        launch(config, sys.executable, rank_command(job), job.run, head_attempt(os.environ), by_hand)
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)

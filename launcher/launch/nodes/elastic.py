@@ -11,11 +11,12 @@ workers failed with no restart left."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from typing import Any, Optional
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -25,23 +26,40 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
 from launcher.base.run_dir import RunDir
+from launcher.launch.nodes.relay import StopRelay
 from launcher.report.attempts import cause_of, restart_line
 from launcher.report.failures import exit_failure, load_attempt, record_exits
+from launcher.trust.secret import Secret
 
 
 class RestartingAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` that records its failed ranks at each restart and, on node 0, announces it."""
 
-    def __init__(self, spec: WorkerSpec, run: RunDir, first_attempt: int, **kwargs: Any) -> None:
+    def __init__(self, spec: WorkerSpec, run: RunDir, first_attempt: int, relay: bool, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
         self.run_dir, self.first_attempt = run, first_attempt  # the head's attempt (ssh, sim under min_nodes): added
+        self.relay: Optional[StopRelay] = None  # by hand: a stop told to / heard from the other machines (relay.py)
+        self.relays = relay
         self.running = first_attempt  # the attempt the workers now running belong to (their DistEnv.attempt)
         self.ended: Optional[tuple[int, bool]] = None  # the attempt a restart ended, and whether ours failed
         self.last: Optional[RunResult] = None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self.relays and self.relay is None and self._store is not None:
+            nodes = worker_group.group_world_size or 1
+            self.relay = StopRelay(self._store, worker_group.group_rank or 0, nodes, Secret.from_environ(keep=True))
+        if self.relay is not None and (heard := self.relay.listen()):  # another machine's stop: as if sent here
+            raise SignalException(f"node {heard[0]} was stopped", sigval=signal.Signals(heard[1]))
         self.last = super()._monitor_workers(worker_group)
         return self.last
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        try:
+            return super()._invoke_run(role)
+        except SignalException as exc:  # sent here: the other machines are told before this one's ranks stop
+            if self.relay is not None:
+                self.relay.tell(exc.sigval)
+            raise
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         last = self.last
@@ -72,9 +90,12 @@ class RestartingAgent(LocalElasticAgent):
         return super()._start_workers(worker_group)
 
 
-def launch(config: LaunchConfig, entrypoint: str, args: tuple[str, ...], run: RunDir, first_attempt: int) -> None:
+def launch(
+    config: LaunchConfig, entrypoint: str, args: tuple[str, ...], run: RunDir, first_attempt: int, by_hand: bool
+) -> None:
     """Run the workers ``entrypoint args`` under a ``RestartingAgent`` to their end, as ``elastic_launch(config,
-    entrypoint)(*args)``: ``ChildFailedError`` when they failed with no restart left."""
+    entrypoint)(*args)``: ``ChildFailedError`` when they failed with no restart left. ``by_hand``: one of the
+    machines of a job started by hand (a stop is relayed to the others)."""
     parameters = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -100,7 +121,9 @@ def launch(config: LaunchConfig, entrypoint: str, args: tuple[str, ...], run: Ru
         master_port=master_port,
         local_addr=config.local_addr,
     )
-    agent = RestartingAgent(spec, run, first_attempt, logs_specs=config.logs_specs, start_method=config.start_method)
+    agent = RestartingAgent(
+        spec, run, first_attempt, by_hand, logs_specs=config.logs_specs, start_method=config.start_method
+    )
     shutdown = True
     try:
         result = agent.run()

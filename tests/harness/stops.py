@@ -1,0 +1,228 @@
+"""The stop-signal matrix (issue 51, item 3; docs/running.md, "Exit codes"): SIGINT, SIGTERM and SIGHUP to the
+process a user started (the launcher's head; torchrun; node 0's launcher of a job started by hand) in every launch
+mode, for the built-in trainer and for a ``script=`` job. Each cell is one job, stopped once it runs; it must end
+with the documented exit code and the stop line that names what to run next, the trainer with a checkpoint written
+at the stop (none before: ``TRAINER`` writes none on its own), and nothing of the job may be left ``LEFT_S`` after
+it ended.
+
+A signal arrives as it does for a user: SIGINT and SIGHUP at the process group (Ctrl-C; the terminal closed, its
+shell passing the hang-up on to its jobs), SIGTERM at the process alone (``kill``, a scheduler, a CI runner).
+
+``MODULE_OF_MODE`` says which test module runs a mode's cells (each cell a test of its own, its id
+``<mode>-<signal>-<program>``); tests/rules/test_signal_matrix.py checks that the table is the whole product and
+that each module parametrizes its modes' cells. A module drives its cells side by side (``drive_all``: the jobs
+mostly wait on start-up and on each other, and one at a time they cost the suite minutes), then checks each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import REPO, TESTS, heads
+from harness.run import user_env
+
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP}
+PROGRAMS = ("trainer", "script")
+MODULE_OF_MODE = {
+    "local": "tests/jobs/test_signals.py",
+    "torchrun": "tests/jobs/test_signals.py",
+    "by-hand": "tests/jobs/test_signals.py",
+    "sim": "tests/jobs/test_signals_sim.py",
+    "sim-healing": "tests/jobs/test_signals_sim.py",
+    "ssh": "tests/beds/test_signals_ssh.py",
+    "slurm": "tests/beds/test_slurm.py",
+}
+LOOP_SCRIPT = TESTS / "scripts" / "loop_script.py"
+# the trainer checkpoints at the stop only (the default lenet on digits: 22 steps an epoch); a step is logged each
+# step (metrics.jsonl: the job is training)
+TRAINER = ("train.epochs=200", "train.log_every_steps=1", "train.checkpoint_every_steps=100000")
+READY_S = 240.0  # from the start to a training step or every script rank running (several jobs start at once)
+END_S = 60.0  # from the signal to the end of every process started (STOP_DEADLINE_S bounds a rank's own stop)
+LEFT_S = 15.0  # nothing of the job left this long after it ended
+SCRIPT_STOPPED = (
+    "the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether it saved anything is "
+    "up to the script)"
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    mode: str
+    sig: str
+    program: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.mode}-{self.sig}-{self.program}"
+
+    @property
+    def signum(self) -> signal.Signals:
+        return SIGNALS[self.sig]
+
+    @property
+    def code(self) -> int:
+        """The documented exit code of the process signalled: torchrun's own is 1 (its SignalException)."""
+        return 1 if self.mode == "torchrun" else 128 + self.signum
+
+    def program_args(self, run_dir: Path) -> tuple[str, ...]:
+        if self.program == "trainer":
+            return TRAINER
+        return (f"script={LOOP_SCRIPT}", f"script_args=[{marks(run_dir)}]")
+
+
+def cells(*modes: str) -> list[Cell]:
+    return [Cell(mode, sig, program) for mode in modes for sig in SIGNALS for program in PROGRAMS]
+
+
+def marks(run_dir: Path) -> Path:
+    """Where the loop script's ranks say they run (beside the run dir: a marker is no file of the run)."""
+    return run_dir.parent / f"{run_dir.name}-running"
+
+
+@dataclass
+class Outcome:
+    """What one cell's job did: each started process's exit code (the signalled one first) and log, the
+    checkpoints before the signal and after the end, what was left of it; ``failed``: why the cell could not be
+    driven to its end (not ready, still running)."""
+
+    cell: Cell
+    run_dir: Path
+    codes: list[int | None] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    before: list[Path] = field(default_factory=list)
+    after: list[Path] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    failed: str = ""
+
+    def tail(self) -> str:
+        return "\n".join(f"--- log {i}:\n{log[-2500:]}" for i, log in enumerate(self.logs))
+
+
+Starter = Callable[[], Sequence[subprocess.Popen]]  # (harness.heads.Process too: the same surface)
+
+
+def popen_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) -> heads.Process:
+    """A head (or torchrun) in its own session, as a shell starts a foreground job, its stderr into ``log``."""
+    with open(log, "w") as stderr:
+        return heads.popen(argv, cwd=REPO, env=user_env(env), stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def processes_of(run_dir: Path) -> list[str]:
+    """``pid: command line`` of every live process on this host whose command line (or title) names ``run_dir``."""
+    found, needle = [], str(run_dir).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in cmdline and state != "Z":
+            found.append(f"{proc.name}: " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:160])
+    return found
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("checkpoints/step-*.pt"))
+
+
+def ready(cell: Cell, run_dir: Path, ranks: int) -> bool:
+    if cell.program == "script":
+        return all((marks(run_dir) / f"running-{r}").exists() for r in range(ranks))
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and '"step"' in metrics.read_text()
+
+
+def drive(
+    cell: Cell, start: Starter, run_dir: Path, logs: Sequence[Path], ranks: int, left: Callable[[], list[str]]
+) -> Outcome:
+    """Start the cell's processes (``start``: the one to signal first, their stderr in ``logs``), wait until the
+    job trains (or every script rank runs), send the signal, wait for every process to end, then up to ``LEFT_S``
+    for ``left()`` to come back empty; whatever is still running then is killed (the next cell starts clean)."""
+    out = Outcome(cell, run_dir)
+    marks(run_dir).mkdir(parents=True, exist_ok=True)
+    procs = list(start())
+    try:
+        deadline = time.monotonic() + READY_S
+        while not ready(cell, run_dir, ranks):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                out.failed = f"not running within {READY_S:.0f} s (or ended: {[p.poll() for p in procs]})"
+                return out
+            time.sleep(0.1)
+        out.before = checkpoints(run_dir)
+        (os.killpg if cell.signum != signal.SIGTERM else os.kill)(procs[0].pid, cell.signum)
+        ends = time.monotonic() + END_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, ends - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                out.failed = f"process {proc.pid} still running {END_S:.0f} s after SIG{cell.sig}"
+        gone = time.monotonic() + LEFT_S
+        while (rest := left()) and time.monotonic() < gone:
+            time.sleep(0.2)
+        out.left = rest
+        return out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for line in left():
+            try:
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            except OSError:
+                pass
+        out.codes = [p.poll() for p in procs]
+        out.logs = [path.read_text() if path.exists() else "" for path in logs]
+        out.after = checkpoints(run_dir)
+
+
+def selected(request: pytest.FixtureRequest) -> list[Cell]:
+    """The cells of the requesting module that this session runs (``-k``, a node id: only those are driven)."""
+    items = [i for i in request.session.items if i.module is request.module and hasattr(i, "callspec")]
+    return [i.callspec.params["cell"] for i in items if "cell" in i.callspec.params]
+
+
+def drive_all(
+    driver: Callable[[Cell], Callable[[], Outcome]], chosen: list[Cell], at_once: int = 3
+) -> dict[Cell, Outcome]:
+    """The chosen cells' drivers (``driver(cell)``), ``at_once`` of them side by side."""
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        futures = {cell: pool.submit(driver(cell)) for cell in chosen}
+        return {cell: future.result() for cell, future in futures.items()}
+
+
+def stop_line(cell: Cell, out: Outcome) -> str:
+    """The line the signalled process's log must hold; asserts the trainer's checkpoint at the stop first."""
+    stopped = f"launcher: stopped by SIG{cell.sig}; "
+    if cell.program == "script":
+        return stopped + SCRIPT_STOPPED
+    new = [p for p in out.after if p not in out.before]
+    assert len(new) == 1 and out.before == [], f"checkpoints before {out.before}, after {out.after}\n{out.tail()}"
+    step = int(new[0].stem.split("-")[1])
+    return (
+        f"{stopped}the newest checkpoint is {new[0]} (step {step}): run again with hydra.run.dir={out.run_dir} to "
+        "continue from it"
+    )
+
+
+def check(out: Outcome, codes: Sequence[int] | None = None, traceback_ok: bool = False) -> None:
+    """The cell's promises: it was driven to its end, the exit codes (``codes``: every process's; default the
+    signalled one's documented code), the stop line in the signalled process's log, no traceback there (torchrun
+    prints its own: ``traceback_ok``), nothing left."""
+    cell = out.cell
+    assert not out.failed, f"{cell.id}: {out.failed}\n{out.tail()}"
+    assert out.codes == list(codes or [cell.code]), f"{cell.id}: exit codes {out.codes}\n{out.tail()}"
+    line = stop_line(cell, out)
+    assert line in out.logs[0], f"{cell.id}: no line {line!r}\n{out.tail()}"
+    assert traceback_ok or "Traceback" not in out.logs[0], f"{cell.id}: a traceback\n{out.tail()}"
+    assert not out.left, f"{cell.id}: still running {LEFT_S:.0f} s after the job ended:\n" + "\n".join(out.left)

@@ -1,0 +1,69 @@
+"""The stop-signal matrix's cells on this machine (tests/harness/stops.py): the launcher's head of a local job,
+torchrun running the launcher, and node 0's launcher of a job started by hand (two machines' commands, here on one:
+node 0 listens on this machine's own address, as ``cluster.master_addr`` must be reachable from the others)."""
+
+import socket
+import subprocess
+
+import pytest
+
+from harness.run import launcher_argv
+from harness.stops import Cell, Outcome, cells, check, drive, drive_all, popen_logged, processes_of, selected, stop_line
+
+MODES = ("local", "torchrun", "by-hand")
+
+
+def this_machines_address() -> str:
+    """This machine's first global IPv4 address (a by-hand job's node 0 refuses a loopback ``master_addr``)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    return out.stdout.split()[3].split("/")[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def argvs(cell: Cell, base, run_dir) -> list[list[str]]:
+    args = cell.program_args(run_dir)
+    if cell.mode == "local":
+        return [launcher_argv(run_dir, "cluster.procs_per_node=2", *args)]
+    if cell.mode == "torchrun":
+        torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+        module = (*torchrun, f"--log-dir={base / cell.id / 'torchrun'}", "-m", "launcher")
+        return [launcher_argv(run_dir, *args, module=module)]
+    where = (f"cluster.master_addr={this_machines_address()}", f"cluster.master_port={free_port()}")
+    nodes = ("cluster.nodes=2", "cluster.procs_per_node=1")
+    return [launcher_argv(run_dir, *nodes, f"cluster.node_rank={k}", *where, *args) for k in (0, 1)]
+
+
+def driver(cell: Cell, base):
+    run_dir = base / cell.id / "run"
+    logs = [base / cell.id / name for name in ("head.log", "node-1.log")[: 2 if cell.mode == "by-hand" else 1]]
+
+    def run() -> Outcome:
+        run_dir.mkdir(parents=True)
+        start = lambda: [popen_logged(argv, log) for argv, log in zip(argvs(cell, base, run_dir), logs)]  # noqa: E731
+        return drive(cell, start, run_dir, logs, 2, lambda: processes_of(run_dir))
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, tmp_path_factory):
+    base = tmp_path_factory.mktemp("signals")
+    return drive_all(lambda cell: driver(cell, base), selected(request))
+
+
+@pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)
+def test_a_stop_signal(outcomes, cell):
+    out = outcomes[cell]
+    if cell.mode == "by-hand":  # node 1 is told through the rendezvous store: it stops as if it was signalled
+        check(out, codes=[cell.code, cell.code])
+        told = f"launcher: node 0 was stopped by SIG{cell.sig}: stopping this machine's ranks"
+        assert told in out.logs[1] and stop_line(cell, out) in out.logs[1], out.tail()
+    else:
+        check(out, traceback_ok=cell.mode == "torchrun")
+    if cell.mode == "torchrun" and cell.program == "trainer":
+        assert "launcher: the command: " in out.logs[0], out.tail()
