@@ -15,6 +15,7 @@ mostly wait on start-up and on each other, and one at a time they cost the suite
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -177,10 +178,10 @@ def drive(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         for line in left():
-            try:
-                os.kill(int(line.split(":")[0]), signal.SIGKILL)
-            except OSError:
-                pass
+            pid = line.split(":")[0]
+            if pid.isdigit() and int(pid) > 0:  # (not a line that names no process: a Slurm job)
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
         out.codes = [p.poll() for p in procs]
         out.logs = [path.read_text() if path.exists() else "" for path in logs]
         out.after = checkpoints(run_dir)

@@ -161,7 +161,10 @@ def run_attempt(
     endpoint = placement.store if client is None else client.endpoint
     nodes: list[Node] = []
     try:
-        with forwarding_stops(lambda word: request_all(nodes, word), f"on every {machines.where}") as stops:
+        forward = forwarding_stops(
+            lambda word: request_all(nodes, word), f"on every {machines.where}", bool(job.script)
+        )
+        with forward as stops:
             for position, name in enumerate(names):
                 heal = ",".join(names) if client is not None else ""
                 args = NodeArgs(

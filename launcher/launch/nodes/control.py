@@ -172,16 +172,18 @@ HEAD_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def forwarding_stops(send: Callable[[Control], None], where: str) -> Iterator[list[int]]:
+def forwarding_stops(send: Callable[[Control], None], where: str, script: bool) -> Iterator[list[int]]:
     """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on once as a stop (``send(Control.INT or
-    TERM)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143) instead of ending the head alone,
-    which left the nodes training headless; yields the signals got (the caller stops what it starts later)."""
+    TERM)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143; a ``script``'s ranks just end)
+    instead of ending the head alone, which left the nodes training headless; yields the signals got (the caller
+    stops what it starts later)."""
+    then = "its ranks are stopped" if script else "the ranks checkpoint"
     got: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
         if not got:
             print(
-                f"launcher: {signal.Signals(signum).name}: stopping the job {where} (the ranks checkpoint)",
+                f"launcher: {signal.Signals(signum).name}: stopping the job {where} ({then})",
                 file=sys.stderr,
             )
             send(Control.stop_for(signum))

@@ -59,13 +59,14 @@ class SlurmMode(BaseMode):
         return PendingJob(submitted, job, JobWatch(submitted, job.run))
 
 
-@dataclass(frozen=True)
+@dataclass
 class PendingJob:
     """A submitted job a sweep waits for: ``done()``, then ``finish()`` reports it and gives its exit code."""
 
     submitted: Any
     job: JobConfig
     watch: JobWatch
+    stopped_by: int = 0  # the stop signal passed on to it (``stop``): it ends stopped, not failed
 
     @property
     def job_id(self) -> str:
@@ -75,10 +76,14 @@ class PendingJob:
         return self.watch.ended() is not None
 
     def finish(self) -> int:
+        if self.stopped_by:  # (its ranks ended on the stop: no failure to report)
+            print_stopped(128 + self.stopped_by, self.job)
+            return 128 + self.stopped_by
         return report(self.submitted, self.job, self.watch.ended())
 
     def stop(self, word: Control) -> None:
         """Stop the job as a stop signal to its head would (``stop_job``)."""
+        self.stopped_by = int(word.signum)
         stop_job(self.job, self.job_id, word)
 
 
@@ -160,7 +165,7 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
         return 0
     job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run)
     stop = lambda word: stop_job(job, job_id, word)  # noqa: E731
-    with forwarding_stops(stop, "on Slurm (its ranks checkpoint; no requeue)") as stops:
+    with forwarding_stops(stop, "on Slurm, no requeue", job.script is not None) as stops:
         state = stream_until_done(watch, job.run.rank_log(0), lambda: failure_recorded(job, job_id))
     if stops:
         code = 128 + stops[0]  # the head's own signal (SIGHUP is passed on as a SIGTERM)
@@ -172,12 +177,14 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
 
 
 def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
-    """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the job's ranks stop at one step with a checkpoint,
-    as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``RunDir.stop_request`` says why);
-    a job still pending is cancelled."""
+    """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the trainer's ranks stop at one step with a checkpoint,
+    as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``RunDir.stop_request`` says why); a
+    ``script=`` job (nothing to checkpoint: SIGUSR2 would only be noted) and a job still pending are cancelled
+    (Slurm sends its tasks SIGTERM)."""
     write_json_atomic(job.run.stop_request, {"stop": word.value})
     now = live(job_id)
-    how = ["scancel", job_id] if now is not None and now.state == "PENDING" else ["scancel", "--signal=USR2", job_id]
+    cancel = job.script is not None or (now is not None and now.state == "PENDING")
+    how = ["scancel", job_id] if cancel else ["scancel", "--signal=USR2", job_id]
     try:
         subprocess.run(how, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
