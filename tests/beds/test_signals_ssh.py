@@ -3,34 +3,24 @@ rank each; nothing of it may be left on either machine."""
 
 import pytest
 
-from harness import heads
 from harness.beds import HOSTS, needs_ssh_machines, wait_nothing_left
 from harness.run import launcher_argv
-from harness.stops import Cell, Outcome, cells, check, drive, drive_all, popen_logged, processes_of, selected
+from harness.stops import Cell, cells, check, drive_module, job
 
 pytestmark = needs_ssh_machines
 MODES = ("ssh",)
 
 
-def driver(cell: Cell, base, machines):
-    run_dir, log = base / cell.id / "run", base / cell.id / "head.log"
-    ssh = ("+cluster=ssh", f"cluster.hosts=[{','.join(HOSTS)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]")
-    argv = launcher_argv(run_dir, *ssh, "cluster.procs_per_node=1", *cell.program_args(run_dir))
-
-    def start() -> list[heads.Process]:
-        return [popen_logged(argv, log)]
-
-    def run() -> Outcome:
-        run_dir.mkdir(parents=True)
-        return drive(cell, start, run_dir, [log], 2, lambda: processes_of(run_dir))
-
-    return run
-
-
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory, machines):
-    base = tmp_path_factory.mktemp("signals")
-    return drive_all(lambda cell: driver(cell, base, machines), selected(request), at_once=2)
+    ssh = ("+cluster=ssh", f"cluster.hosts=[{','.join(HOSTS)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]")
+
+    def driver(cell: Cell, base):
+        run_dir = base / cell.id / "run"
+        argv = launcher_argv(run_dir, *ssh, "cluster.procs_per_node=1", *cell.program_args(run_dir))
+        return job(cell, run_dir, lambda: [argv], [base / cell.id / "head.log"])
+
+    return drive_module(request, tmp_path_factory.mktemp("signals"), driver, at_once=2)
 
 
 @pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)

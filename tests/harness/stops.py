@@ -190,7 +190,26 @@ def drive(
 def selected(request: pytest.FixtureRequest) -> list[Cell]:
     """The cells of the requesting module that this session runs (``-k``, a node id: only those are driven)."""
     items = [i for i in request.session.items if i.module is request.module and hasattr(i, "callspec")]
-    return [i.callspec.params["cell"] for i in items if "cell" in i.callspec.params]
+    return list(dict.fromkeys(i.callspec.params["cell"] for i in items if "cell" in i.callspec.params))  # (once)
+
+
+def job(
+    cell: Cell, run_dir: Path, argvs: Callable[[], list[list[str]]], logs: list[Path], env: dict | None = None
+) -> Callable[[], Outcome]:
+    """A cell's driver: its job's processes (``argvs()``, each with its log: the signalled one first) started when
+    it runs, 2 ranks, the processes that name ``run_dir`` the ones that must be gone after it."""
+
+    def run() -> Outcome:
+        run_dir.mkdir(parents=True)
+        start = lambda: [popen_logged(argv, log, env) for argv, log in zip(argvs(), logs)]  # noqa: E731
+        return drive(cell, start, run_dir, logs, 2, lambda: processes_of(run_dir))
+
+    return run
+
+
+def drive_module(request: pytest.FixtureRequest, base: Path, driver: Callable, at_once: int = 3) -> dict:
+    """A module fixture's work: the cells this session selected from the module, ``driver(cell, base)`` each."""
+    return drive_all(lambda cell: driver(cell, base), selected(request), at_once)
 
 
 def drive_all(

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from harness.run import launcher_argv
-from harness.stops import Cell, Outcome, cells, check, drive, drive_all, popen_logged, processes_of, selected, stop_line
+from harness.stops import Cell, cells, check, drive_module, job, stop_line
 
 MODES = ("local", "torchrun", "by-hand")
 
@@ -39,21 +39,14 @@ def argvs(cell: Cell, base, run_dir) -> list[list[str]]:
 
 
 def driver(cell: Cell, base):
-    run_dir = base / cell.id / "run"
     logs = [base / cell.id / name for name in ("head.log", "node-1.log")[: 2 if cell.mode == "by-hand" else 1]]
-
-    def run() -> Outcome:
-        run_dir.mkdir(parents=True)
-        start = lambda: [popen_logged(argv, log) for argv, log in zip(argvs(cell, base, run_dir), logs)]  # noqa: E731
-        return drive(cell, start, run_dir, logs, 2, lambda: processes_of(run_dir))
-
-    return run
+    run_dir = base / cell.id / "run"
+    return job(cell, run_dir, lambda: argvs(cell, base, run_dir), logs)
 
 
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory):
-    base = tmp_path_factory.mktemp("signals")
-    return drive_all(lambda cell: driver(cell, base), selected(request))
+    return drive_module(request, tmp_path_factory.mktemp("signals"), driver)
 
 
 @pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)

@@ -4,33 +4,22 @@ node)."""
 
 import pytest
 
-from harness import heads
 from harness.run import launcher_argv
-from harness.stops import Cell, Outcome, cells, check, drive, drive_all, popen_logged, processes_of, selected
+from harness.stops import Cell, cells, check, drive_module, job
 
 MODES = ("sim", "sim-healing")
 SIM = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1")
 
 
 def driver(cell: Cell, base):
-    run_dir, log = base / cell.id / "run", base / cell.id / "head.log"
-    healing = ("cluster.min_nodes=1",) if cell.mode == "sim-healing" else ()
+    run_dir, healing = base / cell.id / "run", ("cluster.min_nodes=1",) if cell.mode == "sim-healing" else ()
     argv = launcher_argv(run_dir, *SIM, *healing, *cell.program_args(run_dir))
-
-    def start() -> list[heads.Process]:
-        return [popen_logged(argv, log)]
-
-    def run() -> Outcome:
-        run_dir.mkdir(parents=True)
-        return drive(cell, start, run_dir, [log], 2, lambda: processes_of(run_dir))
-
-    return run
+    return job(cell, run_dir, lambda: [argv], [base / cell.id / "head.log"])
 
 
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory):
-    base = tmp_path_factory.mktemp("signals")
-    return drive_all(lambda cell: driver(cell, base), selected(request))
+    return drive_module(request, tmp_path_factory.mktemp("signals"), driver)
 
 
 @pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)
