@@ -27,6 +27,9 @@ class Lookup:
 
     def said(self, where: str) -> str:
         took = f"{self.seconds:.1f} s" if self.finished else f"more than {self.seconds:.0f} s"
+        if self.kind == "forward" and self.what == where:  # its own name: torch's agent and gloo resolve it
+            fix = f"a line '<its address> {where}' in its /etc/hosts"
+            return f"on {where}, resolving its own name {where} takes {took} (torch resolves it); HINT: {fix}"
         if self.kind == "forward":
             fix = f"put {self.what}'s address in {where}'s /etc/hosts, or give cluster.master_addr as an address"
             return f"on {where}, resolving {self.what} takes {took}; HINT: {fix}"
@@ -61,6 +64,7 @@ def time_lookups(names: list[str], limit_s: float = LOOKUP_LIMIT_S) -> list[Look
             found[(kind, what)] = Lookup(kind, what, round(time.monotonic() - start, 2), answer)
         if kind == "forward" and answer is not None:
             start_thread("reverse", answer)
+            start_thread("reverse", f"::ffff:{answer}")  # (how a dual-stack store server sees an IPv4 peer)
 
     threads: list[threading.Thread] = []
 

@@ -13,13 +13,21 @@ from launcher.base import names
 from launcher.launch.ssh.host_check import HostFacts
 from launcher.launch.ssh.hosts import as_address
 
-ADDRESSES = {"fast": "10.0.0.1", "slowname": "10.0.0.2", "stuck": "10.0.0.3", "slowback": "10.0.0.4"}
+ADDRESSES = {
+    "fast": "10.0.0.1",
+    "slowname": "10.0.0.2",
+    "stuck": "10.0.0.3",
+    "slowback": "10.0.0.4",
+    "mappedslow": "10.0.0.5",
+}
 
 
 @pytest.fixture
 def resolver(monkeypatch):
     """``slowname`` resolves in 1.2 s, ``stuck`` never within the test's limit (3 s), ``slowback``'s address looks
-    back in 1.2 s; everything else at once. (Sleeps stand in for a DNS server that answers late.)"""
+    back in 1.2 s, ``mappedslow``'s in its IPv4-mapped form only (an /etc/hosts with IPv4 lines: a dual-stack store
+    server's look-up of an IPv4 peer asks DNS); everything else at once. (Sleeps stand in for a DNS server that
+    answers late.)"""
 
     def getaddrinfo(name, *args, **kwargs):
         time.sleep({"slowname": 1.2, "stuck": 30}.get(name, 0))
@@ -28,8 +36,10 @@ def resolver(monkeypatch):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ADDRESSES[name], 0))]
 
     def getnameinfo(sockaddr, flags):
-        time.sleep(1.2 if sockaddr[0] == ADDRESSES["slowback"] else 0)
-        return next(n for n, a in ADDRESSES.items() if a == sockaddr[0]), "0"
+        addr = sockaddr[0].removeprefix("::ffff:")
+        slow = addr == ADDRESSES["slowback"] or sockaddr[0] == "::ffff:" + ADDRESSES["mappedslow"]
+        time.sleep(1.2 if slow else 0)
+        return next(n for n, a in ADDRESSES.items() if a == addr), "0"
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(socket, "getnameinfo", getnameinfo)
@@ -37,21 +47,23 @@ def resolver(monkeypatch):
 
 def test_each_name_both_ways_timed_at_once_and_the_slow_ones_said_with_the_fix(resolver):
     started = time.monotonic()
-    lookups = names.time_lookups(["fast", "slowname", "stuck", "slowback", "nosuch", "fast"], limit_s=3.0)
+    lookups = names.time_lookups(["fast", "slowname", "stuck", "slowback", "nosuch", "mappedslow", "fast"], 3.0)
     took = time.monotonic() - started
     assert took < 4.5, f"{took:.1f} s: the look-ups ran one after another, or the stuck one was waited for"
     got = {(x.kind, x.what): x for x in lookups}
     assert set(got) == {
-        ("forward", "fast"), ("reverse", "10.0.0.1"),
-        ("forward", "slowname"), ("reverse", "10.0.0.2"),
+        ("forward", "fast"), ("reverse", "10.0.0.1"), ("reverse", "::ffff:10.0.0.1"),
+        ("forward", "slowname"), ("reverse", "10.0.0.2"), ("reverse", "::ffff:10.0.0.2"),
         ("forward", "stuck"),
-        ("forward", "slowback"), ("reverse", "10.0.0.4"),
+        ("forward", "slowback"), ("reverse", "10.0.0.4"), ("reverse", "::ffff:10.0.0.4"),
         ("forward", "nosuch"),
+        ("forward", "mappedslow"), ("reverse", "10.0.0.5"), ("reverse", "::ffff:10.0.0.5"),
     }  # fmt: skip
     assert got[("forward", "nosuch")].answer is None and got[("forward", "nosuch")].seconds < 1  # fast: harmless
     assert got[("forward", "stuck")].seconds == 3.0 and got[("forward", "stuck")].answer is None
     slow = sorted((x.kind, x.what) for x in names.slow_lookups(lookups))
-    assert slow == [("forward", "slowname"), ("forward", "stuck"), ("reverse", "10.0.0.4")], slow
+    expected = [("forward", "slowname"), ("forward", "stuck"), ("reverse", "10.0.0.4")]
+    assert slow == [*expected, ("reverse", "::ffff:10.0.0.4"), ("reverse", "::ffff:10.0.0.5")], slow
     assert (
         got[("forward", "slowname")]
         .said("vm2")
@@ -64,6 +76,11 @@ def test_each_name_both_ways_timed_at_once_and_the_slow_ones_said_with_the_fix(r
     assert got[("reverse", "10.0.0.4")].said("vm1") == (
         "on vm1, a reverse look-up of 10.0.0.4 takes 1.2 s (c10d makes one per connection); HINT: name 10.0.0.4 in "
         "vm1's /etc/hosts (a line '10.0.0.4 <its name>')"
+    )
+    own = names.Lookup("forward", "vm1", 12.0, None, finished=False).said("vm1")  # (torch's agent, gloo)
+    assert own == (
+        "on vm1, resolving its own name vm1 takes more than 12 s (torch resolves it); HINT: a line '<its address> vm1' "
+        "in its /etc/hosts"
     )
 
 

@@ -65,7 +65,9 @@ class HostFacts:
         return cls(**raw)
 
 
-def check_this_host(run_dir: str, token: str, master_addr: str, port: str, names: str = "") -> HostFacts:
+def check_this_host(
+    run_dir: str, token: str, master_addr: str, port: str, names: str = "", keeper: str = "0"
+) -> HostFacts:
     problems: list[str]
     name, problems = socket.gethostname(), []
     picked: Optional[int] = None  # the rendezvous port, on the master host
@@ -107,7 +109,9 @@ def check_this_host(run_dir: str, token: str, master_addr: str, port: str, names
             picked = int(port)
     from launcher.base.devices import gpu_count
 
-    lookups = time_lookups([n for n in (*names.split(","), master_addr, head) if n])
+    # the job's names both ways, this host's own name (torch's agent and gloo resolve it), and the head's address
+    # where the head hosts the job's store (a keeper: c10d looks its peers up)
+    lookups = time_lookups([n for n in (*names.split(","), master_addr, name, head if keeper == "1" else "") if n])
     found = next((x.seconds for x in lookups if x.kind == "reverse" and x.what == head), 0.0)
     slow = [x.said(name) for x in slow_lookups(lookups) if x.what != head]  # (the head's: head_lookup_s)
     tensorboard = findable("tensorboard")
@@ -123,4 +127,4 @@ def findable(name: str) -> bool:
 
 
 if __name__ == "__main__":
-    print(check_this_host(*sys.argv[1:6]).line(), flush=True)
+    print(check_this_host(*sys.argv[1:7]).line(), flush=True)

@@ -16,7 +16,7 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
-from launcher.config.rules import TENSORBOARD_HINT, writes_tensorboard
+from launcher.config.rules import TENSORBOARD_HINT, heals_in_place, writes_tensorboard
 from launcher.heal.membership import Membership
 from launcher.launch.ssh.clients import (
     NO_CWD,
@@ -156,7 +156,8 @@ def check_host(
 ) -> tuple[Optional[HostFacts], list[str]]:
     """One host's facts (``launch/ssh/host_check.py``) and its problems."""
     names = ",".join(c.hosts)  # (each resolved and looked up in reverse there, timed)
-    argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port, names]
+    keeper = "1" if heals_in_place(job) else "0"  # (the head hosts the job's store: its address is looked up too)
+    argv = [c.python, "-m", "launcher.launch.ssh.host_check", job.run_dir, token, master, port, names, keeper]
     try:
         out = subprocess.run(
             ssh_command(c, host, remote_shell(c, argv)),
@@ -223,8 +224,10 @@ def check_hosts(
         for host, (facts, problems) in zip(hosts, results)
         if facts and not problems and facts.gpus and not c.gpus_per_node
     }
-    for said in dict.fromkeys(s for facts, _ in results if facts for s in facts.slow_lookups):
-        print(f"launcher: warning: {said}", file=sys.stderr)  # (slow start-up, every store connection: named)
+    for host, said in dict.fromkeys(
+        (h, s) for h, (facts, _) in zip(hosts, results) if facts for s in facts.slow_lookups
+    ):
+        print(f"launcher: warning: {host}: {said}", file=sys.stderr)  # (slow start-up, every store connection: named)
     if unused:
         print(
             f"launcher: warning: {', '.join(f'{h} has {n}' for h, n in unused.items())} GPU(s) but "
