@@ -60,3 +60,9 @@ def test_a_stop_signal(outcomes, cell):
         check(out, traceback_ok=cell.mode == "torchrun")
     if cell.mode == "torchrun" and cell.program == "trainer":
         assert "launcher: the command: " in out.logs[0], out.tail()
+    if cell.mode in ("torchrun", "by-hand") and cell.program == "trainer":  # jobs the head does not start: their
+        # ranks get no secret unless one is exported, and say so (docs/security.md); the launcher's own: signed
+        unsigned = "store unsigned (no LAUNCHER_SECRET: docs/security.md)"
+        assert all(unsigned in (out.run_dir / "logs" / f"rank-{r}.log").read_text() for r in (0, 1)), out.tail()
+    elif cell.program == "trainer":
+        assert "store signed with the job's secret" in (out.run_dir / "logs" / "rank-1.log").read_text()

@@ -1,0 +1,47 @@
+"""``LAUNCHER_REQUIRE_BEDS=1`` (CI) turns a test's skip for a missing bed into a failure that says so; the skips the
+suite chooses (no GPU lent, the one-host cluster only) stay skips; elsewhere a bed's skip says how to run it
+(tests/conftest.py's report hook, driven here as pytest drives it)."""
+
+import conftest
+
+BED_SKIP = "Skipped: the ssh test machines need root and iproute2"
+
+
+def reported(reason: str):
+    class Report:
+        skipped, outcome, longrepr = True, "skipped", ("tests/beds/test_x.py", 3, reason)
+
+    class Outcome:
+        def get_result(self):
+            return report
+
+    report = Report()
+    hook = conftest.pytest_runtest_makereport(item=None, call=None)
+    next(hook)
+    try:
+        hook.send(Outcome())
+    except StopIteration:
+        pass
+    return report
+
+
+def test_a_beds_skip_fails_under_require_beds(monkeypatch):
+    monkeypatch.setenv(conftest.BEDS_ENV, "1")
+    report = reported(BED_SKIP)
+    assert report.outcome == "failed"
+    assert report.longrepr == (
+        "LAUNCHER_REQUIRE_BEDS=1: this test would be skipped (the ssh test machines need root and iproute2): its bed "
+        "is missing on this machine"
+    )
+    for chosen in (
+        "Skipped: no CUDA device: the GPU tests run where one is",
+        "Skipped: runs on the one-host cluster only",
+    ):
+        assert reported(chosen).outcome == "skipped"
+
+
+def test_elsewhere_a_beds_skip_says_how_to_run_it(monkeypatch):
+    monkeypatch.delenv(conftest.BEDS_ENV, raising=False)
+    report = reported(BED_SKIP)
+    assert report.outcome == "skipped"
+    assert report.longrepr[2] == f"the ssh test machines need root and iproute2; HINT: {conftest.HOW_TO_RUN}"
