@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.config import OptimConfig
 
 log = logging.getLogger(__name__)
+
+
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is one of FSDP2's DTensors, without importing ``torch.distributed.tensor`` (~0.5 CPU-s a rank,
+    sympy among it): only a job that imported it can hold one, so a replicated job's ranks never import it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def effective_lr(cfg: OptimConfig, world_size: int) -> float:
@@ -43,7 +50,7 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """SGD (with momentum) or AdamW over the model's parameters, fused where ``fusable``."""
     lr, fused = effective_lr(cfg, world_size), fusable(model, precision)
-    if cfg.name != "adamw" and any(isinstance(p, DTensor) for p in model.parameters()):
+    if cfg.name != "adamw" and any(is_dtensor(p) for p in model.parameters()):
         fused = False  # FSDP2's shards: torch has no DTensor rule for the fused SGD kernel (it has AdamW's)
     optimizer: torch.optim.Optimizer
     if cfg.name == "adamw":

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from launcher.train.optim import load_optimizer_state
+from launcher.train.optim import is_dtensor, load_optimizer_state
 
 
 def _local(t: torch.Tensor, clone: bool) -> torch.Tensor:
-    local = t.to_local() if isinstance(t, DTensor) else t
+    local = t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined]
     return local.detach().clone() if clone else local.detach()
 
 
@@ -32,7 +31,7 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer, clone: bool 
     state with each sharded tensor as its local shard (``sharded``: which ones, to make them shards again).
     ``clone``: copies (to send: a shard is a view of a padded buffer), else the tensors themselves."""
     saved = optimizer.state_dict()
-    sharded = {i: [k for k, v in entry.items() if isinstance(v, DTensor)] for i, entry in saved["state"].items()}
+    sharded = {i: [k for k, v in entry.items() if is_dtensor(v)] for i, entry in saved["state"].items()}
     state = {
         i: {k: _local(v, clone) if torch.is_tensor(v) else v for k, v in entry.items()}
         for i, entry in saved["state"].items()
@@ -70,12 +69,14 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, local: 
 
 def _shard_like(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """``local``, this rank's shard of a tensor shaped and placed as parameter ``p``, as a DTensor on ``p``'s mesh."""
+    from torch.distributed.tensor import DTensor
+
     assert isinstance(p, DTensor), "an optimizer state sharded as its parameter"
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(is_dtensor(p) for p in model.parameters())
 
 
 def mesh_groups(model: nn.Module) -> list[Any]:

@@ -26,7 +26,6 @@ from launcher.config import JobConfig
 from launcher.dist.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
-from launcher.train import reshard, sharded
 from launcher.train.background import Background
 from launcher.train.progress import Span, Totals
 from launcher.train.state import TrainState
@@ -80,6 +79,8 @@ class Checkpointer:
             return None
         path = self.resume_path
         assert path is not None
+        if is_sharded(path) or state.sharded:  # (FSDP2 and DCP: imported by the jobs that need them, ~0.5 CPU-s)
+            from launcher.train import reshard, sharded
         if is_sharded(path):  # into this job's shards or whole model (DCP reads each rank what it asks for)
             reshard.check_model(path, state.model, reshard.dcp_shapes(path))
             sharded.load(path, state.model, state.optimizer)  # (collective)
@@ -145,6 +146,8 @@ class Checkpointer:
     def _save_sharded(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict) -> None:
         """Collective: every rank writes its shards and its own RNG state, log window and compression state (none
         gathered); rank 0 the rest of the training state, then it renames the whole directory and prunes."""
+        from launcher.train import sharded
+
         path = sharded_path(self.dir, step)
         own = {"rng": rng_state(), "log_window": window, "compression": sync.compression_state()}
         train = state.shared_state_dict(env, sync) if env.is_main else None
@@ -230,7 +233,11 @@ class Checkpointer:
 def resumable(path: Path, state: dict[str, Any], env: DistEnv, device: torch.device) -> dict[str, Any]:
     """The chosen checkpoint's state as this rank resumes from it: a sharded one with this rank's own parts
     (``sharded.own_view``), whichever reducer this job runs (``reshard``: either kind loads into either)."""
-    return sharded.own_view(path, state, env.rank, env.world_size, device) if is_sharded(path) else state
+    if not is_sharded(path):
+        return state
+    from launcher.train import sharded
+
+    return sharded.own_view(path, state, env.rank, env.world_size, device)
 
 
 def layout_change(path: Path, state: dict[str, Any], job: JobConfig) -> Optional[str]:
