@@ -67,10 +67,7 @@ def _cannot_start() -> str | None:
 # the requeue path (test_preemption_twice_...) is the same code on both and takes 100 s on the netns cluster: it
 # runs on the one-host cluster only, to keep the suite under 20 minutes; rendezvous over real links is tested here
 # (our trainer and a torchrun script; a sweep's jobs meet as these do, so it runs on the one-host cluster only)
-NETNS_TOO = {
-    "test_two_nodes_two_tasks_train",
-    "test_slurm_env_reaches_an_unchanged_torchrun_script",
-}
+NETNS_TOO = {"test_two_nodes_two_tasks_train"}  # (a torchrun script's tasks meet as ours do: one-host only)
 
 
 @pytest.fixture(autouse=True)

@@ -306,25 +306,6 @@ def test_taken_master_port_is_refused_before_start(tmp_path):
     assert "HINT: cluster.master_port=0 lets the launcher take a free port" in result.stderr
 
 
-@pytest.mark.parametrize("sig, code", [("TERM", 143)])  # (Ctrl-C and SIGHUP stop the same way: test_signals.py)
-def test_sigterm_or_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, uninterrupted, sig, code):
-    # rank 0 signals the launcher itself at step 15, as `kill` would
-    stopped = run_launcher(*SHORT, run_dir=tmp_path, env={"LAUNCHER_FAULT": f"step=15,signal={sig},target=parent"})
-    assert stopped.returncode == code, stopped.stderr
-    # the ranks stop together at the first step boundary after the launcher passed the signal on (15 or a bit later)
-    stop_step = final_state(tmp_path)["step"]
-    assert 15 <= stop_step < 30
-    assert (
-        f"launcher: stopped by SIG{sig}; the newest checkpoint is {tmp_path}/checkpoints/step-{stop_step:08d}.pt "
-        f"(step {stop_step}): run again with hydra.run.dir={tmp_path} to continue from it"
-    ) in stopped.stderr
-    resumed = run_launcher(*SHORT, run_dir=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"].endswith(f"step-{stop_step:08d}.pt")
-    assert_trained_once_up_to(tmp_path, stop_step)
-    assert_same_training_state(final_state(tmp_path), final_state(uninterrupted))
-
-
 def test_resumed_run_keeps_its_multi_bucket_layout(tmp_path, tmp_path_factory):
     """The bucket cap measured at the first start is kept in the checkpoint: a resumed run reduces in the same
     buckets (the same summation order), however the link measures now. With the forward overlap (the default):
