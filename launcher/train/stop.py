@@ -30,11 +30,9 @@ import torch.distributed as dist
 
 from launcher.base.liveness import STOP_DEADLINE_S
 from launcher.dist.abort import Abort, wait
+from launcher.report.failures import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
-# what ends a rank (at the next step boundary in the training loop, at once outside it): Ctrl-C, SIGTERM, SIGHUP;
-# SIGUSR2 (Slurm's warning) only asks for the stop
-ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class StopRequest:
         self._signums = signums
         for signum in signums:
             signal.signal(signum, self._record)
-        if set(ENDING) & set(signums):
+        if set(STOP_SIGNALS) & set(signums):  # (what ends a rank; SIGUSR2, Slurm's warning, only asks)
             reader, writer = socket.socketpair()
             writer.setblocking(False)
             signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
@@ -87,7 +85,7 @@ class StopRequest:
         """Sees each signal's number as it arrives, even while the main thread is blocked in C++."""
         while data := reader.recv(64):
             for signum in data:
-                if signum in ENDING:
+                if signum in STOP_SIGNALS:
                     self._start_deadline(signum)
 
     def hold(self) -> None:
@@ -144,7 +142,7 @@ class StopRequest:
     def _record(self, signum: int, frame: object) -> None:
         if self._held:
             return
-        if not self.armed and signum in ENDING:
+        if not self.armed and signum in STOP_SIGNALS:
             self.uninstall()  # nothing to checkpoint yet (or any more): stop now, as without a handler
             self._say_last(signum)
             os.kill(os.getpid(), signum)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from harness import REPO, heads
+from harness import REPO
 from harness.checks import assert_hang_named, assert_same_trajectory, expect_root_cause
 from harness.jobs import HANG_SCRIPT as SCRIPT
 from harness.jobs import REPEAT, STUCK, STUCK_FRAME, TRAIN, WATCH, job_args
@@ -30,15 +30,13 @@ from harness.run import launcher_argv, run_launcher, run_timed, run_watched
 from harness.stops import (
     TRAINER,
     Cell,
-    Outcome,
     cells,
     check,
     checkpoints,
-    drive,
-    drive_all,
+    drive_module,
+    job,
     popen_logged,
     processes_of,
-    selected,
 )
 from launcher.trust.secret import SECRET_ENV
 
@@ -482,19 +480,12 @@ def slurm_driver(cell: Cell, base, slurm):
     argv += cell.program_args(run_dir)
     env = {**os.environ, **slurm}
 
-    def start() -> list[heads.Process]:
-        return [popen_logged(argv, log, slurm)]
-
     def left() -> list[str]:  # the job's tasks, and the job in Slurm's queue (ended, not requeued)
         ids = re.findall(r"submitted Slurm job (\d+)", log.read_text())
         queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], env=env, capture_output=True)
         return processes_of(run_dir) + [f"Slurm job {i}: still queued" for i in queued.stdout.decode().split() if ids]
 
-    def run() -> Outcome:
-        run_dir.mkdir(parents=True)
-        return drive(cell, start, run_dir, [log], 2, left)
-
-    return run
+    return job(cell, run_dir, lambda: [argv], [log], slurm, left)
 
 
 @pytest.fixture(scope="module")
@@ -502,7 +493,7 @@ def outcomes(request, slurm, tmp_path_factory):
     if slurm["LAUNCHER_SLURM_NETNS"] == "1":
         pytest.skip("runs on the one-host cluster only (NETNS_TOO lists the tests run on both)")
     base = tmp_path_factory.mktemp("signals")
-    return drive_all(lambda cell: slurm_driver(cell, base, slurm), selected(request), at_once=2)
+    return drive_module(request, base, lambda cell, base: slurm_driver(cell, base, slurm), at_once=2)
 
 
 @pytest.mark.parametrize("cell", cells(*MODES), ids=lambda c: c.id)

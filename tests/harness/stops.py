@@ -195,15 +195,20 @@ def selected(request: pytest.FixtureRequest) -> list[Cell]:
 
 
 def job(
-    cell: Cell, run_dir: Path, argvs: Callable[[], list[list[str]]], logs: list[Path], env: dict | None = None
+    cell: Cell,
+    run_dir: Path,
+    argvs: Callable[[], list[list[str]]],
+    logs: list[Path],
+    env: dict | None = None,
+    left: Callable[[], list[str]] | None = None,
 ) -> Callable[[], Outcome]:
     """A cell's driver: its job's processes (``argvs()``, each with its log: the signalled one first) started when
-    it runs, 2 ranks, the processes that name ``run_dir`` the ones that must be gone after it."""
+    it runs, 2 ranks; ``left``: what must be gone after it (default: the processes that name ``run_dir``)."""
 
     def run() -> Outcome:
         run_dir.mkdir(parents=True)
         start = lambda: [popen_logged(argv, log, env) for argv, log in zip(argvs(), logs)]  # noqa: E731
-        return drive(cell, start, run_dir, logs, 2, lambda: processes_of(run_dir))
+        return drive(cell, start, run_dir, logs, 2, left or (lambda: processes_of(run_dir)))
 
     return run
 

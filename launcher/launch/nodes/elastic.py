@@ -35,17 +35,17 @@ from launcher.trust.secret import Secret
 class RestartingAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` that records its failed ranks at each restart and, on node 0, announces it."""
 
-    def __init__(self, spec: WorkerSpec, run: RunDir, first_attempt: int, relay: bool, **kwargs: Any) -> None:
+    def __init__(self, spec: WorkerSpec, run: RunDir, first_attempt: int, by_hand: bool, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
         self.run_dir, self.first_attempt = run, first_attempt  # the head's attempt (ssh, sim under min_nodes): added
-        self.relay: Optional[StopRelay] = None  # by hand: a stop told to / heard from the other machines (relay.py)
-        self.relays = relay
+        self.by_hand = by_hand  # a machine of a job started by hand: a stop is relayed to / from the others
+        self.relay: Optional[StopRelay] = None  # (relay.py: made once the rendezvous gave the agent its store)
         self.running = first_attempt  # the attempt the workers now running belong to (their DistEnv.attempt)
         self.ended: Optional[tuple[int, bool]] = None  # the attempt a restart ended, and whether ours failed
         self.last: Optional[RunResult] = None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        if self.relays and self.relay is None and self._store is not None:
+        if self.by_hand and self.relay is None and self._store is not None:
             nodes = worker_group.group_world_size or 1
             self.relay = StopRelay(self._store, worker_group.group_rank or 0, nodes, Secret.from_environ(keep=True))
         if self.relay is not None and (heard := self.relay.listen()):  # another machine's stop: as if sent here
