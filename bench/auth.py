@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.base.env import DistEnv
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train.saving import rng_state
 from launcher.trust.secret import Secret
 from models.lenet import LeNet

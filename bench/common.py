@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from launcher.base.env import DistEnv  # noqa: E402
 from launcher.comm.strategy import interleaved_medians as timing_loop  # noqa: E402
-from launcher.dist.rendezvous import process_group  # noqa: E402
+from launcher.group.rendezvous import process_group  # noqa: E402
 from launcher.launch.ports import free_port  # noqa: E402
 
 

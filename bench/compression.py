@@ -48,8 +48,8 @@ from launcher.comm.policy import auto_compression, bucket_cap_mb, fast_link_over
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB
 from launcher.comm.strategy import choose
-from launcher.dist.abort import Abort
-from launcher.dist.rendezvous import process_group
+from launcher.group.abort import Abort
+from launcher.group.rendezvous import process_group
 from launcher.launch.sim.netns import SimNetwork
 
 PORT = 29617

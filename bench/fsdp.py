@@ -49,7 +49,7 @@ from launcher.comm import Topology
 from launcher.comm.compress import build_compression
 from launcher.comm.shard import CrossNodeStage, ShardSpec, shard_mesh, shard_model
 from launcher.comm.sizes import MB
-from launcher.dist.rendezvous import process_group
+from launcher.group.rendezvous import process_group
 from launcher.launch.sim.netns import SimNetwork
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from common import machine, run_in_namespaces, table
 from launcher.base.env import DistEnv
 from launcher.comm import Topology, flat_allreduce, hierarchical_allreduce
 from launcher.comm.strategy import choose
-from launcher.dist.rendezvous import process_group
+from launcher.group.rendezvous import process_group
 from launcher.launch.sim.netns import SimNetwork
 
 NODES, PER_NODE = 2, 2

@@ -52,7 +52,7 @@ from launcher.comm.policy import bucket_cap_mb, measure_link
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.sizes import MB
 from launcher.comm.trace import Tracer, span, write_trace
-from launcher.dist.rendezvous import process_group
+from launcher.group.rendezvous import process_group
 from launcher.launch.sim.netns import SimNetwork
 
 PORT = 29613

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from common import machine, table
 
 from launcher.base.run_dir import RunDir
-from launcher.dist.rendezvous import attempt_prefix
+from launcher.group.rendezvous import attempt_prefix
 from launcher.heal.head_side import KeeperClient
 from launcher.heal.node_side import beat
 from launcher.heal.protocol import node_id

@@ -35,7 +35,7 @@ from launcher.comm import trace
 from launcher.comm.compress import Compression, Matrix, Piece
 from launcher.comm.sizes import MB, mb
 from launcher.comm.topology import Topology
-from launcher.dist.abort import Abort
+from launcher.group.abort import Abort
 
 
 def _done(tensor: torch.Tensor) -> Future:

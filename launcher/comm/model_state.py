@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 
 
 def check_same_model(model: nn.Module, peers: Optional[Peers] = None) -> None:

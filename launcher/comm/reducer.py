@@ -37,8 +37,8 @@ from launcher.comm.sizes import DDP_BUCKET_CAP_MB, MB, mb
 from launcher.comm.topology import Topology
 from launcher.comm.unused import UnusedParameters
 from launcher.comm.updates import BucketUpdates, choose_overlap, forward_overlap_refusal
-from launcher.dist.abort import abortable
-from launcher.dist.helpers import Peers
+from launcher.group.abort import abortable
+from launcher.group.helpers import Peers
 
 
 class BucketedReducer:

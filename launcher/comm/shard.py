@@ -38,7 +38,7 @@ from launcher.base.sync_modes import Compress, Shard
 from launcher.comm.collectives import hierarchical_allreduce
 from launcher.comm.compress import Compression, Matrix
 from launcher.comm.topology import Layout, Topology, new_groups
-from launcher.dist.abort import Abort
+from launcher.group.abort import Abort
 
 log = logging.getLogger(__name__)
 

@@ -208,7 +208,7 @@ class Topology:
         own 30 min default, not the default group's timeout, so a rank stuck in a node-first step would hang)."""
         if not dist.is_initialized():
             raise RuntimeError(
-                "Topology.build needs an initialised process group (see launcher.dist.rendezvous.process_group)"
+                "Topology.build needs an initialised process group (see launcher.group.rendezvous.process_group)"
             )
         world = dist.get_world_size()
         if world != env.world_size or dist.get_rank() != env.rank:

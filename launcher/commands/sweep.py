@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 from launcher.base.liveness import SWEEP_POLL_S
 from launcher.base.run_dir import RunDir
-from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, Control
-from launcher.report.failures import STOP_CODES
+from launcher.launch.nodes.control import Control
+from launcher.report.stops import STOP_CODES, STOP_SIGNALS
 from launcher.report.summary import RunSummary
 
 
@@ -37,7 +37,7 @@ class Sweep:
     def point(self, label: str) -> Sweep:
         """The next point. The sweep's stop handler is (re)installed here: a point's mode installs its own while it
         runs (torch elastic's agent leaves its own behind)."""
-        for s in HEAD_STOP_SIGNALS:
+        for s in STOP_SIGNALS:
             signal.signal(s, self._stop)
         self.points.append(_Point(label or "(no overrides)"))
         return self

@@ -27,5 +27,5 @@ Only the job's own processes speak in it: the head makes a fresh secret per job 
 it on without a command line; every key lives under the secret's namespace and every value the keeper, the node
 processes and the ranks act on is signed (``launcher.trust.signed.SignedStore``); the state sent during a heal is a
 signed pickle, refused before unpickling unless it verifies. The sync engine and the object collectives get the abort
-signal handed in (``launcher.dist.abort.Abort``): they import nothing of this package.
+signal handed in (``launcher.group.abort.Abort``): they import nothing of this package.
 """

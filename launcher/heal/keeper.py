@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from launcher.base.liveness import KEEPER_LOOK_S
-from launcher.dist.rendezvous import attempt_prefix, listening_store
+from launcher.group.rendezvous import attempt_prefix, listening_store
 from launcher.heal.protocol import ROUND_WORD, Decision, Join, Keys, Lost, node_id, parse_word
 from launcher.heal.rounds import Rounds
 from launcher.trust.secret import Secret

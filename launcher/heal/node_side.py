@@ -24,9 +24,10 @@ from launcher.base.env import DistEnv, head_attempt
 from launcher.base.liveness import NODE_BEAT_S
 from launcher.config import JobConfig
 from launcher.config.rules import rank_command
-from launcher.dist.rendezvous import attempt_prefix
+from launcher.group.rendezvous import attempt_prefix
 from launcher.heal.protocol import Keys, Place, node_id
-from launcher.report.failures import STOP_SIGNALS, exit_failure, record_exits
+from launcher.report.failures import exit_failure, record_exits
+from launcher.report.stops import STOP_SIGNALS
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
 

@@ -2,7 +2,7 @@
 machine that answers again joins them at a step boundary.
 
 In a job that heals (its ranks are told their ``protocol.Place`` by their node process, ``node.py``), every
-collective of the training loop waits through the ``Healer``'s abort signal (``launcher.dist.abort``) and a thread
+collective of the training loop waits through the ``Healer``'s abort signal (``launcher.group.abort``) and a thread
 watches the keeper's store for the decision that ends the round (``keeper.py``). When a machine is lost, the
 survivors' collectives fail (at once, or when the decision comes) and the trainer calls ``Healer.enter_round``:
 
@@ -35,9 +35,9 @@ import torch.distributed as dist
 
 from launcher.base.env import DistEnv
 from launcher.base.liveness import CHECK_IN_S, RANK_STORE_POLL_S
-from launcher.dist import helpers as dist_helpers
-from launcher.dist.abort import Abort
-from launcher.dist.rendezvous import Group, init_group
+from launcher.group import helpers as rank_helpers
+from launcher.group.abort import Abort
+from launcher.group.rendezvous import Group, init_group
 from launcher.heal.protocol import Decision, Keys, Place
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
@@ -260,7 +260,7 @@ def agree_on_state(
     ``state``: returns this rank's state (called on the source only). Signed: a rank unpickles only what verifies.
     ``lanes``: each rank's lane, when only a rank of the same lane holds what another needs (a sharded job: its
     place in its node, whose shards it holds); each lane's source sends to that lane's ranks behind."""
-    top, rank = max(steps), dist_helpers.get_rank()
+    top, rank = max(steps), rank_helpers.get_rank()
     lanes = lanes or [0] * len(steps)
     sent, members_of = None, {lane: [r for r, at in enumerate(lanes) if at == lane] for lane in sorted(set(lanes))}
     for lane, members in members_of.items():  # (every lane checked before any traffic)
@@ -275,7 +275,7 @@ def agree_on_state(
         if all(steps[r] == top for r in members):
             continue  # nobody behind in this lane: no traffic
         source = min(r for r in members if steps[r] == top)
-        got = dist_helpers.broadcast_object(
+        got = rank_helpers.broadcast_object(
             state() if rank == source else None, src=source, abort=healer.abort, secret=healer.secret
         )
         if lanes[rank] == lane and steps[rank] < top:

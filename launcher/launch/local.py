@@ -37,9 +37,9 @@ from launcher.config import ConfigError, JobConfig
 from launcher.config.rules import entry_words
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.agent import agent_config, run_agent
-from launcher.launch.nodes.control import HEAD_STOP_SIGNALS, print_stopped
 from launcher.launch.ports import check_port
 from launcher.rank.work import run_rank_work
+from launcher.report.stops import STOP_SIGNALS, print_stopped
 from launcher.train.stop import Stopped, StopRequest
 from launcher.trust.secret import SECRET_ENV, Secret
 
@@ -99,7 +99,7 @@ def run_here(job: JobConfig) -> int:
     SIGHUP) stops it as it stops every job: a checkpoint at the next step, the stop line, exit 128 + the signal."""
     end_process_at_exit(0)
     name_process("rank 0/1", entry_words(job), job.run_dir)
-    stop = StopRequest().install(*HEAD_STOP_SIGNALS)
+    stop = StopRequest().install(*STOP_SIGNALS)
     try:
         result = run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)
         if isinstance(result, Stopped):

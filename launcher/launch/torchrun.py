@@ -19,7 +19,7 @@ from typing import Any
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
 from launcher.launch.mode import StartedMode
-from launcher.launch.nodes.control import print_stopped
+from launcher.report.stops import print_stopped
 
 
 class TorchrunMode(StartedMode):

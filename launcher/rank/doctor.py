@@ -35,7 +35,7 @@ from launcher.base.names import slow_lookups, time_lookups
 from launcher.base.run_dir import RunDir
 from launcher.comm.sizes import MB
 from launcher.comm.strategy import median_seconds
-from launcher.dist import helpers as dist_helpers
+from launcher.group import helpers as rank_helpers
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def node_pairs(nodes: int) -> list[tuple[int, int]]:
 
 
 def time_links(
-    env: DistEnv, device: torch.device, timeout_s: float | None = None, peers: dist_helpers.Peers = dist_helpers.Peers()
+    env: DistEnv, device: torch.device, timeout_s: float | None = None, peers: rank_helpers.Peers = rank_helpers.Peers()
 ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
     """Collective: (node -> intra-node allreduce s, (node a, node b) -> leaders' allreduce s), on every rank."""
     from launcher.comm import Topology  # the sync engine's groups: ranks of my node, leaders
@@ -135,7 +135,7 @@ def time_links(
                 seconds = time_allreduce(group, device)
                 if env.rank == nodes[a][0]:
                     mine[(a, b)] = seconds
-            dist_helpers.barrier()  # one pair at a time
+            rank_helpers.barrier()  # one pair at a time
         gathered = peers.all_gather_object((topo.layout.node_of(env.rank), intra, mine))
         for (a, b), group in zip(pairs, groups):
             if env.rank in (nodes[a][0], nodes[b][0]):  # release the pair groups (nccl communicators) now
@@ -185,7 +185,7 @@ def run_doctor(
     use_gpu: bool,
     log_report: bool = True,
     timeout_s: float | None = None,
-    peers: dist_helpers.Peers = dist_helpers.Peers(),
+    peers: rank_helpers.Peers = rank_helpers.Peers(),
 ) -> dict[str, Any]:
     """Collective, inside the process group. Every rank returns the report; rank 0 writes ``doctor.json`` (and
     logs the report unless the launcher prints it). ``peers``: the job's secret signs the gathered facts."""

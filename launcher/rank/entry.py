@@ -30,7 +30,8 @@ from launcher.base.titles import name_process
 from launcher.config import JobConfig, freeze, load_frozen
 from launcher.config.rules import entry_words
 from launcher.rank.work import run_rank_work
-from launcher.report.failures import STOP_SIGNALS, FailureLog
+from launcher.report.failures import FailureLog
+from launcher.report.stops import STOP_SIGNALS
 from launcher.train.stop import Stopped, StopRequest
 
 log = logging.getLogger("launcher.rank.entry")  # not __name__: run as __main__ it would miss the rank log

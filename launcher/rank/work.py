@@ -21,8 +21,8 @@ from launcher.base.gpus import backend_for
 from launcher.base.logs import setup_logging
 from launcher.base.threads import for_this_rank
 from launcher.config import JobConfig, SlurmClusterConfig, collective_timeout_s
-from launcher.dist.helpers import Peers
-from launcher.dist.rendezvous import listening_store, process_group
+from launcher.group.helpers import Peers
+from launcher.group.rendezvous import listening_store, process_group
 from launcher.heal.protocol import Place
 from launcher.report.attempts import mark_start
 from launcher.report.failures import FailureLog

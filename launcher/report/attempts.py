@@ -24,7 +24,8 @@ from typing import Any, Optional
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
 from launcher.base.run_dir import RunDir
-from launcher.report.failures import STOP_CODES, Failure, load_attempt, ranked
+from launcher.report.failures import Failure, load_attempt, ranked
+from launcher.report.stops import STOP_CODES
 from launcher.report.summary import JobSummary
 
 

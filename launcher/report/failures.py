@@ -46,11 +46,10 @@ from typing import Optional, TextIO
 from launcher.base.env import DistEnv
 from launcher.base.files import write_json_atomic
 from launcher.base.run_dir import RunDir, failure_record_file, failure_record_files
+from launcher.report.stops import STOP_CODES, STOP_SIGNALS
 from launcher.report.tracebacks import format_traceback, log_tail
 
 KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the launcher's (and torchrun's): stop at an agreed step
-STOP_CODES = tuple(128 + s for s in STOP_SIGNALS)  # a rank that stopped itself after a stop signal
 
 # Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
 PEER_ERROR = re.compile(

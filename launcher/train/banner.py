@@ -11,7 +11,7 @@ import torch
 from launcher.base.devices import describe_device
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train.optim import describe_schedule
 from launcher.train.progress import Span
 from launcher.train.step import describe_precision

@@ -25,7 +25,7 @@ from torch import nn
 
 from launcher.base.checkpoint_names import TRAIN_STATE, is_sharded, leftovers, list_checkpoints
 from launcher.base.files import atomic_file, write_atomic
-from launcher.dist import helpers as dist_helpers
+from launcher.group import helpers as rank_helpers
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -207,7 +207,7 @@ def resume_source(mode: str, ckpt_dir: Path, device: torch.device) -> tuple[Opti
 
 
 def agreed_resume_source(
-    mode: str, ckpt_dir: Path, device: torch.device, peers: dist_helpers.Peers = dist_helpers.Peers()
+    mode: str, ckpt_dir: Path, device: torch.device, peers: rank_helpers.Peers = rank_helpers.Peers()
 ) -> tuple[Optional[Path], Optional[dict]]:
     """Rank 0's choice on every rank (collective): ranks that saw the checkpoint directory differently (a shared
     file system lagging) would otherwise resume from different steps or measure different bucket layouts."""

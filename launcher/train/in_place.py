@@ -15,8 +15,8 @@ from typing import Any, Optional, Protocol
 
 from launcher.base.env import DistEnv
 from launcher.base.run_dir import RunDir
-from launcher.dist.abort import Abort
-from launcher.dist.rendezvous import Group
+from launcher.group.abort import Abort
+from launcher.group.rendezvous import Group
 from launcher.heal import membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import Healer, agree_on_state

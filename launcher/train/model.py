@@ -16,7 +16,7 @@ from launcher.base.env import DistEnv
 from launcher.base.sync_modes import Compress, Reducer
 from launcher.comm.shard import ShardSpec, shard_mesh, shard_model
 from launcher.config import JobConfig, collective_timeout_s
-from launcher.dist import helpers as dist_helpers
+from launcher.group import helpers as rank_helpers
 from launcher.train.batch import as_tree, split, to_device
 from launcher.train.scores import Scores
 from launcher.train.task import Task
@@ -52,7 +52,7 @@ def shard(job: JobConfig, env: DistEnv, device: torch.device, model: nn.Module) 
     return shard_model(model, mesh, spec)
 
 
-def check_same_weights(model: nn.Module, peers: dist_helpers.Peers = dist_helpers.Peers()) -> None:
+def check_same_weights(model: nn.Module, peers: rank_helpers.Peers = rank_helpers.Peers()) -> None:
     """Fail loudly if ranks built different initial weights (a seeding bug would silently train garbage)."""
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
@@ -69,7 +69,7 @@ def evaluate(
     device: torch.device,
     task: Task,
     scores: Scores,
-    peers: dist_helpers.Peers = dist_helpers.Peers(),
+    peers: rank_helpers.Peers = rank_helpers.Peers(),
     lockstep: bool = False,
 ) -> dict[str, Optional[float]]:
     """The held-out split's ``loss`` (the mean over every sample), cross-entropy's ``accuracy`` and each metric of

@@ -18,7 +18,7 @@ from launcher.base.logs import console_stream, take_the_console
 from launcher.comm import trace
 from launcher.comm.trace import Tracer, write_trace
 from launcher.config import JobConfig
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.heal import membership
 from launcher.report.summary import RunSummary
 from launcher.train.batch import Batch, as_tree, split, to_device

@@ -23,7 +23,7 @@ from launcher.base.env import DistEnv
 from launcher.base.faults import faults_for
 from launcher.base.sync_modes import Reducer
 from launcher.config import JobConfig
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
 from launcher.train.background import Background

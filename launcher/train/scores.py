@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 from hydra.utils import get_object
 
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train.batch import Batch, need_targets, predictions
 
 log = logging.getLogger(__name__)

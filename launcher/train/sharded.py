@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.base.checkpoint_names import REPLACED, TRAIN_STATE, WRITING, rank_state
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train import checkpoint as ckpt
 from launcher.train.dcp_index import IndexReader
 from launcher.train.optim import as_built

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from launcher.base.liveness import STOP_DEADLINE_S
-from launcher.dist.abort import Abort, wait
-from launcher.report.failures import STOP_SIGNALS
+from launcher.group.abort import Abort, wait
+from launcher.report.stops import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 

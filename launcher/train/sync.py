@@ -27,8 +27,8 @@ from launcher.comm.strategy import StrategyChoice
 from launcher.comm.sync_plan import MeasuredLinks, SyncAsk, SyncPlan, SyncWorld, plan_sync
 from launcher.comm.updates import forward_overlap_refusal
 from launcher.config import CommConfig, collective_timeout_s
-from launcher.dist.abort import Abort
-from launcher.dist.helpers import Peers
+from launcher.group.abort import Abort
+from launcher.group.helpers import Peers
 from launcher.train.regroup import mesh_groups
 
 log = logging.getLogger(__name__)

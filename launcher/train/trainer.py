@@ -25,9 +25,9 @@ from launcher.base.env import DistEnv
 from launcher.base.faults import Fault, faults_for, fire_at
 from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig, collective_timeout_s
-from launcher.dist import helpers as dist_helpers
-from launcher.dist.rendezvous import Group
-from launcher.dist.stall import explain_stall, is_timeout, timed_out
+from launcher.group import helpers as rank_helpers
+from launcher.group.rendezvous import Group
+from launcher.group.stall import explain_stall, is_timeout, timed_out
 from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import LeftJob
 from launcher.report.summary import RunSummary
@@ -54,7 +54,7 @@ class Trainer:
     device: torch.device
     backend: str
     run_dir: RunDir
-    peers: dist_helpers.Peers  # every collective of the trainer: left when a machine is lost; objects signed
+    peers: rank_helpers.Peers  # every collective of the trainer: left when a machine is lost; objects signed
     # this round: this rank's place and group, and what holds the round's ranks (built again after a heal)
     env: DistEnv
     group: Optional[Group]
@@ -94,7 +94,7 @@ class Trainer:
         self.watch = watch or ProgressWatch()
         failing = lambda: self.stop is not None and self.stop.failing()  # noqa: E731 (another rank failed on its own)
         self.seam = healing_for(job.cluster.lost_after_s, backend, secret, self.watch, failing)
-        self.peers = dist_helpers.Peers(self.seam.abort, secret)
+        self.peers = rank_helpers.Peers(self.seam.abort, secret)
         self.stop = stop or (StopRequest() if self.seam.abort is not None else None)  # (where a machine joins)
         joins = self.seam.joins  # no collective until the keeper lets it in
         self.has_state = not joins

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
 from launcher.config.rules import whole_gradient_reason
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train.data import ResumableSampler, eval_loader, train_loader
 from launcher.train.sync import GradientSync
 

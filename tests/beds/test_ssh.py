@@ -218,7 +218,7 @@ def test_doctor_over_ssh_names_the_machine_with_the_slow_link(ssh_args, machines
 
 def test_first_host_whose_own_name_resolves_to_loopback(ssh_args, tmp_path):
     """Debian maps a machine's own name to 127.0.1.1 there. The first host's store must still listen where the
-    others reach it (``launcher.dist.rendezvous.bind_address`` listens on every interface for a NAME that resolves to
+    others reach it (``launcher.group.rendezvous.bind_address`` listens on every interface for a NAME that resolves to
     loopback): bound to 127.0.1.1, the second machine could not join. gloo needs its interface named then, as a
     user would (GLOO_SOCKET_IFNAME, forwarded to every host)."""
     hosts_file = Path(f"/etc/netns/{HOSTS[0]}/hosts")  # the first machine's /etc/hosts (bind-mounted: edit in place)

@@ -62,7 +62,7 @@ def stranger_writing(into: str = "launcher.heal.keeper") -> Iterator[list[str]]:
 
     import torch.distributed as dist
 
-    from launcher.dist.rendezvous import attempt_prefix
+    from launcher.group.rendezvous import attempt_prefix
     from launcher.heal.protocol import Decision, Keys, node_id
     from launcher.trust.secret import SECRET_ENV, Secret
     from launcher.trust.signed import SignedStore

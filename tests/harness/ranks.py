@@ -21,7 +21,7 @@ import torch.distributed as dist
 from harness.config import plan
 from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit
-from launcher.dist.rendezvous import process_group
+from launcher.group.rendezvous import process_group
 
 RANK_TIMEOUT_S = 120
 

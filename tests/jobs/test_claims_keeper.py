@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from launcher.dist.rendezvous import attempt_prefix
+from launcher.group.rendezvous import attempt_prefix
 from launcher.heal import head_side as healing
 from launcher.heal.protocol import Decision, Keys, node_id
 from launcher.launch.ports import free_port

@@ -171,7 +171,7 @@ def test_the_real_keeper_ignores_a_stranger_loses_a_silent_node_lets_it_join_and
 
     import torch.distributed as dist
 
-    from launcher.dist.rendezvous import attempt_prefix
+    from launcher.group.rendezvous import attempt_prefix
     from launcher.heal.protocol import Keys, node_id
     from launcher.launch.ports import free_port
     from launcher.trust.secret import Secret

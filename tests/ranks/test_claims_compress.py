@@ -17,7 +17,7 @@ from launcher.comm import Topology
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import build_compression
 from launcher.comm.reducer import BucketedReducer
-from launcher.dist.abort import Abort
+from launcher.group.abort import Abort
 
 STEPS, RANK = 3, 4
 # the model's weights (out, in) and biases; elements a step: 26122 as they are; under PowerSGD rank 4 each weight

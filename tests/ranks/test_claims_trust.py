@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from harness.ranks import spawn_ranks
 from launcher.base.env import DistEnv
-from launcher.dist.rendezvous import attempt_prefix, process_group
+from launcher.group.rendezvous import attempt_prefix, process_group
 from launcher.trust.secret import MAC_BYTES
 
 SECRET = "ab" * 32  # the job's

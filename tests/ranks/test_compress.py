@@ -13,7 +13,7 @@ from launcher.comm import Topology, collectives, hierarchical_allreduce
 from launcher.comm.collectives import AbortableHook, abortable_hook
 from launcher.comm.compress import Bf16, Matrix, PowerSGD, build_compression
 from launcher.comm.reducer import BucketedReducer
-from launcher.dist.abort import Abort
+from launcher.group.abort import Abort
 
 
 def _node_sums(per_rank: list[torch.Tensor], per_node: int) -> list[torch.Tensor]:

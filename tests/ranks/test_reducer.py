@@ -200,7 +200,7 @@ def wide_model():
 def _policy_layouts(rank, world, out_dir):
     """Every rank measures the link and sizes buckets itself: the figures are agreed (max-reduced), so the
     layouts are identical; and training results do not depend on the layout beyond float tolerance."""
-    from launcher.dist import helpers as dist_helpers
+    from launcher.group import helpers as rank_helpers
 
     env = virtual_env(rank, world, 1)
     x, y = batch(32)
@@ -212,7 +212,7 @@ def _policy_layouts(rank, world, out_dir):
         for name, cap in caps.items():
             model = wide_model()
             reducer = BucketedReducer(model, topo, bucket_cap_mb=cap, first_bucket_mb=min(1.0, cap))
-            layouts = dist_helpers.all_gather_object((cap, [(len(b.params), mb(b.buffer)) for b in reducer.buckets]))
+            layouts = rank_helpers.all_gather_object((cap, [(len(b.params), mb(b.buffer)) for b in reducer.buckets]))
             assert all(layout == layouts[0] for layout in layouts), layouts
             if name == "policy":  # several buckets, so "policy" is not the one-bucket layout under another name
                 assert len(reducer.buckets) >= 3, reducer.describe()

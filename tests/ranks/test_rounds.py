@@ -1,4 +1,4 @@
-"""Healing in place, its first piece (the abort signal, launcher/dist/abort.py; ``Healer._form``,
+"""Healing in place, its first piece (the abort signal, launcher/group/abort.py; ``Healer._form``,
 launcher/heal/rank_side.py) on real gloo ranks: the survivors of a lost rank leave the broken process group and form
 the next one among themselves, in the same processes, fast: whether the lost rank was killed (its connections reset)
 or froze (no error ever reaches them; the store says it is lost). The lost rank is rank 2 of 3. The store is signed
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from launcher.base.env import DistEnv
 from launcher.base.exiting import end_process_at_exit
-from launcher.dist.abort import PeerLost
-from launcher.dist.rendezvous import process_group
+from launcher.group.abort import PeerLost
+from launcher.group.rendezvous import process_group
 from launcher.heal.protocol import Place
 from launcher.heal.rank_side import Healer
 from launcher.trust.secret import Secret

@@ -17,7 +17,7 @@ from launcher.base.checkpoint_names import (
     sharded_path,
 )
 from launcher.base.run_dir import RunDir
-from launcher.launch.nodes.control import stop_message
+from launcher.report.stops import stop_message
 
 
 def sharded(directory: Path, step: int, *files: str, suffix: str = "") -> Path:

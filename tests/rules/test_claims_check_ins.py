@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
-from launcher.dist.rendezvous import JoinError, _check_in, attempt_prefix
+from launcher.group.rendezvous import JoinError, _check_in, attempt_prefix
 from launcher.heal.protocol import Decision, Keys, Place
 from launcher.heal.rank_side import Healer
 from launcher.trust.secret import Secret
@@ -41,7 +41,7 @@ def test_a_forged_round_to_join_does_not_let_a_machine_in(stranger):
     """A joining machine's ranks say they are ready and wait for the round the keeper lets them into
     (``Keys.joined``): a stranger's answer is no answer (they give up after the group's timeout, as when the
     keeper never lets them in)."""
-    from launcher.dist.rendezvous import Group
+    from launcher.group.rendezvous import Group
     from launcher.heal.rank_side import HealStop
 
     store, strangers = job_and_strangers()

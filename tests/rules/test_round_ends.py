@@ -9,7 +9,7 @@ import time
 import pytest
 from torch.distributed import DistBackendError
 
-from launcher.dist.abort import Abort, PeerLost
+from launcher.group.abort import Abort, PeerLost
 from launcher.train.in_place import NoHealing
 
 DECISION = object()  # the keeper's decision, as the heal watch hands it to the abort

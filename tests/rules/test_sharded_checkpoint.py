@@ -25,7 +25,7 @@ from launcher.base.checkpoint_names import (
     sharded_path,
 )
 from launcher.base.env import DistEnv
-from launcher.dist.helpers import Peers
+from launcher.group.helpers import Peers
 from launcher.train import checkpoint as ckpt
 from launcher.train import reshard, sharded
 from launcher.train.saving import layout_change, resumable

@@ -8,8 +8,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
-from launcher.dist.rendezvous import Group
-from launcher.dist.stall import explain_stall
+from launcher.group.rendezvous import Group
+from launcher.group.stall import explain_stall
 
 
 def _group(store: dist.Store) -> Group:

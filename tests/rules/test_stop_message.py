@@ -9,7 +9,7 @@ import pytest
 
 from harness.config import plan
 from launcher.base.run_dir import RunDir
-from launcher.launch.nodes.control import print_stopped, stop_message
+from launcher.report.stops import print_stopped, stop_message
 
 NO_CLAIM = ("wrote a checkpoint", "to continue", "checkpoint is")
 

@@ -22,11 +22,11 @@ from launcher.base.env import ROLE, head_attempt
 from launcher.base.files import remove_empty_dirs
 from launcher.config import JobConfig
 from launcher.config.rules import rank_command
-from launcher.dist.rendezvous import listening_store
-from launcher.launch.nodes.control import print_stopped
+from launcher.group.rendezvous import listening_store
 from launcher.launch.nodes.elastic import launch
 from launcher.report.failures import exit_failure, record_exits
 from launcher.report.failures import report as report_failures
+from launcher.report.stops import print_stopped
 
 
 def agent_config(
@@ -78,7 +78,7 @@ def run_agent(job: JobConfig, config: LaunchConfig, node: int = 0, report: bool 
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     # Rendezvous and worker stores listen on the rendezvous address only: the agent hosts its store on a bound
     # socket (elastic's own store for the same port shares that server), and rank 0 hosts the workers' store
-    # (launcher.dist.rendezvous.listening_store) instead of a second agent store that would listen on every interface.
+    # (launcher.group.rendezvous.listening_store) instead of a second agent store that would listen on every interface.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if config.rdzv_configs.get("is_host") or config.rdzv_configs.get("rank") == 0:
         addr, port = config.rdzv_endpoint.rsplit(":", 1)

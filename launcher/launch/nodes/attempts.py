@@ -27,10 +27,11 @@ from launcher.config import ConfigError, JobConfig
 from launcher.config.rules import entry_argv
 from launcher.heal.head_side import KeeperClient
 from launcher.heal.membership import Membership
-from launcher.launch.nodes.control import Control, Node, NodeArgs, forwarding_stops, print_stopped
+from launcher.launch.nodes.control import Control, Node, NodeArgs, forwarding_stops
 from launcher.launch.nodes.waiting import Healing, Outcome, wait
-from launcher.report.failures import STOP_CODES, Failure, hang_ended, load_attempt
+from launcher.report.failures import Failure, hang_ended, load_attempt
 from launcher.report.failures import report as report_failures
+from launcher.report.stops import STOP_CODES, print_stopped
 from launcher.trust.secret import Secret
 
 

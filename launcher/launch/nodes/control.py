@@ -1,9 +1,9 @@
 """The head of a several-node job (``+cluster=sim``, ``+cluster=ssh``) and its node processes (``nodes/process.py``,
 one per machine, running torch's elastic agent or a healing job's ranks): how the head starts one (``NodeArgs``:
 process.py's command line, built here and parsed here), what it writes to one (``Control``), how it holds one
-(``Node``; ``ProcessNode`` for a process of this host), stop signals passed on (``forwarding_stops``) and the line
-a stopped job ends with. The attempts themselves: ``attempts.py``. No torch here: the head only starts and watches
-processes."""
+(``Node``; ``ProcessNode`` for a process of this host) and stop signals passed on (``forwarding_stops``; the stop
+signals and the line a stopped job ends with: ``report/stops.py``). The attempts themselves: ``attempts.py``. No torch
+here: the head only starts and watches processes."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from launcher.base.checkpoint_names import newest, step_of
 from launcher.base.exiting import children
-from launcher.base.run_dir import RunDir
-from launcher.config import JobConfig
+from launcher.report.stops import STOP_SIGNALS
 
 
 class Control(str, Enum):
@@ -89,34 +87,6 @@ class NodeArgs:
         return cls(**vars(parser.parse_args(argv[:cut])), words=tuple(argv[cut + 1 :]))
 
 
-def stop_message(code: int, run_dir: RunDir, script: bool, resume: str = "auto") -> str:
-    """The one line a job stopped by a signal ends with (exit ``code``: 130 / 143), saying only what the launcher
-    knows: it writes no checkpoint for a ``script`` (a user's torchrun-style script); the built-in trainer's newest
-    checkpoint in ``run_dir`` is read from its name, not assumed written at the stop (a stop during start-up comes
-    before any). ``resume``: the job's ``train.resume``, which decides what running it again loads."""
-    stopped = f"launcher: stopped by {signal.Signals(code - 128).name}"
-    if script:
-        return (
-            f"{stopped}; the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether "
-            "it saved anything is up to the script)"
-        )
-    checkpoints = run_dir.checkpoints
-    path = newest(checkpoints)  # (a file, or a sharded job's directory)
-    if path is None:
-        start = "the beginning" if resume in ("auto", "force", "never") else f"train.resume={resume}"
-        return f"{stopped}; no checkpoint was written yet in {checkpoints}: running again starts from {start}"
-    again = "" if resume in ("auto", "force") else " train.resume=auto"
-    return (
-        f"{stopped}; the newest checkpoint is {path} (step {step_of(path)}): run again with "
-        f"hydra.run.dir={run_dir}{again} to continue from it"
-    )
-
-
-def print_stopped(code: int, job: JobConfig) -> None:
-    """Print ``stop_message`` for ``job``, stopped by a signal (exit ``code``: 130 / 143)."""
-    print(stop_message(code, job.run, job.script is not None, job.train.resume), file=sys.stderr)
-
-
 class Node(Protocol):
     """One node process as the head holds it (``ProcessNode``: the process itself, sim; ``ssh.clients.SshNode``:
     its ssh client): the attempt loop (``nodes/attempts.py``) waits for it, writes it ``Control`` words, kills it
@@ -167,10 +137,6 @@ class ProcessNode:
         pass
 
 
-# what stops a job when sent to its head alone (a user's kill, a CI runner, a scheduler; Ctrl-C reaches the group)
-HEAD_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 @contextlib.contextmanager
 def forwarding_stops(send: Callable[[Control], None], where: str, script: bool) -> Iterator[list[int]]:
     """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on once as a stop (``send(Control.INT or
@@ -189,7 +155,7 @@ def forwarding_stops(send: Callable[[Control], None], where: str, script: bool) 
             send(Control.stop_for(signum))
         got.append(signum)
 
-    previous = {s: signal.signal(s, forward) for s in HEAD_STOP_SIGNALS}
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     try:
         yield got
     finally:

@@ -26,7 +26,7 @@ from launcher.heal.head_side import KeeperClient
 from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
 from launcher.launch.nodes.control import Control, Node
-from launcher.report.failures import STOP_CODES
+from launcher.report.stops import STOP_CODES
 
 
 class Rejoin(Protocol):

@@ -31,10 +31,11 @@ from launcher.base.files import private_files, run_umask, write_json_atomic
 from launcher.base.liveness import SLURM_POLL_S
 from launcher.config import ConfigError, JobConfig, SlurmClusterConfig
 from launcher.launch.mode import BaseMode, LaunchPlan
-from launcher.launch.nodes.control import Control, forwarding_stops, print_stopped
+from launcher.launch.nodes.control import Control, forwarding_stops
 from launcher.launch.slurm.ending import failure_recorded, report, report_first_failure
 from launcher.launch.slurm.job_state import JobWatch, live
 from launcher.launch.slurm.task_entry import SlurmTask, node_range
+from launcher.report.stops import print_stopped
 from launcher.trust.secret import Secret
 
 log = logging.getLogger(__name__)

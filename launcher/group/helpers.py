@@ -10,8 +10,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from launcher.group.abort import Abort, wait
 from launcher.trust import signed
-from launcher.dist.abort import Abort, wait
 from launcher.trust.secret import Secret
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Optional
 
 from launcher.base.env import DistEnv
-from launcher.dist.rendezvous import Group
+from launcher.group.rendezvous import Group
 
 _COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught", re.I)
 

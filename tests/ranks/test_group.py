@@ -10,8 +10,8 @@ from torch.nn import functional as F
 from harness.ranks import spawn_ranks
 from launcher import try_all_gpus, try_gpu
 from launcher.base.env import DistEnv
-from launcher.dist import helpers as dist_helpers
-from launcher.dist.rendezvous import process_group
+from launcher.group import helpers as rank_helpers
+from launcher.group.rendezvous import process_group
 from models import LeNet
 from models.dataparallel import HandDataParallel, allreduce_devices, split_batch
 
@@ -21,17 +21,17 @@ SECRET = "ab" * 32  # the job's secret, as every rank of one job has it
 def _seeds_allreduce(rank, world, out_dir, healing=False):
     # The d2l notes' example: device i holds ones((1, 2)) * (i + 1); after allreduce every one holds [[3, 3]].
     # ``healing``: the same through the abortable, signed collectives of a job that heals in place
-    from launcher.dist.abort import Abort
+    from launcher.group.abort import Abort
     from launcher.trust.secret import Secret
 
-    peers = dist_helpers.Peers(Abort(), Secret.from_hex(SECRET)) if healing else dist_helpers.Peers()
+    peers = rank_helpers.Peers(Abort(), Secret.from_hex(SECRET)) if healing else rank_helpers.Peers()
     data = torch.ones((1, 2)) * (rank + 1)
     peers.all_reduce(data)
     torch.testing.assert_close(data, torch.tensor([[3.0, 3.0]]), rtol=0, atol=0)
     mean = torch.ones(2) * (rank + 1)
     peers.all_reduce(mean, op="mean")
     torch.testing.assert_close(mean, torch.tensor([1.5, 1.5]))
-    assert dist_helpers.get_rank() == rank and dist_helpers.get_world_size() == world
+    assert rank_helpers.get_rank() == rank and rank_helpers.get_world_size() == world
     assert peers.all_gather_object(f"r{rank}") == ["r0", "r1"]
     assert peers.gather_object("x" * (3 + rank), dst=1) == (["xxx", "xxxx"] if rank == 1 else None)
     assert peers.broadcast_object({"from": rank}) == {"from": 0}
@@ -40,7 +40,7 @@ def _seeds_allreduce(rank, world, out_dir, healing=False):
     module.running_mean.fill_(rank)
     peers.broadcast_buffers(module)
     assert module.running_mean.tolist() == [0.0, 0.0]
-    dist_helpers.barrier()
+    rank_helpers.barrier()
 
 
 @pytest.mark.parametrize("healing", [False, True])
@@ -65,9 +65,9 @@ def _forged_objects(rank, world, out_dir):
     mine = Secret.from_hex(SECRET if rank == 0 else "cd" * 32)  # rank 1 does not hold the job's secret
     planted = f"{out_dir}/planted-{rank}"
     for call in (
-        lambda: dist_helpers.all_gather_object(Planted(planted), secret=mine),
-        lambda: dist_helpers.broadcast_object(Planted(planted), src=1, secret=mine),
-        lambda: dist_helpers.gather_object(Planted(planted), dst=0, secret=mine),
+        lambda: rank_helpers.all_gather_object(Planted(planted), secret=mine),
+        lambda: rank_helpers.broadcast_object(Planted(planted), src=1, secret=mine),
+        lambda: rank_helpers.gather_object(Planted(planted), dst=0, secret=mine),
     ):
         if rank == 0:
             with pytest.raises(Forged, match="from rank 1 do not verify with the job's secret: not unpickled"):
@@ -85,13 +85,13 @@ def test_object_collectives_refuse_bytes_without_the_jobs_secret_before_unpickli
 
 
 def test_helpers_without_process_group():
-    assert not dist_helpers.is_initialized()
+    assert not rank_helpers.is_initialized()
     t = torch.tensor([1.0, 2.0])
-    assert dist_helpers.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
-    assert (dist_helpers.get_rank(), dist_helpers.get_world_size(), dist_helpers.is_main_process()) == (0, 1, True)
-    assert dist_helpers.all_gather_object(7) == [7] and dist_helpers.broadcast_object(7) == 7
-    assert dist_helpers.gather_object(7) == [7]
-    dist_helpers.barrier()
+    assert rank_helpers.all_reduce(t) is t and t.tolist() == [1.0, 2.0]
+    assert (rank_helpers.get_rank(), rank_helpers.get_world_size(), rank_helpers.is_main_process()) == (0, 1, True)
+    assert rank_helpers.all_gather_object(7) == [7] and rank_helpers.broadcast_object(7) == 7
+    assert rank_helpers.gather_object(7) == [7]
+    rank_helpers.barrier()
 
 
 def test_process_group_destroyed_even_on_error():
