@@ -47,6 +47,12 @@ class Reducer(Mode):
     bucketed = "bucketed"  # our BucketedReducer (launcher/comm/reducer.py)
     fsdp = "fsdp"  # torch's FSDP2 sharding inside a node, our stage across nodes (launcher/comm/shard.py)
 
+    @property
+    def sharded(self) -> bool:
+        """The one answer to "is this job sharded?": the model and optimizer are FSDP2's shards, every rank takes
+        part in every forward, a checkpoint is a directory of shards (``SyncPlan.sharded`` reads it)."""
+        return self is Reducer.fsdp
+
 
 class Shard(Mode):
     """``comm.shard`` under ``comm.reducer=fsdp``: the ranks one model is sharded among."""

@@ -1,8 +1,8 @@
 """The sync plan: what the gradient sync runs, decided once and in one place. ``plan_sync`` turns what was asked
 (``SyncAsk``: the ``comm.*`` choices as Enums, and what the rest of the job imposes), the world the sync runs in
 (``SyncWorld``) and the measured links (``Links``) into one frozen ``SyncPlan``: flat or node-first, what crosses
-nodes compressed, the overlap, the bucket cap, and why each, which the banner prints. ``GradientSync``
-(train/sync.py, which turns the config into these terms) and the reducers only read it.
+nodes compressed, the overlap, the bucket cap, and why each, which the banner prints. The ``Sync`` it names
+(``comm/sync.py``; ``train/sync.py`` turns the config into these terms) and the reducers only read it.
 
 Pure but for ``Links``, which it calls only when a choice needs a figure, in a fixed order (the strategy's probe,
 then the node-first link under ``comm.compress=auto``, then the link the buckets are sized from): every rank decides
@@ -80,6 +80,10 @@ class SyncPlan:
     @property
     def hierarchical(self) -> bool:
         return self.strategy.hierarchical
+
+    @property
+    def sharded(self) -> bool:
+        return self.reducer.sharded
 
     @property
     def compresses(self) -> bool:

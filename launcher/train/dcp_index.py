@@ -2,9 +2,9 @@
 ``.metadata`` (its index: every entry's shape, dtype and where each shard lies) is a pickle with no checksum, and
 torch's own reader unpickles whatever it holds. Here it is built by an unpickler that knows only DCP's index
 classes, torch's sizes, dtypes and layouts, and paths (``read_index``), and every DCP load of the launcher reads
-through it (``IndexReader``): a resume (``sharded.load``), the resharding check (``reshard``), the model alone in one
-process (``whole_model``: ``checkpoint.load_model_state``, ``python -m launcher export``). The shards themselves are
-read by DCP with ``torch.load(weights_only=True)``."""
+through it (``IndexReader``): a resume (``sharded.load_shards``), the resharding check (``reshard``), the model alone
+in one process (``whole_model``: ``checkpoint.load_model_state``, ``python -m launcher export``). The shards
+themselves are read by DCP with ``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The model every rank builds: the same seed on every rank gives the same initial weights, checked across ranks
-(a seeding bug would otherwise train garbage silently); sharded under ``comm.reducer=fsdp`` (``shard``: before the
-optimizer is built, the shards slices of that one init); then evaluation on the held-out split."""
+(a seeding bug would otherwise train garbage silently); sharded under ``comm.reducer=fsdp`` (``shard``, called by the
+sharded state before the optimizer is built: the shards are slices of that one init); then evaluation on the
+held-out split."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from launcher.base.devices import seed_all
 from launcher.base.env import DistEnv
-from launcher.base.sync_modes import Compress, Reducer
+from launcher.base.sync_modes import Compress
 from launcher.comm.shard import ShardSpec, shard_mesh, shard_model
 from launcher.config import JobConfig, collective_timeout_s
 from launcher.group import helpers as rank_helpers
@@ -34,13 +35,11 @@ def build_model(job: JobConfig, device: torch.device) -> nn.Module:
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def shard(job: JobConfig, env: DistEnv, device: torch.device, model: nn.Module) -> Optional[list[str]]:
-    """``comm.reducer=fsdp``: the model sharded in place (collective; ``comm/shard.py``), its units' names; else
-    None. The forward computes in ``train.precision``'s dtype, gradients are reduced and the optimizer steps in
-    fp32."""
+def shard(job: JobConfig, env: DistEnv, device: torch.device, model: nn.Module) -> list[str]:
+    """The model sharded in place (collective; ``comm/shard.py``; ``comm.reducer=fsdp``'s state:
+    ``ShardedState``), its units' names. The forward computes in ``train.precision``'s dtype, gradients are reduced
+    and the optimizer steps in fp32."""
     comm = job.comm
-    if comm.reducer is not Reducer.fsdp:
-        return None
     spec = ShardSpec(
         reshard_after_forward=comm.reshard_after_forward,
         unit_classes=tuple(comm.fsdp_units),

@@ -13,13 +13,14 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
+from launcher.base import membership
 from launcher.base.env import DistEnv
 from launcher.base.logs import console_stream, take_the_console
 from launcher.comm import trace
+from launcher.comm.sync import Sync
 from launcher.comm.trace import Tracer, write_trace
 from launcher.config import JobConfig
 from launcher.group.helpers import Peers
-from launcher.heal import membership
 from launcher.report.summary import RunSummary
 from launcher.train.batch import Batch, as_tree, split, to_device
 from launcher.train.metrics import MetricsWriter
@@ -27,7 +28,6 @@ from launcher.train.model import evaluate
 from launcher.train.progress import Totals
 from launcher.train.scores import Scores, metric_specs
 from launcher.train.state import TrainState
-from launcher.train.sync import GradientSync
 from launcher.train.world import World
 from launcher.watch import ProgressWatch
 
@@ -71,7 +71,7 @@ class Records:
     def close(self) -> None:
         self.metrics.close()
 
-    def log_if_due(self, totals: Totals, env: DistEnv, sync: GradientSync, bar: tqdm) -> None:
+    def log_if_due(self, totals: Totals, env: DistEnv, sync: Sync, bar: tqdm) -> None:
         """At a step's end: the window's global mean loss when a log is due (``train.log_every_steps``, the last
         step), once per step (after a heal, the step the loss cut short may have logged already); on the bar too."""
         pos = self.state.pos
@@ -83,7 +83,7 @@ class Records:
         totals.restart(pos.step)
         bar.set_postfix(epoch=pos.epoch, loss=f"{totals.final_loss:.4f}")
 
-    def _log_window(self, totals: Totals, env: DistEnv, sync: GradientSync) -> float:
+    def _log_window(self, totals: Totals, env: DistEnv, sync: Sync) -> float:
         """Global mean loss over the window's steps (one small allreduce every log_every steps), and its time per
         step (``Totals``: a resumed window's counts its steps before the checkpoint too)."""
         window, pos, grad_norm = totals.window, self.state.pos, self.state.stepper.grad_norm
@@ -155,7 +155,7 @@ class Records:
         sync.flush()
         sync.module.eval()
         with state.stepper.autocast():
-            task, lockstep = state.stepper.task, sync.sharded
+            task, lockstep = state.stepper.task, sync.plan.sharded
             found = evaluate(state.model, world.test_loader, state.device, task, self.scores, self.peers, lockstep)
         self.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **{f"test_{k}": v for k, v in found.items()}})
         shown = ", ".join(f"test {name} {_shown(value)}" for name, value in found.items() if name != "loss")
@@ -166,7 +166,7 @@ class Records:
         self,
         env: DistEnv,
         backend: str,
-        sync: GradientSync,
+        sync: Sync,
         totals: Totals,
         wall: float,
         hosts: list[str],
@@ -181,8 +181,8 @@ class Records:
             backend=backend,
             device=str(self.state.device.type),
             reducer=job.comm.reducer,
-            hierarchical=sync.hierarchical,
-            hierarchical_reason=sync.choice.reason,
+            hierarchical=sync.plan.hierarchical,
+            hierarchical_reason=sync.plan.strategy.reason,
             model=job.model["_target_"],
             data=job.data.label,
             epochs=pos.epoch,

@@ -9,7 +9,7 @@ at the start: the job's seed, this rank's random streams kept) and this rank's s
 is built again around the new parameters and takes the old one's state, tensor for tensor (no gather, no traffic).
 A rank joining the job shards the model it built at its start, and takes its shards from a survivor at its own local
 place (``heal.rank_side.agree_on_state``'s lanes): what ``local_state`` gives and ``load_local_state`` takes.
-The trainer's call: ``TrainState.regroup``."""
+The trainer's call: ``ShardedState.regroup`` (``train/state.py``)."""
 
 from __future__ import annotations
 
@@ -75,11 +75,6 @@ def _shard_like(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
-def is_sharded(model: nn.Module) -> bool:
+def holds_shards(model: nn.Module) -> bool:
+    """``model``'s parameters are FSDP2's shards already (a rank joining a job holds the whole model it built)."""
     return any(is_dtensor(p) for p in model.parameters())
-
-
-def mesh_groups(model: nn.Module) -> list[Any]:
-    """The process groups of a sharded ``model``'s meshes (a heal keeps them: destructors may wait for peers)."""
-    groups = (p.device_mesh.get_group() for p in model.parameters() if hasattr(p, "device_mesh"))
-    return list({id(g): g for g in groups}.values())

@@ -2,7 +2,7 @@
 them, into whatever this job holds. (The position, schedule and per-rank parts: ``saving``.)
 
 - A sharded checkpoint (``comm.reducer=fsdp``: a directory of DCP's chunks) into a sharded job on any number of
-  nodes and ranks, or under the other ``comm.shard``: ``sharded.load`` asks DCP for this rank's new shards, and
+  nodes and ranks, or under the other ``comm.shard``: ``sharded.load_shards`` asks DCP for this rank's new shards, and
   DCP's planner reads, from each saved chunk, only the part this rank's shards overlap: nothing is gathered.
 - The same directory into a replicated job (``ddp``, ``bucketed``): the same call, with the plain model's whole
   tensors asked for: every rank reads every chunk (it holds the whole model and optimiser anyway).

@@ -1,12 +1,14 @@
 """The trainer's checkpoints: which one a run resumes from (rank 0's choice, agreed at start), writing one
 (collective: every rank hands rank 0 its RNG state and its part of the log's window; rank 0 writes atomically and
 prunes; a full disk named with the previous checkpoint kept), and the resume's own steps (every rank's RNG stream and
-log window, what it says). What a checkpoint holds is the ``TrainState``'s ``state_dict`` with those per-rank parts:
-``rng``, ``log_window`` (``progress.Totals``: the resumed run logs what the uninterrupted one logs) and
-``compression``. A sharded job's (``comm.reducer=fsdp``) is a directory every rank writes its shards and its own
-parts into (``launcher.train.sharded``): nothing is gathered; each rank reads back only its own. Either kind resumes
-in a job of either kind and on another layout of ranks (``launcher.train.reshard``); what belonged to the old layout
-(RNG streams, the loss window, the sync's choices, compression state) starts anew there, said once."""
+log window, what it says). What a checkpoint holds, and how it is written and read, is the training state's kind
+(``train/state.py``): one file of the ``TrainState``'s ``state_dict`` with every rank's own parts (``rng``,
+``log_window``: ``progress.Totals``, the resumed run logs what the uninterrupted one logs; ``compression``), or a
+sharded job's directory every rank writes its shards and its own parts into (``launcher.train.sharded``). The
+Checkpointer holds what both share: the directory and its retention, the background writer, the write's failure
+said with the fix. Either kind resumes in a job of either kind and on another layout of ranks
+(``state.resume_from``); what belonged to the old layout (RNG streams, the loss window, the sync's choices,
+compression state) starts anew there, said once."""
 
 from __future__ import annotations
 
@@ -17,19 +19,18 @@ from typing import Any, Optional
 
 import torch
 
-from launcher.base.checkpoint_names import checkpoint_path, is_sharded, list_checkpoints, sharded_path
-from launcher.base.devices import rng_state, seed_all, set_rng_state
+from launcher.base.checkpoint_names import is_sharded, list_checkpoints
+from launcher.base.devices import seed_all, set_rng_state
 from launcher.base.env import DistEnv
 from launcher.base.faults import faults_for
-from launcher.base.sync_modes import Reducer
+from launcher.comm.sync import Sync
 from launcher.config import JobConfig
 from launcher.group.helpers import Peers
 from launcher.report.attempts import mark_start
 from launcher.train import checkpoint as ckpt
 from launcher.train.background import Background
 from launcher.train.progress import Span, Totals
-from launcher.train.state import TrainState
-from launcher.train.sync import GradientSync
+from launcher.train.state import TrainState, resume_from
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,6 @@ class Checkpointer:
         self.peers, self.joins = peers, joins
         self.faults = faults_for(env)  # LAUNCHER_FAULT's write=S: a checkpoint slower to complete (the tests')
         self.background = Background() if job.train.checkpoint_async else None  # (train/background.py)
-        self._group: Any = None  # a sharded job's async saves: a gloo group of their own (collective: made here)
-        if self.background is not None and job.comm.reducer is Reducer.fsdp and not joins:
-            self._group = torch.distributed.new_group(backend="gloo")
         self.resume_path: Optional[Path] = None
         self._resume_state: Optional[dict[str, Any]] = None
         self._changed: Optional[str] = None  # how the resumed checkpoint's kind or comm.shard is not this job's
@@ -79,55 +77,26 @@ class Checkpointer:
             return None
         path = self.resume_path
         assert path is not None
-        if is_sharded(path) or state.sharded:  # (FSDP2 and DCP: imported by the jobs that need them, ~0.5 CPU-s)
-            from launcher.train import reshard, sharded
-        if is_sharded(path):  # into this job's shards or whole model (DCP reads each rank what it asks for)
-            reshard.check_model(path, state.model, reshard.dcp_shapes(path))
-            sharded.load(path, state.model, state.optimizer)  # (collective)
-            state.load_shared_state_dict(saved)
-        elif state.sharded:  # a replicated job's file: each rank cuts its own shards out of it
-            reshard.check_model(path, state.model, reshard.file_shapes(saved["model"]))
-            reshard.from_whole(state.model, state.optimizer, saved.pop("model"), saved.pop("optimizer"))
-            state.load_shared_state_dict(saved)
-        else:
-            state.load_state_dict(saved)
+        resume_from(state, path, saved)
         self._resumed(saved, env, seed, state.span)
         windows = saved.get("log_window") or []
         same_world = saved.get("world_size") == env.world_size and len(windows) == env.world_size
         totals.start(state.pos.step, windows[env.rank] if same_world else None)
         return str(self.resume_path)
 
-    def save(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
-        """Collective (every rank hands rank 0 its RNG state, its part of the log's window (``Totals.partial``:
-        its own sums, which the log adds; each rank's kept, nothing reduced) and its compression state: each
-        rank's error feedback is its own); rank 0 writes atomically and prunes. Sharded: ``_save_sharded``."""
-        if state.sharded:
-            self._save_sharded(state, sync, env, step, window)
-            return
-        mine = sync.compression_state()
-        gathered = self.peers.gather_object((rng_state(), window, mine))
-        if gathered is None:  # not rank 0
-            return
-        path = checkpoint_path(self.dir, step)
-        own = {} if mine is None else {"compression": [c for *_, c in gathered]}
-        parts = {"rng": [r for r, *_ in gathered], "log_window": [w for _, w, _ in gathered]}
-        whole = dict(state.state_dict(env, sync), **parts, **own)
+    def save(self, state: TrainState, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
+        """Collective: this step's checkpoint, as the state's kind writes it (``TrainState.save``)."""
+        state.save(self, sync, env, step, window)
+
+    def write_file(self, whole: dict[str, Any], env: DistEnv, path: Path, step: int) -> None:
+        """Rank 0: a one-file checkpoint ``whole`` to ``path`` atomically, then the retention; under
+        ``train.checkpoint_async`` staged now and written in the background."""
         if self.background is None:
-            self._write(whole, env, path, step)
+            self.commit(lambda: ckpt.save_atomic(whole, path), env, path, step)
             return
         self.background.wait("the next checkpoint")  # (its staged buffers are reused; its error is raised here)
         staged = self.background.stage(whole)
-        self.background.start(step, lambda: self._write(staged, env, path, step))
-
-    def _write(self, whole: dict[str, Any], env: DistEnv, path: Path, step: int) -> None:
-        """Rank 0: ``whole`` to ``path`` atomically, then the retention (in the background under async)."""
-        self._hold(step)
-        try:
-            ckpt.save_atomic(whole, path)
-        except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
-            raise self._cannot_write(env, path, step, exc) from exc
-        ckpt.prune(self.dir, self.keep)
-        log.info("checkpoint %s", path)
+        self.background.start(step, lambda: self.commit(lambda: ckpt.save_atomic(staged, path), env, path, step))
 
     def wait(self, why: str) -> None:
         """The checkpoint being written (``train.checkpoint_async``), finished: a stop, the end of the run."""
@@ -143,33 +112,14 @@ class Checkpointer:
                 log.error("the last checkpoint was not written: %s", exc)
             self.background.close()
 
-    def _save_sharded(self, state: TrainState, sync: GradientSync, env: DistEnv, step: int, window: dict) -> None:
-        """Collective: every rank writes its shards and its own RNG state, log window and compression state (none
-        gathered); rank 0 the rest of the training state, then it renames the whole directory and prunes."""
-        from launcher.train import sharded
-
-        path = sharded_path(self.dir, step)
-        own = {"rng": rng_state(), "log_window": window, "compression": sync.compression_state()}
-        train = state.shared_state_dict(env, sync) if env.is_main else None
-        if self.background is not None:
-            self.background.wait("the next checkpoint")
-            args = (path, state.model, state.optimizer, self.peers, env.rank, own, train)
-            try:
-                finish = sharded.save_async(*args, self.background.stager, self._group)
-            except OSError as exc:
-                raise self._cannot_write(env, path, step, exc) from exc
-            self.background.start(step, lambda: self._finish_sharded(finish, env, path, step))
-            return
-        self._finish_sharded(
-            lambda: sharded.save(path, state.model, state.optimizer, self.peers, env.rank, own, train), env, path, step
-        )
-
-    def _finish_sharded(self, write: Callable[[], None], env: DistEnv, path: Path, step: int) -> None:
+    def commit(self, write: Callable[[], object], env: DistEnv, path: Path, step: int) -> None:
+        """``write`` the checkpoint at ``path`` (every rank that writes: the one that could not is named), then rank 0
+        prunes to ``train.keep_checkpoints`` and says so."""
         self._hold(step)
         try:
             write()
-        except OSError as exc:  # (every rank: the rank that could not write is named)
-            raise self._cannot_write(env, path, step, exc) from exc
+        except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
+            raise self.cannot_write(env, path, step, exc) from exc
         if env.is_main:
             ckpt.prune(self.dir, self.keep)
             log.info("checkpoint %s", path)
@@ -178,7 +128,7 @@ class Checkpointer:
         if (fault := self.faults.get(step)) is not None:
             fault.hold_write()
 
-    def _cannot_write(self, env: DistEnv, path: Path, step: int, exc: OSError) -> RuntimeError:
+    def cannot_write(self, env: DistEnv, path: Path, step: int, exc: OSError) -> RuntimeError:
         """Disk full, quota, read-only: said with the fix; the previous checkpoint stays valid."""
         earlier = [p for p in list_checkpoints(self.dir) if p != path]
         kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "there is no earlier checkpoint"
@@ -246,7 +196,7 @@ def layout_change(path: Path, state: dict[str, Any], job: JobConfig) -> Optional
     comm = (state.get("config") or {}).get("comm") or {}
     wrote = f"comm.reducer={comm.get('reducer', 'fsdp' if is_sharded(path) else '?')}"
     here = f"comm.reducer={job.comm.reducer.value}"
-    if is_sharded(path) != (job.comm.reducer is Reducer.fsdp):
+    if is_sharded(path) != job.comm.reducer.sharded:
         return f"{wrote} wrote it, this job is {here}"
     if is_sharded(path) and comm.get("shard") not in (None, job.comm.shard.value):
         return f"comm.shard={comm['shard']} wrote it, this job shards with comm.shard={job.comm.shard.value}"

@@ -198,7 +198,7 @@ def _commit(writing: Path, path: Path) -> None:
     ckpt.remove(old)
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_shards(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: every rank reads into ``model`` and ``optimizer`` in place what they hold of ``path``: a sharded
     model its shards, of whatever layout wrote them (DCP reshards: each rank's ``get_state_dict`` says which part of
     each tensor it holds), a plain one the whole tensors (the optimiser built as this run built it:

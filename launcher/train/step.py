@@ -13,7 +13,7 @@
 
 Clipping and the fp16 scaler need every synchronised gradient before the first update: the forward overlap (updates
 bucket by bucket as they arrive, during the next forward) cannot run with them;
-``config.rules.whole_gradient_reason`` says why and ``GradientSync`` runs the backward overlap instead, saying so
+``config.rules.whole_gradient_reason`` says why and the bucketed sync runs the backward overlap instead, saying so
 in the banner."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def describe_precision(train: TrainConfig, optim: OptimConfig) -> str:
 
 
 class Synchronising(Protocol):
-    """What a step needs of the gradient sync (``sync.GradientSync``; the tests' stand-ins)."""
+    """What a step needs of the gradient sync (``comm.sync.Sync``; the tests' stand-ins)."""
 
     module: torch.nn.Module
 
@@ -58,7 +58,7 @@ class Synchronising(Protocol):
 
 class Stepper:
     """``step(sync, x, y)``: zero the gradients, the micro-batches, unscale, clip, the optimizer and scheduler
-    steps. ``sync`` is the round's ``GradientSync`` (its module, ``no_sync``, ``zero_grad`` and ``step``)."""
+    steps. ``sync`` is the round's ``Sync`` (its module, ``no_sync``, ``zero_grad`` and ``step``)."""
 
     def __init__(
         self,

@@ -34,12 +34,12 @@ from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
 from launcher.train.data import IMAGE_MODELS, build_datasets
 from launcher.train.in_place import Healing, healing_for
-from launcher.train.model import build_model, check_same_weights, shard
+from launcher.train.model import build_model, check_same_weights
 from launcher.train.optim import build_optimizer
 from launcher.train.progress import Finished, Grows, Left, Lost, RoundEnd, Totals
 from launcher.train.records import Records, progress_bar
 from launcher.train.saving import Checkpointer
-from launcher.train.state import TrainState
+from launcher.train.state import TrainState, state_kind
 from launcher.train.stop import Stopped, StopRequest
 from launcher.train.world import World
 from launcher.trust.secret import Secret
@@ -99,15 +99,15 @@ class Trainer:
         joins = self.seam.joins  # no collective until the keeper lets it in
         self.has_state = not joins
         # 3. the model, the same initial weights on every rank; per-rank RNG streams (data order: the sampler's)
-        model = build_model(job, device)
+        model, kind = build_model(job, device), state_kind(job)  # (the state's kind: replicated or sharded)
         if not joins:  # (a joining rank's model is sharded once it is in a round: ``regroup``)
             check_same_weights(model, self.peers)
-            shard(job, env, device, model)  # comm.reducer=fsdp: sharded in place, before the optimizer holds it
+            kind.prepare(job, env, device, model)  # sharded in place (comm.reducer=fsdp), before the optimizer
         seed_all(job.train.seed + env.rank)
         # 4. the checkpoint to resume from (rank 0's choice, agreed), the optimizer, the data, the records
         self.checkpointer = Checkpointer(job, env, device, self.peers, joins)
         optimizer = build_optimizer(job.optim, model, env.world_size, job.train.precision)  # fused where it applies
-        self.state = TrainState(job, model, optimizer, device)
+        self.state = kind(job, model, optimizer, device)
         self.data = build_datasets(job.data, images=job.model["_target_"] in IMAGE_MODELS)
         self.totals, self.resumed_from, self.started, self.wall_s = Totals.on(device), None, 0.0, None
         self.records = Records(job, env, self.peers, self.state, self.watch, self.checkpointer.start_step)
@@ -283,14 +283,13 @@ class Trainer:
     def _enter_round(self, decision: Decision) -> None:
         joining = not self.has_state  # it joins: the state, and the job's shape, come from the others
         self.group, self.env = self.seam.enter(self.env, decision)
-        if self.state.sharded:  # the model sharded anew on this round's mesh, each rank's shards kept (collective)
-            self.state.regroup(self.env)
+        self.state.regroup(self.env, joining)  # (collective) sharded: anew on this round's mesh, shards kept
         self.records.entered(self.env)  # (perhaps as the new rank 0)
         behind, env = self.state.pos.step, self.env  # one gather: each rank's step (-1: it joins), counts, node, host
         mine = (-1 if joining else behind, self.totals.counts(), env.node_rank, env.hostname)
         facts = self.peers.all_gather_object(mine)
         state = lambda: self.state.state_dict(env, self._world().sync)  # noqa: E731 (a sharded rank's: its shards)
-        sent = self.seam.settle(env, [f[0] for f in facts], behind, state, by_place=self.state.sharded)
+        sent = self.seam.settle(env, [f[0] for f in facts], behind, state, by_place=self.state.by_place)
         if sent is not None:
             self.state.take(sent, joining)
             self.has_state = True

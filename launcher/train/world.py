@@ -12,16 +12,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from launcher.base.env import DistEnv
+from launcher.comm.sync import Sync
 from launcher.config import JobConfig
 from launcher.config.rules import whole_gradient_reason
 from launcher.group.helpers import Peers
 from launcher.train.data import ResumableSampler, eval_loader, train_loader
-from launcher.train.sync import GradientSync
+from launcher.train.sync import build_sync
 
 
 @dataclass
 class World:
-    sync: GradientSync
+    sync: Sync
     train_loader: DataLoader
     sampler: ResumableSampler  # the train loader's: each epoch's order, started part-way on resume
     test_loader: Optional[DataLoader]
@@ -44,7 +45,7 @@ class World:
         resumed run keeps (the same summation order, bit for bit); empty on another world size; ``healed`` after a
         heal."""
         t = job.train
-        sync = GradientSync(
+        sync = build_sync(
             model,
             env,
             device,

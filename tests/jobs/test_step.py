@@ -18,7 +18,7 @@ from launcher.config import CommConfig, OptimConfig, TrainConfig
 from launcher.config.rules import whole_gradient_reason
 from launcher.train.batch import split
 from launcher.train.step import Stepper
-from launcher.train.sync import GradientSync
+from launcher.train.sync import build_sync
 from launcher.watch.recorder import Recorder
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def _sync_once(rank, world, out_dir, reducer):
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = CommConfig(reducer=reducer, hierarchical="false", bucket_cap_mb=0.01, hang_warn_s=0)
-    sync = GradientSync(model, virtual_env(rank, world, world), torch.device("cpu"), cfg, optimizer)
+    sync = build_sync(model, virtual_env(rank, world, world), torch.device("cpu"), cfg, optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
     rows: list[int] = []  # each forward's batch rows: a stub ignoring train.accumulate_steps runs one of 16
@@ -123,7 +123,7 @@ def _first_step(rank, world, out_dir, precision, clip):
         else:
             cfg = CommConfig(reducer="bucketed", hierarchical="true", bucket_cap_mb=0.01, hang_warn_s=0)
             whole = whole_gradient_reason(how, optim)
-            sync = GradientSync(net, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
+            sync = build_sync(net, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
         steppers.append((Stepper(how, optim, torch.device("cpu"), optimizer, scheduler), sync))
     fp32_optimizer = torch.optim.SGD(full.parameters(), lr=1.0)
     fp32 = Stepper(TrainConfig(), optim, torch.device("cpu"), fp32_optimizer, _constant(fp32_optimizer))
@@ -183,7 +183,7 @@ def _skip_on_every_rank(rank, world, out_dir, reducer):
     train = TrainConfig(precision="fp16")
     cfg = CommConfig(reducer=reducer, hierarchical="false", bucket_cap_mb=0.01, hang_warn_s=0)
     whole = whole_gradient_reason(train, OptimConfig())
-    sync = GradientSync(model, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
+    sync = build_sync(model, env, torch.device("cpu"), cfg, optimizer, whole_gradient=whole)
     gathered = whole_params if reducer == "fsdp" else lambda m: m.state_dict()
     if reducer == "bucketed":
         assert "not the forward overlap: train.precision=fp16" in sync.description, sync.description

@@ -191,22 +191,22 @@ def _healed(rank, world, out_dir, per_node):
     import logging
 
     from launcher.config.schema import CommConfig
-    from launcher.train.sync import GradientSync
+    from launcher.train.sync import build_sync
 
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("launcher.train.sync").addHandler(handler)
-    logging.getLogger("launcher.train.sync").setLevel(logging.INFO)
+    logging.getLogger("launcher.comm.sync").addHandler(handler)
+    logging.getLogger("launcher.comm.sync").setLevel(logging.INFO)
     env = virtual_env(rank, world, per_node)
     cfg = CommConfig(reducer="ddp", hierarchical="true", compress="powersgd", compress_warmup_steps=2)
     model = _Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     saved = [{"layout": [[0, 1], [2, 3]], "mode": "powersgd", "rank": 4, "steps": 7, "fingerprint": []}] * world
-    resumed = GradientSync(model, env, torch.device("cpu"), cfg, opt, resumed_compression=saved)
+    resumed = build_sync(model, env, torch.device("cpu"), cfg, opt, resumed_compression=saved)
     assert resumed.compression.steps == 7 and not said, said  # the same layout: taken over, nothing said
     resumed.close()
-    healed = GradientSync(model, env, torch.device("cpu"), cfg, opt, resumed_compression=saved, healed=True)
+    healed = build_sync(model, env, torch.device("cpu"), cfg, opt, resumed_compression=saved, healed=True)
     assert healed.compression.steps == 0, healed.compression.steps
     expected = "compression: error feedback and Qs start anew (healed in place: the ranks changed; 2 step(s)"
     assert (len(said) == 1 and said[0].startswith(expected)) if rank == 0 else not said, said

@@ -26,7 +26,7 @@ from launcher.comm import Topology
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.schedule import WARMUP_STEPS
 from launcher.config import CommConfig
-from launcher.train.sync import GradientSync
+from launcher.train.sync import build_sync
 
 WORLD, BATCH, LR = 2, 8, 0.05
 
@@ -151,7 +151,7 @@ def fallback(topo, rank, env) -> dict:
         "banner_unused": CommConfig(reducer="bucketed", hierarchical="false", find_unused_parameters=True),
         "banner_ddp": CommConfig(reducer="ddp", hierarchical="false"),
     }.items():
-        sync = GradientSync(model, env, torch.device("cpu"), cfg, torch.optim.SGD(model.parameters(), lr=LR))
+        sync = build_sync(model, env, torch.device("cpu"), cfg, torch.optim.SGD(model.parameters(), lr=LR))
         banners[name] = sync.description
         sync.close()
     return {"lbfgs": lbfgs.describe(), "unused": unused.describe(), "plain": plain.describe(), **banners}

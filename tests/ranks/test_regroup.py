@@ -1,5 +1,5 @@
 """A sharded job healing in place (``comm.reducer=fsdp``, ``comm.shard=node``; launcher/train/regroup.py,
-``TrainState.regroup``, ``heal.rank_side.agree_on_state``'s lanes) on real gloo ranks, 2 virtual nodes x 2: a rank
+``ShardedState.regroup``, ``heal.rank_side.agree_on_state``'s lanes) on real gloo ranks, 2 virtual nodes x 2: a rank
 behind takes the shards of a rank at its own place in its node, and a job whose node 1 is lost and joins again
 trains on as one process would have trained it all along."""
 
@@ -116,19 +116,19 @@ def _train(state, sync, env, job, steps):
 
 def _heal(rank, world, out_dir, job, swapped):
     from launcher.base.env import DistEnv
-    from launcher.train.model import build_model, shard
+    from launcher.train.model import build_model
     from launcher.train.optim import build_optimizer
-    from launcher.train.state import TrainState
-    from launcher.train.sync import GradientSync
+    from launcher.train.state import ShardedState
+    from launcher.train.sync import build_sync
     from launcher.trust.signed import SignedStore
 
     device = torch.device("cpu")
     env = virtual_env(rank, world, PER_NODE)
     model = build_model(job, device)
-    shard(job, env, device, model)
-    state = TrainState(job, model, build_optimizer(job.optim, model, world, job.train.precision), device)
+    ShardedState.prepare(job, env, device, model)
+    state = ShardedState(job, model, build_optimizer(job.optim, model, world, job.train.precision), device)
     state.shape(PER_RANK * world, STEPS_PER_EPOCH)
-    sync = GradientSync(state.model, env, device, job.comm, state.optimizer)
+    sync = build_sync(state.model, env, device, job.comm, state.optimizer)
     assert sync.stage is not None  # FSDP2 inside each node, the cross-node stage across
     _train(state, sync, env, job, range(HEAL_AT))
     sync.leave()
@@ -137,7 +137,7 @@ def _heal(rank, world, out_dir, job, swapped):
     joining = env.node_rank == 1
     if joining:
         model = build_model(job, device)
-        state = TrainState(job, model, build_optimizer(job.optim, model, world, job.train.precision), device)
+        state = ShardedState(job, model, build_optimizer(job.optim, model, world, job.train.precision), device)
     # the next round, on the keeper's (signed) store; ``swapped``: the joining node is node 0 there, the
     # survivors' ranks change (their places in their node do not)
     node = (1 - env.node_rank) if swapped else env.node_rank
@@ -153,7 +153,7 @@ def _heal(rank, world, out_dir, job, swapped):
     healer = Healer(Place(f"node-{env.node_rank}"), 1.0, "gloo", SECRET, store=store, timeout_s=60, number=1)
     healer._form(new)
     assert dist.get_rank() == new.rank
-    state.regroup(new)  # survivors: their shards onto the new mesh; joiners: their fresh model sharded
+    state.regroup(new, joining)  # survivors: their shards onto the new mesh; joiners: their fresh model sharded
     steps = dist_gather_steps(-1 if joining else state.pos.step)
     lanes = [r % new.local_world_size for r in range(new.world_size)]  # as InPlace.settle (by_place)
     top, sent = agree_on_state(steps, lambda: state.state_dict(new, sync), healer, lanes)
@@ -162,7 +162,7 @@ def _heal(rank, world, out_dir, job, swapped):
         assert sent["step"] == HEAL_AT and set(sent) >= {"local", "scheduler"}, sorted(sent)
         state.take(sent, joining)
     assert state.pos.step == HEAL_AT
-    sync = GradientSync(state.model, new, device, job.comm, state.optimizer, healed=True)
+    sync = build_sync(state.model, new, device, job.comm, state.optimizer, healed=True)
     _train(state, sync, new, job, range(HEAL_AT, MAX_STEPS))
 
     params, momentum = {}, {}
@@ -209,7 +209,7 @@ def _cosine(lr, step):
 def test_a_sharded_job_heals_in_place_as_one_process_trains(tmp_path, swapped):
     """Node 1 of a sharded job (FSDP2 inside each node, the cross-node stage across) is lost after step 2 and
     joins again: its ranks start from a fresh, unsharded model; the survivors' shards move to the next round's mesh
-    (``TrainState.regroup``), the joiners' fresh model is sharded there, each joiner takes the shards, optimizer
+    (``ShardedState.regroup``), the joiners' fresh model is sharded there, each joiner takes the shards, optimizer
     state, schedule and step of the survivor at its place in its node (``agree_on_state``'s lanes), and two more
     steps train. Every rank's final parameters and momentum buffers are those of one process training the same
     init on the whole global batch for the 4 steps; ``joiners-first``: the joining node is node 0 of the new round

@@ -60,7 +60,7 @@ def test_a_checkpoint_directory_holds_the_shards_and_loads_back(tmp_path):
     named = ckpt.resume_source(str(path), tmp_path / "elsewhere", torch.device("cpu"))  # train.resume=DIR
     assert named == (path, ckpt.read(path)) == ckpt.resume_source("auto", tmp_path, torch.device("cpu"))
     fresh, fresh_optimizer = trained(1)
-    sharded.load(path, fresh, fresh_optimizer)
+    sharded.load_shards(path, fresh, fresh_optimizer)
     for a, b in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(a, b)
         assert torch.equal(optimizer.state[a]["momentum_buffer"], fresh_optimizer.state[b]["momentum_buffer"])
