@@ -184,7 +184,7 @@ def sync_for_plan(
     groups' state). ``whole_gradient``: the optimizer step needs every synchronised gradient at once (clipping, the
     fp16 scaler): the bucketed reducer does not hold the optimizer then."""
     peers = peers or Peers()
-    if plan.reducer is Reducer.fsdp:
+    if plan.sharded:
         return ShardedSync(model, topology, plan, compression, peers, options)
     if plan.reducer is Reducer.bucketed:
         held = None if whole_gradient else optimizer

@@ -113,7 +113,7 @@ def plan_sync(asked: SyncAsk, world: SyncWorld, links: Links) -> SyncPlan:
 
 def _strategy(asked: SyncAsk, world: SyncWorld, links: Links) -> StrategyChoice:
     """Flat or node-first: as set, kept on resume under auto, else measured on a bucket-sized tensor."""
-    if asked.reducer is Reducer.fsdp:
+    if asked.reducer.sharded:
         return _sharded(asked, world)
     if asked.hierarchical is Hierarchical.auto and world.kept_hierarchical is not None:
         return StrategyChoice(world.kept_hierarchical, KEPT)
@@ -153,7 +153,7 @@ def _compression(asked: SyncAsk, world: SyncWorld, links: Links, flat_chosen: bo
 
 
 def _overlap(asked: SyncAsk, world: SyncWorld, compression: Compress) -> tuple[Overlap, Optional[str]]:
-    if asked.reducer is Reducer.fsdp:
+    if asked.reducer.sharded:
         why = "comm.reducer=fsdp: the sharded optimizer steps once every shard is summed; the cross-node stage hides "
         why += "behind the rest of backward"
         return Overlap.backward, why if asked.overlap is Overlap.forward else None
@@ -172,7 +172,7 @@ def _cap(
     asked: SyncAsk, world: SyncWorld, links: Links, compression: Compress, hierarchical: bool
 ) -> tuple[float, str]:
     """The bucket cap and why: as set; torch's for DDP; kept on resume; else sized from the link (policy.py)."""
-    if asked.reducer is Reducer.fsdp:
+    if asked.reducer.sharded:
         return 0.0, "FSDP2: each unit's shard is one bucket (comm.fsdp_units, comm.fsdp_min_params)"
     if asked.bucket_cap_mb is not None:
         return asked.bucket_cap_mb, "comm.bucket_cap_mb"

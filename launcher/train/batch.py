@@ -123,7 +123,7 @@ def need_targets(batch: Batch, labels_key: str, why: str) -> torch.Tensor:
             "train.labels_key=<the key of the targets>, or train.loss=model (the model computes its loss)"
         )
     raise BatchError(
-        f"a batch of {describe(batch.whole)} has no targets, but {why} needs them; HINT: samples (inputs, target), "
+        f"a batch of {value_words(batch.whole)} has no targets, but {why} needs them; HINT: samples (inputs, target), "
         "a dict with the labels key (train.labels_key), or train.loss=model"
     )
 
@@ -136,12 +136,12 @@ def predictions(outputs: Any, why: str) -> torch.Tensor:
     if isinstance(logits, torch.Tensor):
         return logits
     raise BatchError(
-        f"the model returned {describe(outputs)}, neither a tensor nor an object or dict with 'logits', but {why} "
+        f"the model returned {value_words(outputs)}, neither a tensor nor an object or dict with 'logits', but {why} "
         "needs predictions; HINT: return the logits, or an output with .logits (the Hugging Face convention)"
     )
 
 
-def describe(value: Any) -> str:
+def value_words(value: Any) -> str:
     """A value as an error names it: ``a (4, 5) float32 tensor``, ``a tuple``."""
     if isinstance(value, torch.Tensor):
         return f"a {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor"
@@ -157,7 +157,7 @@ def _first_tensor(tree: Any) -> torch.Tensor:
             return _first_tensor(value)
         except BatchError:
             continue
-    raise BatchError(f"a batch of {describe(tree)} holds no tensor")
+    raise BatchError(f"a batch of {value_words(tree)} holds no tensor")
 
 
 def _chunk(tree: Any, n: int) -> list[Any]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from hydra.utils import get_method
 from torch import nn
 
-from launcher.train.batch import Batch, BatchError, call, describe, need_targets, predictions
+from launcher.train.batch import Batch, BatchError, call, need_targets, predictions, value_words
 
 BUILT_IN = ("cross_entropy", "model")
 
@@ -60,7 +60,7 @@ class Task:
             return F.cross_entropy(flat, labels)
         loss = self.loss_fn(logits, y)  # type: ignore[misc]
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-            raise TaskError(f"train.loss={self.name} returned {describe(loss)}, not a one-element loss tensor")
+            raise TaskError(f"train.loss={self.name} returned {value_words(loss)}, not a one-element loss tensor")
         return loss.reshape(())
 
     def eval_sums(self, outputs: Any, batch: Batch) -> torch.Tensor:
@@ -97,24 +97,24 @@ def _model_loss(outputs: Any) -> torch.Tensor:
     fix = "HINT: return the loss tensor, or an object or dict with a 'loss' entry (the Hugging Face convention)"
     if has and loss is None:
         raise TaskError(
-            f"train.loss=model: the model returned {describe(outputs)} whose loss is None (a Hugging Face model "
+            f"train.loss=model: the model returned {value_words(outputs)} whose loss is None (a Hugging Face model "
             "computes it only when it gets the labels: a dict batch's labels key, train.labels_key, must be its "
             "'labels'); " + fix
         )
-    raise TaskError(f"train.loss=model: the model returned {describe(outputs)} without a one-element loss; {fix}")
+    raise TaskError(f"train.loss=model: the model returned {value_words(outputs)} without a one-element loss; {fix}")
 
 
 def _flat(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy's (N*, C) logits and (N*,) labels from (N, ..., C) and (N, ...)."""
     if y.is_floating_point() or y.is_complex():
         raise TaskError(
-            f"train.loss=cross_entropy needs integer class labels; the data gives {describe(y)}; HINT: labels as "
+            f"train.loss=cross_entropy needs integer class labels; the data gives {value_words(y)}; HINT: labels as "
             "int64 class indices, or another loss: train.loss=pkg.module.fn (e.g. torch.nn.functional.mse_loss)"
         )
     if logits.ndim != y.ndim + 1 or logits.shape[:-1] != y.shape:
         raise TaskError(
-            f"train.loss=cross_entropy: the model's outputs are {describe(logits)} and the labels {describe(y)}; it "
-            "needs outputs (N, ..., classes) for labels (N, ...); HINT: return logits with the classes last, or set "
+            f"train.loss=cross_entropy: the model's outputs are {value_words(logits)} and the labels {value_words(y)}; "
+            "it needs outputs (N, ..., classes) for labels (N, ...); HINT: return logits with the classes last, or set "
             "train.loss to a function of (outputs, targets)"
         )
     return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
