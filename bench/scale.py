@@ -114,7 +114,7 @@ def report_time(ranks: int, nodes: int, run_dir: Path) -> float:
     folder = RunDir(run_dir).failure_attempt("scale", 0)
     folder.mkdir(parents=True, exist_ok=True)
     failures.record_exits(folder, records)
-    failures.report(RunDir(run_dir), "scale", file=out)
+    failures.print_report(RunDir(run_dir), "scale", file=out)
     took = time.perf_counter() - start
     first = out.getvalue().splitlines()[0]
     if f"rank {culprit} " not in first or "hung:" not in first:

@@ -1,7 +1,7 @@
 """launcher: one Hydra config, a distributed PyTorch job run locally, under torchrun, or on Slurm.
 
 The names below are imported when first used: importing a head-side module (``launcher.launch.ssh.head``,
-``launcher.heal.membership``) does not import torch through this package."""
+``launcher.launch.nodes.restarts``) does not import torch through this package."""
 
 from __future__ import annotations
 

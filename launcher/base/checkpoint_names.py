@@ -1,4 +1,4 @@
-"""Checkpoint names, and which is newest: no torch here, so the head (``launcher.heal.membership``, the stop line)
+"""Checkpoint names, and which is newest: no torch here, so the head (``launch/nodes/restarts.py``, the stop line)
 reads them as the trainer (``launcher.train.saving``) writes them.
 
 A replicated job's checkpoint is one file, ``checkpoints/step-XXXXXXXX.pt``; a sharded job's (``comm.reducer=fsdp``)

@@ -212,8 +212,8 @@ class RunDir:
         return self.submitit(folder) / "%j"
 
     def host_check(self, token: str) -> Path:
-        """The marker the ssh head writes and each checked host reads: it sees the head's run dir (``launch.hosts``,
-        ``launch.host_check``)."""
+        """The marker the ssh head writes and each checked host reads: it sees the head's run dir
+        (``launch/ssh/hosts.py``, ``launch/ssh/host_check.py``)."""
         return self.path / f".ssh-check-{token}"
 
     def host_check_probe(self, token: str, host: str, pid: int) -> Path:

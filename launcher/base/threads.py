@@ -26,7 +26,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def decide(configured: Optional[int], ranks_on_machine: int, environ: Mapping[str, str]) -> tuple[int, str]:
+def choose_threads(configured: Optional[int], ranks_on_machine: int, environ: Mapping[str, str]) -> tuple[int, str]:
     """(threads per rank, why): ``train.threads_per_rank``, else ``OMP_NUM_THREADS``, else cores / ranks."""
     if configured:
         return configured, "train.threads_per_rank"
@@ -46,7 +46,7 @@ def for_this_rank(configured: Optional[int], local_world_size: int) -> tuple[int
     """In a rank, before its work (the trainer, or the user's script): the rank's threads, also set as
     ``OMP_NUM_THREADS`` for what reads it later (a library the script imports, processes it starts); the caller
     sets torch's (``torch.set_num_threads``: this module stays torch-free for the head)."""
-    threads, why = decide(configured, ranks_on_machine(local_world_size, os.environ), os.environ)
+    threads, why = choose_threads(configured, ranks_on_machine(local_world_size, os.environ), os.environ)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     return threads, why
 
@@ -54,6 +54,6 @@ def for_this_rank(configured: Optional[int], local_world_size: int) -> tuple[int
 def plan_line(configured: Optional[int], ranks_on_machine: int | None, environ: Mapping[str, str]) -> str:
     """The plan's line; ``ranks_on_machine`` None: the ranks run on other machines (ssh, Slurm), each decides."""
     if configured or ranks_on_machine is not None or environ.get("OMP_NUM_THREADS"):
-        threads, why = decide(configured, ranks_on_machine or 1, environ)
+        threads, why = choose_threads(configured, ranks_on_machine or 1, environ)
         return f"{threads} per rank ({why})"
     return "cores of each machine / its ranks (train.threads_per_rank or OMP_NUM_THREADS to set)"

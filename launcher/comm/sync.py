@@ -176,7 +176,7 @@ def restore_compression(
         log.info("compression: error feedback and Qs start anew (%s)", why)
 
 
-def broadcast_buffers(peers: Peers, module: nn.Module, _: Any) -> None:
+def rank0_buffers_hook(peers: Peers, module: nn.Module, _: Any) -> None:
     """Sharded training's forward pre-hook: rank 0's buffers (batch-norm statistics) before each training forward,
     as torch DDP's ``broadcast_buffers`` (FSDP2 leaves them alone)."""
     if module.training:

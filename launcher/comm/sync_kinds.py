@@ -25,7 +25,7 @@ from launcher.comm.collectives import AbortableHook, abortable_hook, hierarchica
 from launcher.comm.compress import Compression
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.shard import CrossNodeStage, describe_sharding, no_sync
-from launcher.comm.sync import BaseSync, Sync, SyncOptions, broadcast_buffers
+from launcher.comm.sync import BaseSync, Sync, SyncOptions, rank0_buffers_hook
 from launcher.comm.sync_plan import SyncPlan
 from launcher.comm.topology import Topology
 from launcher.group.abort import Abort
@@ -143,7 +143,7 @@ class ShardedSync(BaseSync):
         self.stage = CrossNodeStage(model, topology, compression, self.abort) if plan.hierarchical else None
         self._buffers: Any = None  # the forward pre-hook broadcasting rank 0's buffers
         if options.broadcast_buffers and any(True for _ in model.buffers()):  # as DDP's (FSDP2 leaves them alone)
-            self._buffers = model.register_forward_pre_hook(functools.partial(broadcast_buffers, peers))
+            self._buffers = model.register_forward_pre_hook(functools.partial(rank0_buffers_hook, peers))
         self.described(describe_sharding(model))
 
     def no_sync(self) -> AbstractContextManager[None]:

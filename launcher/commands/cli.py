@@ -176,7 +176,7 @@ def print_summary(run_dir: RunDir, plots: bool = True) -> None:
 
 def print_doctor(run_dir: RunDir) -> int:
     """The doctor's report (doctor.json, written by rank 0); exit code 1 when it found problems."""
-    from launcher.rank.doctor import format_report
+    from launcher.rank.doctor import format_doctor_report
 
     path = run_dir.doctor
     if not path.is_file():
@@ -186,7 +186,7 @@ def print_doctor(run_dir: RunDir) -> int:
         )
         return EXIT_FAILED
     report = json.loads(path.read_text())
-    print(format_report(report) + f"\n[launcher] report: {path}", file=sys.stderr)
+    print(format_doctor_report(report) + f"\n[launcher] report: {path}", file=sys.stderr)
     return EXIT_FAILED if report["problems"] else EXIT_OK
 
 

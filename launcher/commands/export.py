@@ -42,7 +42,7 @@ def export_command(args: list[str]) -> int:
         if out.is_dir():
             raise ValueError(f"OUT {out} is a directory; HINT: name the file to write, e.g. {out / 'model.pt'}")
         state = model_state(path)
-        written = write(state, out, step_of(path) or 0)
+        written = write_state(state, out, step_of(path) or 0)
     except ValueError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return EXIT_BAD
@@ -140,7 +140,7 @@ def _whole_sharded(path: Path) -> dict[str, torch.Tensor]:
     return whole_model(path)
 
 
-def write(state: dict[str, torch.Tensor], out: Path, step: int) -> int:
+def write_state(state: dict[str, torch.Tensor], out: Path, step: int) -> int:
     """``state`` into ``out`` (replaced in one step: a reader never sees half of it), torch's format or, for
     ``.safetensors``, safetensors' (which stores no two names over one storage: tied weights are copied); its bytes."""
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from launcher.base.gpus import backend_for
 from launcher.base.sync_modes import Overlap, Reducer, Shard
 from launcher.config.errors import ConfigError
 from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
@@ -35,6 +36,13 @@ def rank_command(job: JobConfig) -> tuple[str, ...]:
     """The arguments of ``python`` for one rank of ``job`` started by an agent (``launcher.rank.entry``): its run
     dir, then what it runs (``ps`` shows the script until the rank names itself, and its title has the room)."""
     return ("-u", "-m", "launcher.rank.entry", job.run_dir, *entry_argv(job))
+
+
+def job_backend(job: JobConfig) -> str:
+    """The process group's backend, worked out once for the head's plan and every rank: ``comm.backend`` as set, or
+    for ``auto`` what the job's GPUs call for (nccl between GPUs, gloo on CPUs). The plan's GPUs are the job's
+    (``cluster.gpus_per_node``, filled in by the mode before the config is frozen), so both see the same answer."""
+    return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
 
 
 def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:

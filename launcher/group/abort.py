@@ -16,17 +16,28 @@ destructor until the old group's timeout)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-from torch.distributed import DistError
 from torch.futures import Future
 
+from launcher.base.errors import Kind, LauncherError
 
-class PeerLost(RuntimeError):
+
+class Cause(Protocol):
+    """What tripped the abort, handed on in every ``PeerLost`` it causes (healing in place: the keeper's decision,
+    ``launcher.heal.protocol.Decision``; this layer only carries it)."""
+
+    def said(self) -> str: ...
+
+
+class PeerLost(LauncherError):
     """A collective was left because a machine of the job is gone (``str``: who said so, and why; ``cause``: what
-    the one who tripped the abort handed it, for healing the keeper's decision)."""
+    the one who tripped the abort handed it, for healing the keeper's decision). Not a ``RuntimeError``: torch's
+    futures carry any exception, and no catch of torch's errors may take it for one of them."""
 
-    def __init__(self, why: str, cause: object = None) -> None:
+    kind = Kind.peer
+
+    def __init__(self, why: str, cause: Optional[Cause] = None) -> None:
         super().__init__(why)
         self.cause = cause
 
@@ -39,7 +50,7 @@ class Abort:
         self._lock = threading.Lock()
         self._tripped = threading.Event()
         self._why = ""
-        self._cause: object = None
+        self._cause: Optional[Cause] = None
         self._round = 0
         self._pending: dict[int, tuple[Future, Future]] = {}  # id(ours) -> (ours, the backend's)
         self._kept: list[Any] = []  # left groups, their works, the objects holding them: kept until the end
@@ -58,7 +69,7 @@ class Abort:
         """Keep ``thing`` (a left group, a work, a left sync) referenced until the process ends."""
         self._kept.append(thing)
 
-    def trip(self, why: str, round_: Optional[int] = None, cause: object = None) -> None:
+    def trip(self, why: str, round_: Optional[int] = None, cause: Optional[Cause] = None) -> None:
         """A machine is gone: every pending ``abortable`` future fails with ``PeerLost(why, cause)``, and so does
         every later one, until ``next_round``. ``round_``: only if this rank is still in that round."""
         with self._lock:
@@ -79,15 +90,10 @@ class Abort:
             self._tripped.clear()
             self._round += 1
 
-    def loss_behind(self, exc: BaseException, grace_s: float) -> Optional[PeerLost]:
-        """The loss of a machine behind ``exc``, a rank's error: ``exc`` itself when it is ``PeerLost``; else, when it
-        is an error the backend raises for a failed collective (exactly ``RuntimeError`` on gloo, ``DistError`` on
-        nccl; a peer killed resets its connections before anyone has declared it lost), the trip that follows
-        within ``grace_s``; None: no machine was lost (an ordinary error: raise it as it is)."""
-        if isinstance(exc, PeerLost):
-            return exc
-        if type(exc) is not RuntimeError and not isinstance(exc, DistError):
-            return None
+    def lost_within(self, grace_s: float) -> Optional[PeerLost]:
+        """The loss of a machine, when the abort trips within ``grace_s`` (0: tripped already): a collective's
+        backend error may come first (a peer killed resets its connections before anyone has declared it lost), so
+        the caller holding one asks here. None: no machine was lost meanwhile."""
         if not self._tripped.wait(grace_s):
             return None
         with self._lock:

@@ -20,6 +20,7 @@ from typing import Optional
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
+from launcher.base.errors import Kind, LauncherError
 from launcher.base.liveness import RANK_STORE_POLL_S
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore, guard
@@ -27,8 +28,17 @@ from launcher.trust.signed import SignedStore, guard
 log = logging.getLogger(__name__)
 
 
-class JoinError(RuntimeError):
-    """A rank could not reach the rendezvous, or not every rank arrived in time."""
+class JoinError(LauncherError):
+    """A rank could not reach the rendezvous, or not every rank arrived in time: most often because another rank
+    failed first (it never came, or the store's host is gone)."""
+
+    kind = Kind.peer
+
+
+class PortTaken(JoinError):
+    """Rank 0 cannot host the rendezvous store: its port is held by something else (this rank's own cause)."""
+
+    kind = Kind.error
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,7 @@ def _connect(env: DistEnv, join_s: float) -> dist.Store:
                 return listening_store(env.master_addr, env.master_port, timeout)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise JoinError(
+                    raise PortTaken(
                         f"rank 0 on {env.hostname or socket.gethostname()} cannot host the rendezvous store: port "
                         f"{env.master_port} on {env.master_addr} is taken ({exc.strerror}); HINT: another job or a "
                         "stale process holds it; free it, or pick another with cluster.master_port"
@@ -158,7 +168,7 @@ def _connect(env: DistEnv, join_s: float) -> dist.Store:
             timeout=timeout,
             wait_for_workers=False,
         )
-    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError derive from RuntimeError
+    except (dist.DistError, OSError) as exc:  # DistNetworkError, DistStoreError: the store unreachable
         raise JoinError(
             f"rank {env.rank} on {env.hostname or socket.gethostname()} could not reach the rendezvous store at "
             f"{_where(env)} within {join_s:.0f} s ({str(exc).splitlines()[0]}); HINT: check that MASTER_ADDR "
@@ -198,7 +208,7 @@ def _arrived(store: dist.Store, keys: list[str], signed: bool, deadline: float) 
     while True:
         try:
             store.wait(waiting, timedelta(seconds=max(0.001, deadline - time.monotonic())))
-        except (RuntimeError, OSError):
+        except (dist.DistError, OSError):
             pass  # (what is missing is asked below)
         there = [k for k in waiting if store.check([k])]
         waiting = [k for k in waiting if k not in there or (signed and store.read(k) is None)]  # type: ignore[attr-defined]

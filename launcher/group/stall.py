@@ -3,28 +3,24 @@ store; the ranks that do not report within a grace time never reached the collec
 
 from __future__ import annotations
 
-import re
 import socket
 from datetime import timedelta
 from typing import Optional
 
+import torch.distributed as dist
+
 from launcher.base.env import DistEnv
+from launcher.group.failed import CollectiveTimedOut
 from launcher.group.rendezvous import Group
-
-_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught", re.I)
-
-
-def is_timeout(exc: BaseException) -> bool:
-    """True for a collective that gave up waiting (gloo: "Timed out waiting 5000ms for recv ...", nccl's
-    watchdog: "... collective operation timeout"), not for any error that mentions a timeout."""
-    return isinstance(exc, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(exc)))
+from launcher.trust.signed import Forged
 
 
-def timed_out(env: DistEnv, phase: str, timeout_s: float, diagnosis: str) -> RuntimeError:
-    """The error a rank ends with when a collective of the trainer timed out: where, after how long, who is stuck."""
-    return RuntimeError(
+def timed_out(env: DistEnv, phase: str, timeout_s: float, group: Optional[Group]) -> CollectiveTimedOut:
+    """The error a rank ends with when a collective of the trainer timed out (``failed.typed`` recognised torch's):
+    where, after how long, and who is stuck (``explain_stall``, asked on ``group``'s store)."""
+    return CollectiveTimedOut(
         f"rank {env.rank} on {env.hostname}: a collective at {phase} timed out after {timeout_s:.0f} s "
-        f"(comm.timeout_s); {diagnosis}"
+        f"(comm.timeout_s); {explain_stall(group, phase)}"
     )
 
 
@@ -39,7 +35,7 @@ def explain_stall(group: Optional[Group], where: str, grace_s: Optional[float] =
         grace_s = min(10.0, max(2.0, group.timeout_s / 2))
     try:
         return _explain_stall(group, where, grace_s)
-    except (RuntimeError, OSError) as exc:  # the store's host (rank 0) may be gone too
+    except (dist.DistError, OSError, Forged) as exc:  # the store's host (rank 0) may be gone too; a value forged
         return f"the rendezvous store could not be asked which rank is stuck ({str(exc).splitlines()[0]})"
 
 
@@ -50,7 +46,7 @@ def _explain_stall(group: Group, where: str, grace_s: float) -> str:
     keys = [f"timed-out/{r}" for r in range(env.world_size)]
     try:
         store.wait(keys, timedelta(seconds=grace_s))
-    except (RuntimeError, OSError):
+    except (dist.DistError, OSError):  # (the store's wait timed out: who did not report is asked below)
         pass
     stuck = [r for r in range(env.world_size) if not store.check([keys[r]])]
     if not stuck:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from launcher.heal.protocol import ROUND_WORD, Decision, Join, Lost
+from launcher.heal.protocol import ROUND_WORD, Decision, JoinWord, LostWord
 from launcher.trust.secret import Secret
 
 
@@ -47,12 +47,12 @@ class KeeperClient:
 
     def lose(self, name: str, why: str) -> None:
         """Tell the keeper ``name`` is gone (now)."""
-        self._say(Lost(name, time.time(), why).line())
+        self._say(LostWord(name, time.time(), why).line())
 
     def join(self, name: str, start: int, ranks: int, answered: float) -> None:
         """Tell the keeper that ``name``'s machine answered again at ``answered`` and its node process (``start``,
         ``ranks`` ranks) is starting: it joins once they are ready."""
-        self._say(Join(name, start, ranks, answered).line())
+        self._say(JoinWord(name, start, ranks, answered).line())
 
     def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # the keeper is gone: the head sees that too

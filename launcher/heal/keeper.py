@@ -3,17 +3,17 @@ training machine (on the head's host; for simulated nodes in their own namespace
 so that losing any machine, the first included, leaves it standing.
 
 It hosts the job's store (the ranks' rendezvous and every round after it), hears each node process's heartbeat
-(``Keys.heartbeat``, every ``protocol.BEAT_S``) and decides the rounds (``rounds.Rounds``): a node is lost when its
+(``Keys.heartbeat``, every ``liveness.NODE_BEAT_S``) and decides the rounds (``rounds.Rounds``): a node is lost when its
 heartbeat has been silent for ``cluster.lost_after_s`` (a frozen machine, a link down; not one whose ranks ended,
-which says so: ``Keys.done``), or at once when the head says so (``protocol.Lost`` on stdin). A machine that answers
-again joins: the head starts a node process for it and says ``protocol.Join``; once all its ranks are ready
+which says so: ``Keys.done``), or at once when the head says so (``protocol.LostWord`` on stdin). A machine that answers
+again joins: the head starts a node process for it and says ``protocol.JoinWord``; once all its ranks are ready
 (``Keys.ready``), the round ends with it as the next one's last member, and the new ranks learn their round
 (``Keys.joined``). Each decision goes into the store (``Keys.round_end``: the ranks leave the round, broken or
 not, and form the next one) and to the head (stdout). Everything it reads from the store verifies with the job's
 secret (its environment, ``SECRET_ENV``): a stranger's write is ignored.
 
 ``python -m launcher.heal.keeper ADDR PORT ATTEMPT MIN_NODES LOST_AFTER_S NAME...`` (built by
-``head.KeeperClient``); stdout: one ``ROUND <json>`` line per decision; stdin: the head's words; its end ends it.
+``head_side.KeeperClient``); stdout: one ``ROUND <json>`` line per decision; stdin: the head's words; its end ends it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Optional
 
 from launcher.base.liveness import KEEPER_LOOK_S
 from launcher.group.rendezvous import attempt_prefix, listening_store
-from launcher.heal.protocol import ROUND_WORD, Decision, Join, Keys, Lost, node_id, parse_word
+from launcher.heal.protocol import ROUND_WORD, Decision, JoinWord, Keys, LostWord, node_id, parse_word
 from launcher.heal.rounds import Rounds
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
@@ -51,7 +51,7 @@ class Keeper:
     silence: float  # cluster.lost_after_s
     starts: dict[str, int] = field(default_factory=dict)  # a member -> its node process's start (node_id)
     heard: dict[str, tuple[int, float]] = field(default_factory=dict)  # a member -> (its count, when it changed)
-    joining: dict[str, Join] = field(default_factory=dict)
+    joining: dict[str, JoinWord] = field(default_factory=dict)
 
     def beats(self, node: str) -> Optional[int]:
         """A node process's heartbeat count; None: none that verifies (not started yet, or a stranger's)."""
@@ -102,9 +102,9 @@ class Keeper:
             while True:
                 if word is None:
                     return None
-                if isinstance(word, Join):
+                if isinstance(word, JoinWord):
                     self.joining[word.name] = word
-                elif isinstance(word, Lost):
+                elif isinstance(word, LostWord):
                     told[word.name], fault_time = word.why, min(fault_time, word.at)
                     self.joining.pop(word.name, None)  # a joining one that is gone again
                 word = words.get_nowait()

@@ -1,10 +1,11 @@
-"""One node's ranks in a job that heals in place (``nodes/process.py --members``): no elastic agent and no rendezvous
-of agents, whose store would sit on node 0 and whose end-of-job barrier would wait for a lost machine. The node's
-``procs_per_node`` ranks are started with torch's elastic process management (``start_processes``: the same
-workers, log and error files as under the agent), told their place and the keeper's store, and this process
-beats the node's heartbeat to the keeper (``protocol.BEAT_S``, a signed count) until they end. The ranks get the
-job's secret in their environment, as this process got it. A lost machine's survivors keep their
-processes: the ranks heal among themselves (``rank_side.py``)."""
+"""One node's ranks in a job that heals in place (``launch/nodes/process.py`` with ``--members``; its command line:
+``base/node_args.py``): no elastic agent and no rendezvous of agents, whose store would sit on node 0 and whose
+end-of-job barrier would wait for a lost machine. The node's ``procs_per_node`` ranks are started with torch's
+elastic process management (``start_processes``: the same workers, log and error files as under the agent), told
+their place and the keeper's store, and this process beats the node's heartbeat to the keeper
+(``liveness.NODE_BEAT_S``, a signed count) until they end. The ranks get the job's secret in their environment, as
+this process got it. A lost machine's survivors keep their processes: the ranks heal among themselves
+(``rank_side.py``)."""
 
 from __future__ import annotations
 
@@ -15,40 +16,21 @@ import socket
 import sys
 import threading
 from datetime import timedelta
-from typing import Protocol
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
 from launcher.base.env import DistEnv, head_attempt
 from launcher.base.liveness import NODE_BEAT_S
+from launcher.base.node_args import NodeArgs
 from launcher.config import JobConfig
 from launcher.config.rules import rank_command
 from launcher.group.rendezvous import attempt_prefix
-from launcher.heal.protocol import Keys, Place, node_id
+from launcher.heal.protocol import Keys, Place
 from launcher.report.failures import exit_failure, record_exits
 from launcher.report.stops import STOP_SIGNALS
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
-
-
-class NodeArgs(Protocol):
-    """What this node process was started with (``launch.nodes.control.NodeArgs``): the nodes of this attempt (a joining
-    one: a place of its own past them), this one's, the keeper's store, the round's nodes by name (a,b,...), this
-    node process's start in the attempt (> 0: it joins)."""
-
-    @property
-    def nodes(self) -> int: ...
-    @property
-    def node(self) -> int: ...
-    @property
-    def endpoint(self) -> str: ...
-    @property
-    def launch_id(self) -> str: ...
-    @property
-    def members(self) -> str: ...
-    @property
-    def start(self) -> int: ...
 
 
 def beat(store: SignedStore, me: str, stop: threading.Event) -> None:
@@ -57,15 +39,16 @@ def beat(store: SignedStore, me: str, stop: threading.Event) -> None:
     key, count = Keys.heartbeat(me), 0
     while not stop.is_set():
         count += 1
-        with contextlib.suppress(RuntimeError):  # the keeper unreachable for a while: beat on when it answers
+        with contextlib.suppress(dist.DistError):  # the keeper unreachable for a while: beat on when it answers
             store.set(key, str(count))
         stop.wait(NODE_BEAT_S)
 
 
-def node_name(args: NodeArgs) -> str:
-    """This node's name: its place in ``--members``, or their last one when it joins (``--start``)."""
+def node_place(args: NodeArgs) -> Place:
+    """This node process's place (the one answer for its ranks, told it, and its heartbeat, keyed by ``Place.node``):
+    its node's name (its place in ``--members``, or their last one when it joins: ``--start``) and its start."""
     names = args.members.split(",")
-    return names[-1] if args.start else names[args.node]
+    return Place(names[-1] if args.start else names[args.node], args.start)
 
 
 def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dict[str, str]]:
@@ -73,7 +56,7 @@ def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dic
     round), the keeper's store as the rendezvous (as a client), the job's secret."""
     procs = int(job.cluster.procs_per_node or 1)
     host, port = args.endpoint.rsplit(":", 1)
-    ours = {**Place(node_name(args), args.start).environ(), **secret.environ()}
+    ours = {**node_place(args).environ(), **secret.environ()}
     envs = {}
     for local in range(procs):
         place = DistEnv(  # no agent: torchrun's variables as its agent sets them (the head's attempt is added)
@@ -93,7 +76,7 @@ def worker_envs(job: JobConfig, args: NodeArgs, secret: Secret) -> dict[int, dic
 
 def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     """Run this node's ranks to their end: 0, 128 + a stop signal, or 1 with the exits recorded for the report."""
-    me = node_id(node_name(args), args.start)
+    me = node_place(args).node
     host, port = args.endpoint.rsplit(":", 1)
     timeout = timedelta(seconds=job.cluster.join_timeout_s)
     client = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
@@ -119,7 +102,7 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
             ranks.close(signal.Signals(stops[0]))
             return 128 + stops[0]
     finally:
-        with contextlib.suppress(RuntimeError):  # before the heartbeat stops: this silence is no loss
+        with contextlib.suppress(dist.DistError):  # before the heartbeat stops: this silence is no loss
             store.set(Keys.done(me), "1")
         stop.set()
     if result is None or not result.is_failed():

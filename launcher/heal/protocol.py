@@ -1,6 +1,6 @@
 """The words of healing in place, typed: the keeper's decision (``Decision``), the keys of the keeper's store
-(``Keys``), what the head says to the keeper (``Lost``, ``Join``) and the place a rank is told (``Place``). Every
-side reads and writes them only through here. No torch.
+(``Keys``), what the head says to the keeper (``LostWord``, ``JoinWord``) and the place a rank is told
+(``Place``). Every side reads and writes them only through here. No torch.
 
 The store: every key below lives under the attempt's prefix (``rendezvous.attempt_prefix``) in the keeper's
 store, seen through the job's secret (``launcher.trust.signed.SignedStore``: a namespace only the job can name, every
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from launcher.heal.membership import Change
+from launcher.base.membership import Change
 
 PLACE_ENV = "LAUNCHER_HEAL"  # a rank of a job that heals: JSON {"name": its node, "start": its node process's start}
 
@@ -133,7 +133,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Lost:
+class LostWord:
     """The head to the keeper: a node is gone (its process ended by a signal nobody sent, its ssh link dropped)."""
 
     name: str
@@ -145,7 +145,7 @@ class Lost:
 
 
 @dataclass(frozen=True)
-class Join:
+class JoinWord:
     """The head to the keeper: a lost machine answered again at ``at``; its node process (``start``, ``ranks``
     ranks) is starting and joins once they are all ready."""
 
@@ -158,15 +158,15 @@ class Join:
         return f"JOIN {self.name} {self.start} {self.ranks} {self.at:.3f}"
 
 
-def parse_word(line: str) -> Lost | Join | None:
+def parse_word(line: str) -> LostWord | JoinWord | None:
     """A line the head wrote to the keeper (None: not one of its words)."""
     word, _, rest = line.strip().partition(" ")
     if word == "LOST":
         name, at, why = rest.split(" ", 2)
-        return Lost(name, float(at), why)
+        return LostWord(name, float(at), why)
     if word == "JOIN":
         name, start, ranks, at = rest.split(" ")
-        return Join(name, int(start), int(ranks), float(at))
+        return JoinWord(name, int(start), int(ranks), float(at))
     return None
 
 

@@ -1,9 +1,10 @@
 """Healing in place, a rank's side: a lost machine's survivors go on in the same processes, from memory, and a
 machine that answers again joins them at a step boundary.
 
-In a job that heals (its ranks are told their ``protocol.Place`` by their node process, ``node.py``), every
-collective of the training loop waits through the ``Healer``'s abort signal (``launcher.group.abort``) and a thread
-watches the keeper's store for the decision that ends the round (``keeper.py``). When a machine is lost, the
+In a job that heals (its ranks are told their ``protocol.Place`` by their node process,
+``launch/nodes/process.py``), every collective of the training loop waits through the ``Healer``'s abort signal
+(``launcher.group.abort``) and a thread watches the keeper's store for the decision that ends the round
+(``keeper.py``). When a machine is lost, the
 survivors' collectives fail (at once, or when the decision comes) and the trainer calls ``Healer.enter_round``:
 
 1. the decision names the next round's members (this rank's node among them: its new rank keeps the order);
@@ -34,9 +35,11 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
+from launcher.base.errors import Kind, LauncherError
 from launcher.base.liveness import CHECK_IN_S, RANK_STORE_POLL_S
 from launcher.group import helpers as rank_helpers
-from launcher.group.abort import Abort
+from launcher.group.abort import Abort, PeerLost
+from launcher.group.failed import CollectiveFailed
 from launcher.group.rendezvous import Group, init_group
 from launcher.heal.protocol import Decision, Keys, Place
 from launcher.trust.secret import Secret
@@ -45,13 +48,19 @@ from launcher.trust.signed import SignedStore
 log = logging.getLogger(__name__)
 
 
-class HealStop(RuntimeError):
-    """The job cannot heal (too few machines left, a round that never formed): it stops, as named."""
+class HealStop(LauncherError):
+    """The job cannot heal (too few machines left, a round that never formed): it stops, as named. Not a
+    ``RuntimeError``: no net for torch's errors may take it for a failed collective."""
+
+    kind = Kind.lost
 
 
-class LeftJob(Exception):
+class LeftJob(LauncherError):
     """This rank is out of the job, which goes on (or ended) without it: it was declared lost while it ran (cut off
-    or frozen for a while), or the job trained to its end before it could join. The rank ends cleanly (exit 0)."""
+    or frozen for a while), or the job trained to its end before it could join. The rank ends cleanly (exit 0, no
+    failure record: ``Kind.left``)."""
+
+    kind = Kind.left
 
 
 @dataclass
@@ -105,7 +114,7 @@ class Healer:
 
         def run() -> None:
             while not stop.is_set() and not self.abort.is_set():
-                with contextlib.suppress(RuntimeError):  # unreachable for now
+                with contextlib.suppress(dist.DistError):  # unreachable for now
                     if (value := store.read(Keys.round_end(number))) is not None:
                         decision = Decision.from_bytes(value)
                         if not decision.grows:
@@ -126,11 +135,12 @@ class Healer:
             self._growth = self._poll(lambda: self._decision(self.number), lambda: said)
         return self._growth
 
-    def lost(self, exc: BaseException) -> Optional[Decision]:
-        """The keeper's decision that ends this round because a machine was lost under ``exc`` (the abort signal's
-        cause: at once for ``PeerLost``; for the backend's own error, once the keeper decides, within
-        ``lost_after_s`` and a second); None: ``exc`` is no loss of a machine."""
-        lost = self.abort.loss_behind(exc, self.lost_after_s + 1.0)
+    def lost(self, exc: PeerLost | CollectiveFailed) -> Optional[Decision]:
+        """The keeper's decision that ends this round because a machine was lost under ``exc``, a failed collective
+        (the abort signal's cause: at once for ``PeerLost``; for the backend's own error, once the keeper decides,
+        within ``lost_after_s`` and a second: a killed peer resets its connections before it is declared lost);
+        None: no machine was lost under it."""
+        lost = exc if isinstance(exc, PeerLost) else self.abort.lost_within(self.lost_after_s + 1.0)
         decision = lost.cause if lost is not None else None
         if not isinstance(decision, Decision):
             return None
@@ -143,7 +153,7 @@ class Healer:
 
     def trained(self) -> None:
         """Every step is trained: a machine still waiting to join need not (``wait_to_join``, ``_check_in``)."""
-        with contextlib.suppress(RuntimeError, OSError):
+        with contextlib.suppress(dist.DistError, OSError):
             assert self.store is not None
             self.store.set(Keys.TRAINED, "1")
 

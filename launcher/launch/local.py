@@ -30,17 +30,14 @@ import uuid
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.exiting import end_process_at_exit
 from launcher.base.gpus import by_free_memory
-from launcher.base.titles import name_process
 from launcher.config import ConfigError, JobConfig
-from launcher.config.rules import entry_words
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.agent import agent_config, run_agent
 from launcher.launch.ports import check_port
-from launcher.rank.work import run_rank_work
-from launcher.report.stops import STOP_SIGNALS, print_stopped
-from launcher.train.stop import Stopped, StopRequest
+from launcher.rank.entry import rank_main
+from launcher.report.stops import print_stopped
+from launcher.train.stop import Stopped
 from launcher.trust.secret import SECRET_ENV, Secret
 
 log = logging.getLogger(__name__)
@@ -94,24 +91,23 @@ class LocalMode(BaseMode):
 
 
 def run_here(job: JobConfig) -> int:
-    """One rank: it runs in this process. It ends without interpreter teardown, as every rank does (exiting.py);
-    its exit code is settled by the caller once known (a sweep runs several jobs). A stop signal (SIGINT, SIGTERM,
-    SIGHUP) stops it as it stops every job: a checkpoint at the next step, the stop line, exit 128 + the signal."""
-    end_process_at_exit(0)
-    name_process("rank 0/1", entry_words(job), job.run_dir)
-    stop = StopRequest().install(*STOP_SIGNALS)
+    """One rank: it runs in this process, through the rank's one entry (``rank.entry.rank_main``: the stop
+    handling, the end without interpreter teardown, as every rank's); its exit code is returned and settled by
+    the caller once known (a sweep runs several jobs). A stop signal (SIGINT, SIGTERM, SIGHUP) stops it as it stops
+    every job: a checkpoint at the next step, the stop line, exit 128 + the signal. A failure prints its traceback
+    here (a single process in the launcher writes no failure record: no peers to rank it among): exit 1."""
+    stopped: list[int] = []
+
+    def say_stopped(job: JobConfig, env: DistEnv, stop: Stopped) -> None:  # no agent above: the exit code says it
+        stopped.append(128 + (stop.signum or signal.SIGTERM))
+        print_stopped(stopped[0], job)
+
     try:
-        result = run_rank_work(job, DistEnv(hostname=socket.gethostname()), stop=stop)
-        if isinstance(result, Stopped):
-            code = 128 + (result.signum or signal.SIGTERM)
-            print_stopped(code, job)
-            return code
+        rank_main(job, DistEnv(hostname=socket.gethostname()), after_stop=say_stopped)
     except Exception:
         print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return 1
-    finally:
-        stop.uninstall()
-    return 0
+    return stopped[0] if stopped else 0
 
 
 def launch_local(plan: LaunchPlan, job: JobConfig) -> int:

@@ -12,12 +12,11 @@ import os
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.gpus import backend_for
 from launcher.base.sync_modes import Compress, Reducer, Shard
 from launcher.base.threads import plan_line
 from launcher.config import ConfigError, JobConfig, to_job
 from launcher.config.keys import check_model_keys
-from launcher.config.rules import check_tensorboard, heals_in_place
+from launcher.config.rules import check_tensorboard, heals_in_place, job_backend
 from launcher.launch.local import LocalMode
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.sim.head import SimMode
@@ -63,14 +62,14 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
         min_nodes=cfg.cluster.min_nodes,
         procs_per_node=procs,
         gpus_per_node=gpus,
-        backend=backend_for(bool(gpus)) if job.comm.backend == "auto" else job.comm.backend,
+        backend=job_backend(job),
         rendezvous=mode.rendezvous(job, env),
         max_restarts=c.max_restarts,
         run_dir=job.run_dir,
         entry=describe_entry(job),
         on_loss=describe_on_loss(job),
         threads=plan_line(job.train.threads_per_rank, mode.ranks_on_this_machine(job, env), os.environ),
-        sharding=describe_sharding(job, procs),
+        sharding=describe_planned_sharding(job, procs),
     )
     return job, plan, mode
 
@@ -92,7 +91,7 @@ def describe_entry(job: JobConfig) -> str:
     return f"trainer: model {job.model['_target_']} on data {job.data.label}{preflight}"
 
 
-def describe_sharding(job: JobConfig, per_node: int) -> str:
+def describe_planned_sharding(job: JobConfig, per_node: int) -> str:
     """``comm.reducer=fsdp`` in the trainer: who holds which shard and what crosses nodes ("" otherwise)."""
     comm, nodes = job.comm, job.cluster.nodes
     if comm.reducer is not Reducer.fsdp or job.script or job.doctor:

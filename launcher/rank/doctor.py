@@ -206,7 +206,7 @@ def run_doctor(
     }
     if env.is_main:
         write_json_atomic(run_dir.doctor, report)
-    for line in format_report(report).splitlines() if log_report else []:
+    for line in format_doctor_report(report).splitlines() if log_report else []:
         if line.startswith("PROBLEM"):
             log.warning("%s", line)
         else:
@@ -214,7 +214,7 @@ def run_doctor(
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_doctor_report(report: dict[str, Any]) -> str:
     lines = [f"doctor: {report['world_size']} rank(s) on {report['nodes']} node(s)"]
     for f in report["ranks"]:
         connect = (

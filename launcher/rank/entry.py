@@ -3,13 +3,16 @@ started the process (what the rank then does is ``rank/work.py``).
 
 - the launcher's elastic agents (local, sim, by hand) start ``python -m launcher.rank.entry RUN_DIR`` per rank;
 - under torchrun, or as an srun task of a user's sbatch script, ``python -m launcher`` is already one rank;
-- submitit's Slurm tasks call it through ``launcher.launch.slurm.task_entry.SlurmTask``.
+- submitit's Slurm tasks call it through ``launcher.launch.slurm.task_entry.SlurmTask``;
+- one rank in the launcher's own process (``launcher.launch.local.run_here``) calls it too.
 
 What it does the same way for all: write the config into the run dir when it was composed here (rank 0 only),
 install the stop handling, record the first failure for the job's report (``launcher.report.failures``), and end the
 process through ``end_process_at_exit`` (no interpreter teardown: see ``launcher.base.exiting``). What differs is an
 argument, each with its reason at the call site: which signals stop the rank with a checkpoint, what happens
-after that stop, and how the scheduler names the process.
+after that stop, and how the scheduler names the process. An outcome that ends the rank cleanly (``LeftJob``: out
+of a job that goes on; ``Requeued``: a Slurm task leaving for its job's requeue; ``base.errors.ends_cleanly``) is
+raised on with exit code 0 and no failure record: the process's own boundary ends it its way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Optional
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, get_error_handler
 
 from launcher.base.env import DistEnv
+from launcher.base.errors import ends_cleanly
 from launcher.base.exiting import end_process_at_exit
 from launcher.base.run_dir import RunDir
 from launcher.base.titles import name_process
@@ -56,9 +60,10 @@ def rank_main(
     last_words: Optional[Callable[[int], None]] = None,
     task: str = "",
 ) -> Any:
-    """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script). ``composed_here``:
-    every rank composed the config from the same command line (torchrun, srun), so rank 0 writes it.
-    ``last_words``: said before a stop signal ends the rank at once (a script; the trainer outside its loop)."""
+    """Run rank ``env.rank`` of ``job``; returns the trainer's summary (None for a script; the doctor's report; None
+    after a stop, once ``after_stop`` returned). ``composed_here``: every rank composed the config from the same
+    command line (torchrun, srun), so rank 0 writes it. ``last_words``: said before a stop signal ends the rank at
+    once (a script; the trainer outside its loop)."""
     name_process(f"rank {env.rank}/{env.world_size} node {env.node_rank}", entry_words(job), job.run_dir)
     if composed_here and env.is_main:
         freeze(job)
@@ -81,7 +86,7 @@ def rank_main(
         return result
     try:  # every rank stopped at one step, the checkpoint written: end as the signal asked, or requeue (Slurm)
         after_stop(job, env, result)
-    except Exception as exc:  # (a requeue refused); SystemExit(0) from a requeue: no result, exit 0 as set above
+    except BaseException as exc:  # a requeue refused (exit 1), or made (Requeued: exit 0, as set above)
         failed(failures, elastic_errors, exc)
         raise
     return None
@@ -89,11 +94,13 @@ def rank_main(
 
 def failed(failures: FailureLog, elastic_errors: ErrorHandler, exc: BaseException) -> None:
     """Record ``exc`` (a no-op when recorded inside, before the process group went down; stop signals are
-    ignored from then on) and the elastic error file, and make the process end with its exit code."""
-    failures.record(exc)
-    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+    ignored from then on) and the elastic error file, and make the process end with its exit code: 0 for an
+    outcome that ends the rank cleanly (nothing recorded), else 1."""
+    if ends_cleanly(exc):
+        log.info("%s: this rank ends here (exit 0)", exc)
         end_process_at_exit(0)
         return
+    failures.record(exc)
     if isinstance(exc, Exception):
         elastic_errors.record_exception(exc)
     end_process_at_exit(1)
@@ -108,8 +115,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         rank_main(load_frozen(run_dir), env)
     except BaseException as exc:
-        if isinstance(exc, SystemExit) and exc.code in (None, 0):
-            return  # left cleanly (a machine the job went on without, once it answers again)
+        if ends_cleanly(exc):
+            return  # (exit 0) out of a job that went on without this rank's machine, once it answered again
         with open(RunDir(run_dir).rank_log(env.rank), "a", encoding="utf-8") as log_file:
             traceback.print_exc(file=log_file)
         raise SystemExit(1) from None

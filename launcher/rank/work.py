@@ -17,13 +17,13 @@ import torch
 from launcher.base.devices import rank_device
 from launcher.base.env import HEAD_ATTEMPT, TORCHRUN_VARS, DistEnv
 from launcher.base.faults import faults_for
-from launcher.base.gpus import backend_for
 from launcher.base.logs import setup_logging
 from launcher.base.threads import for_this_rank
 from launcher.config import JobConfig, SlurmClusterConfig, collective_timeout_s
+from launcher.config.rules import job_backend
 from launcher.group.helpers import Peers
 from launcher.group.rendezvous import listening_store, process_group
-from launcher.heal.protocol import Place
+from launcher.heal.rank_side import Healer
 from launcher.report.attempts import mark_start
 from launcher.report.failures import FailureLog
 from launcher.report.summary import RunSummary
@@ -32,10 +32,6 @@ from launcher.trust.secret import Secret
 from launcher.watch import ProgressWatch, backstop_s, start_watch
 
 log = logging.getLogger(__name__)
-
-
-def job_backend(job: JobConfig) -> str:
-    return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
 
 
 def run_rank_work(
@@ -89,8 +85,8 @@ def _run(
         )
     if (fault := faults_for(env).get(0)) is not None:  # LAUNCHER_FAULT step=0: before joining
         fault.fire()
-    place = Place.from_environ(os.environ)
-    joins = place is not None and place.joins  # its group forms when the keeper lets it in
+    healer = Healer.from_environ(job.cluster.lost_after_s, backend, secret)  # (None: a job that does not heal)
+    joins = healer is not None and healer.joins  # its group forms when the keeper lets it in
     timeout_s, join_s = backstop_s(job.comm), job.cluster.join_timeout_s
     grouping = process_group(env, backend, timeout_s, join_timeout_s=join_s, form=not joins, secret=secret)
     with grouping as group, failures.catching():
@@ -108,7 +104,7 @@ def _run(
             )
             if job.doctor:
                 return report
-        return Trainer(job, env, device, backend, group=group, stop=stop, secret=secret, watch=watch).fit()
+        return Trainer(job, env, device, backend, group, stop, secret, watch, healer).fit()
 
 
 def run_script_rank(job: JobConfig, script: str, env: DistEnv, threads: int, failures: FailureLog) -> None:

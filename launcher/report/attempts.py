@@ -102,7 +102,7 @@ def _cause(failure: Failure) -> dict[str, Any]:
         "node": failure.node,
         "host": failure.host,
         "pid": failure.pid,
-        "kind": failure.kind,
+        "kind": failure.kind.value,
         "signal": signal.Signals(-code).name if known and code is not None else None,
         "exit_code": code if code is not None and code >= 0 else None,
         "error": failure.summary,

@@ -11,16 +11,22 @@ that failed a moment after the real cause; our workers are now commands, as unde
 - an agent adds a record for each of its ranks that ended without one (a signal, ``os._exit``);
 - one reporter reads them all and chooses.
 
-The choice does not rest on the clocks of different machines: records are ranked by kind, then by time within a
-kind (several ranks failing on their own at once: any of them is a true cause):
+The choice does not rest on the clocks of different machines: records are ranked by kind
+(``launcher.base.errors.RANKED``), then by time within a kind (several ranks failing on their own at once: any of
+them is a true cause):
 
   error    the rank's own exception: what we look for
   hang     named by the progress watch at comm.timeout_s: every other rank waited for this one (launcher.watch)
   died     killed by a signal other than the launcher's stop signals, or exited without a record (OOM killer,
            segfault, ``os._exit``)
+  lost     healing in place gave up (``HealStop``): too few machines left, a round that never formed
   peer     a consequence of another rank failing: connection closed or reset by a peer, a collective or the
-           store timing out, an NCCL abort, peers that never joined
+           store timing out, an NCCL abort, peers that never joined, a machine lost
   stopped  ended by the launcher (SIGTERM / SIGINT) after another rank failed
+
+A record's kind comes from the error's type first (``kind_of``: a launcher error carries its own); only torch's own
+messages are read as text, in one table (``launcher.base.errors.TORCH_SAYS``). A rank that left a job going on
+without it, or a Slurm task leaving for its job's requeue, writes none (``ends_cleanly``).
 
 Layout: ``RUN_DIR/failures/<launch id>/attempt-<n>/rank-<k>.json`` (launch id: the elastic run id or the Slurm
 job id; n: the 0-based attempt, restarts or requeues so far), so a restarted or resumed job never reads an
@@ -32,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -44,21 +49,11 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from launcher.base.env import DistEnv
+from launcher.base.errors import CALLBACK_ERROR, RANKED, Kind, LauncherError, ends_cleanly, kind_of
 from launcher.base.files import write_json_atomic
 from launcher.base.run_dir import RunDir, failure_record_file, failure_record_files
 from launcher.report.stops import STOP_CODES, STOP_SIGNALS
 from launcher.report.tracebacks import format_traceback, log_tail
-
-KINDS = ("error", "hang", "died", "peer", "stopped")  # the order in which a cause is looked for
-
-# Errors that say another rank failed first (gloo, nccl, the c10d store, our join check-in and stall report).
-PEER_ERROR = re.compile(
-    r"closed by peer|reset by peer|Connection closed|Broken pipe|Connection refused|Timed out waiting|"
-    r"timed out after|collective operation timeout|Watchdog caught|NCCL communicator was aborted|"
-    r"remote process exited|failed to recv|recvValue|Socket Timeout|did not join within|"
-    r"DistNetworkError|DistStoreError",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
@@ -66,7 +61,7 @@ class Failure:
     """How one rank failed."""
 
     rank: int
-    kind: str  # one of KINDS
+    kind: Kind  # one of RANKED (a record's text: the member's value, read back as the member)
     summary: str  # one line: "RuntimeError: boom", "died with signal 9 (SIGKILL)"
     host: str = "?"
     node: int = 0
@@ -77,6 +72,9 @@ class Failure:
     time_ns: int = 0
     exitcode: Optional[int] = None  # ended without a record of its own: its exit code (negative: the signal)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))  # read back from a record: its text (ValueError: unknown)
+
     def who(self, with_node: bool = False) -> str:
         ids = ", ".join(
             filter(None, [self.task, f"node {self.node}" if with_node else "", f"pid {self.pid}" if self.pid else ""])
@@ -86,34 +84,19 @@ class Failure:
     def ended(self) -> str:
         """How it ended, in the words the report starts with: the signal or exit, ``hung: ...``, else ``failed:``
         (the error follows)."""
-        said = {"died": self.summary, "stopped": self.summary, "hang": f"hung: {self.summary}"}
+        said = {Kind.died: self.summary, Kind.stopped: self.summary, Kind.hang: f"hung: {self.summary}"}
         return said.get(self.kind, "failed:")
-
-
-def classify(exc: BaseException) -> str:
-    """``peer`` when the error (or one it came from) says another rank failed first, ``stopped`` for an
-    interrupt, else ``error``."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "stopped"
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if PEER_ERROR.search(f"{type(current).__name__}: {current}"):
-            return "peer"
-        current = current.__cause__ or current.__context__
-    return "error"
-
-
-CALLBACK_ERROR = "Got the following error when running the callback: "  # torch's wrapper of a failed future's
 
 
 def summarize(exc: BaseException) -> str:
     """One line: the error's type and the first line of its message (a message's later lines, torch's ``At:`` frames
-    and the like, are in the traceback), the error a failed future's callback raised rather than torch's wrapper."""
+    and the like, are in the traceback), the error a failed future's callback raised rather than torch's wrapper;
+    a launcher error by its class's name alone (its module says nothing to the reader of a report)."""
     lines = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     name = type(exc).__name__
     line = next((x for x in lines if x.split(":", 1)[0].endswith(name)), lines[-1] if lines else name)
+    if isinstance(exc, LauncherError) and line.startswith(f"{type(exc).__module__}."):
+        line = line[len(type(exc).__module__) + 1 :]
     return line.partition(CALLBACK_ERROR)[2] or line
 
 
@@ -141,7 +124,7 @@ class FailureLog:
     def record(self, exc: BaseException) -> None:
         if self.written or (self.env.world_size == 1 and not self.env.launch_id):  # run in the launcher itself
             return
-        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        if ends_cleanly(exc):  # out of a job that goes on, or leaving for a requeue: no failure
             return
         self.written = True
         if self.on_failure is not None:
@@ -152,7 +135,7 @@ class FailureLog:
             self.path,
             Failure(
                 rank=self.env.rank,
-                kind=classify(exc),
+                kind=kind_of(exc),
                 summary=summarize(exc),
                 host=self.env.hostname or socket.gethostname(),
                 node=self.env.node_rank,
@@ -187,10 +170,10 @@ def exit_failure(
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = "unknown signal"
-        kind = "stopped" if -exitcode in STOP_SIGNALS else "died"
+        kind = Kind.stopped if -exitcode in STOP_SIGNALS else Kind.died
         summary = f"died with signal {-exitcode} ({name})"
     else:
-        kind = "stopped" if exitcode in STOP_CODES else "died"
+        kind = Kind.stopped if exitcode in STOP_CODES else Kind.died
         summary = f"exited with code {exitcode}"
     return Failure(
         rank=rank,
@@ -214,7 +197,7 @@ def record_exits(directory: Path, exits: Iterable[Failure]) -> None:
             _write(path, failure)
 
 
-def load(run_dir: RunDir, launch_id: str) -> list[Failure]:
+def load_newest(run_dir: RunDir, launch_id: str) -> list[Failure]:
     """The records of the newest attempt of ``launch_id``."""
     attempts = run_dir.failure_attempts(launch_id)
     return _read(attempts[-1]) if attempts else []
@@ -237,12 +220,17 @@ def _read(directory: Path) -> list[Failure]:
 
 def hang_ended(run_dir: RunDir, launch_id: str, attempt: int) -> bool:
     """Whether the progress watch ended this attempt for a hang (it wrote a culprit's record)."""
-    return any(f.kind == "hang" for f in load_attempt(run_dir, launch_id, attempt))
+    return any(f.kind is Kind.hang for f in load_attempt(run_dir, launch_id, attempt))
 
 
 def ranked(failures: Iterable[Failure]) -> list[Failure]:
-    """Root cause first: by kind (KINDS), then by time within the kind, then by rank."""
-    return sorted(failures, key=lambda f: (KINDS.index(f.kind) if f.kind in KINDS else len(KINDS), f.time_ns, f.rank))
+    """Root cause first: by kind (RANKED), then by time within the kind, then by rank."""
+    return sorted(
+        failures, key=lambda f: (RANKED.index(f.kind) if f.kind in RANKED else len(RANKED), f.time_ns, f.rank)
+    )
+
+
+HOW = {Kind.peer: "after a peer failed", Kind.stopped: "stopped by the launcher", Kind.lost: "healing stopped"}
 
 
 def format_report(failures: list[Failure], run_dir: RunDir, limit: int = 8) -> str:
@@ -253,7 +241,7 @@ def format_report(failures: list[Failure], run_dir: RunDir, limit: int = 8) -> s
     lines.append(cause.traceback or (cause.summary if what == "failed:" else "") or log_tail(run_dir, cause.rank))
     lines.append(f"launcher: log of rank {cause.rank}: {run_dir.rank_log(cause.rank)}")
     for other in others[:limit]:
-        how = {"peer": "after a peer failed", "stopped": "stopped by the launcher"}.get(other.kind, other.kind)
+        how = HOW.get(other.kind, other.kind.value)
         detail = other.summary if len(other.summary) <= 160 else other.summary[:157] + "..."
         where = f"node {other.node}, {other.host}" if nodes else other.host
         lines.append(f"launcher: failed too: rank {other.rank} on {where}, {how} ({detail})")
@@ -262,11 +250,11 @@ def format_report(failures: list[Failure], run_dir: RunDir, limit: int = 8) -> s
     return "\n".join(line.rstrip() for line in lines if line)
 
 
-def report(run_dir: RunDir, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
+def print_report(run_dir: RunDir, launch_id: str, known: Iterable[Failure] = (), file: Optional[TextIO] = None) -> bool:
     """Print the job's failure report from the records (plus ``known`` failures of ranks without one).
     Returns False when there is nothing to report."""
     failures = {f.rank: f for f in known}
-    failures.update({f.rank: f for f in load(run_dir, launch_id)})  # a rank's own record says more
+    failures.update({f.rank: f for f in load_newest(run_dir, launch_id)})  # a rank's own record says more
     if not failures:
         return False
     print(format_report(list(failures.values()), run_dir), file=file or sys.stderr, flush=True)

@@ -36,7 +36,7 @@ class RunSummary:
     wall_s: float
     resumed_from: Optional[str]  # the checkpoint this run resumed from
     hosts: list[str] = field(default_factory=list)  # each node's host name, in node order
-    membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.heal.membership)
+    membership: list[dict[str, Any]] = field(default_factory=list)  # machines lost / joined (launcher.base.membership)
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # slow ranks the watch named (launcher.watch)
     precision: str = "fp32"  # train.precision
     accumulate_steps: int = 1  # train.accumulate_steps

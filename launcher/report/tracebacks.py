@@ -23,6 +23,8 @@ WRAPPER_FRAMES = (
     "launcher/rank/entry.py",
     "launcher/rank/work.py",
     "launcher/report/failures.py",
+    "launcher/group/failed.py",  # re-raises torch's error of a failed collective as ours (from it: both are shown)
+    "/contextlib.py",  # (the with statement that does it)
 )
 
 

@@ -79,10 +79,10 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> Path:
             out = _Writes(f)
             try:
                 torch.save(dict(state, format_version=FORMAT_VERSION), out)  # type: ignore[arg-type]  # a file-like
-            except RuntimeError:  # torch's zip writer reports a failed write as "unexpected pos": say why
-                if out.error is not None:
-                    raise out.error from None
-                raise
+            except Exception:  # the zip writer's error hides a failed write ("unexpected pos"): the write's says why
+                if out.error is None:
+                    raise
+                raise out.error from None
             write_atomic(_digest_path(path), out.sha256.hexdigest() + "\n")
     except BaseException:
         if not path.exists():

@@ -3,9 +3,11 @@ makes whatever the job, and its two sides: ``NoHealing`` (every job that does no
 its end) and ``InPlace`` (sim and ssh jobs that heal, over the rank's ``Healer``).
 
 The trainer calls it at the start (``start``: watch the keeper, or a joining rank's wait), at a step boundary
-(``growth``: a machine joins), when its loop raised (``lost``: was a machine lost under it? never for an ordinary
-error, which the trainer raises as it is), to go on in the next round (``enter``, then ``settle``), after each
-step (``step_completed``: the membership records) and at the end (``close``)."""
+(``growth``: a machine joins), when a collective of its loop failed (``lost``: was a machine lost under it? asked
+only about the typed errors of a failed collective, ``PeerLost`` and ``CollectiveFailed``, which
+``launcher.group.failed`` makes of torch's: an ordinary error is never asked about, and is raised as it is), to go
+on in the next round (``enter``, then ``settle``), after each step (``step_completed``: the membership records) and
+at the end (``close``)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, Optional, Protocol
 
+from launcher.base import membership
 from launcher.base.env import DistEnv
 from launcher.base.run_dir import RunDir
-from launcher.group.abort import Abort
+from launcher.group.abort import Abort, PeerLost
+from launcher.group.failed import CollectiveFailed
 from launcher.group.rendezvous import Group
-from launcher.heal import membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rank_side import Healer, agree_on_state
-from launcher.trust.secret import Secret
 from launcher.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,9 @@ class Healing(Protocol):
         ``agreed``: the ranks agreed so, the decision is read if this rank has not seen it yet)."""
         ...
 
-    def lost(self, exc: BaseException) -> Optional[Decision]:
-        """The keeper's decision that a machine was lost under ``exc``; None: ``exc`` is an ordinary error."""
+    def lost(self, exc: PeerLost | CollectiveFailed) -> Optional[Decision]:
+        """The keeper's decision that a machine was lost under ``exc``, a failed collective; None: it was no loss
+        (a peer failed on its own: the job fails)."""
         ...
 
     def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
@@ -76,7 +79,7 @@ class NoHealing:
     def growth(self, agreed: bool = False) -> Optional[Decision]:
         return None
 
-    def lost(self, exc: BaseException) -> Optional[Decision]:
+    def lost(self, exc: PeerLost | CollectiveFailed) -> Optional[Decision]:
         return None
 
     def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:
@@ -94,16 +97,10 @@ class NoHealing:
         pass
 
 
-def healing_for(
-    lost_after_s: float,
-    backend: str,
-    secret: Optional[Secret],
-    watch: ProgressWatch,
-    failing: Callable[[], bool],
-) -> Healing:
-    """``InPlace`` for a rank of a job that heals (its node process told it its place), else ``NoHealing``.
-    ``failing``: True once another rank failed on its own (its error record): this rank's error is a consequence."""
-    healer = Healer.from_environ(lost_after_s, backend, secret)
+def healing_for(healer: Optional[Healer], watch: ProgressWatch, failing: Callable[[], bool]) -> Healing:
+    """``InPlace`` for a rank of a job that heals (``healer``: its side, from the place its node process told it:
+    ``Healer.from_environ``), else ``NoHealing``. ``failing``: True once another rank failed on its own (its error
+    record): this rank's error is a consequence."""
     return NoHealing() if healer is None else InPlace(healer, watch, failing)
 
 
@@ -131,7 +128,7 @@ class InPlace:
     def growth(self, agreed: bool = False) -> Optional[Decision]:
         return self.healer.growth(agreed)
 
-    def lost(self, exc: BaseException) -> Optional[Decision]:
+    def lost(self, exc: PeerLost | CollectiveFailed) -> Optional[Decision]:
         return None if self.failing() else self.healer.lost(exc)
 
     def enter(self, env: DistEnv, decision: Decision) -> tuple[Group, DistEnv]:

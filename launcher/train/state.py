@@ -15,8 +15,9 @@ state of either kind (``launcher.train.reshard``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Optional, Protocol
 
 import torch
 from omegaconf import OmegaConf
@@ -28,15 +29,29 @@ from launcher.base.devices import rng_state, set_rng_state
 from launcher.base.env import DistEnv
 from launcher.comm.sync import Sync
 from launcher.config import JobConfig
+from launcher.group.helpers import Peers
 from launcher.train import checkpoint as ckpt
+from launcher.train.background import Background
 from launcher.train.model import build_model, shard
 from launcher.train.optim import build_optimizer, build_scheduler, load_optimizer_state
 from launcher.train.progress import Position, Span
 from launcher.train.regroup import holds_shards, load_local_state, local_state
 from launcher.train.step import Stepper
 
-if TYPE_CHECKING:
-    from launcher.train.saving import Checkpointer
+
+class CheckpointWriter(Protocol):
+    """What a state kind writes its checkpoint with (``train/saving.py``'s ``Checkpointer`` is one): the directory, the
+    peers, the background writer, and the writes both kinds share."""
+
+    dir: Path
+    peers: Peers
+    background: Optional[Background]
+
+    def write_file(self, whole: dict[str, Any], env: DistEnv, path: Path, step: int) -> None: ...
+
+    def commit(self, write: Callable[[], object], env: DistEnv, path: Path, step: int) -> None: ...
+
+    def cannot_write(self, env: DistEnv, path: Path, step: int, exc: OSError) -> RuntimeError: ...
 
 
 class TrainState:
@@ -75,7 +90,7 @@ class TrainState:
         """A file checkpoint's whole model and optimizer (``saved``: what ``path`` holds) into this kind's."""
         raise NotImplementedError
 
-    def save(self, checkpointer: Checkpointer, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
+    def save(self, checkpointer: CheckpointWriter, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
         """Collective: this step's checkpoint in this kind's layout, with every rank's own RNG stream, log window
         (``Totals.partial``: its own sums, which the log adds) and compression state (its own error feedback)."""
         raise NotImplementedError
@@ -135,7 +150,7 @@ class ReplicatedState(TrainState):
     def load_file(self, path: Path, saved: dict[str, Any]) -> None:
         self.load_weights(saved)
 
-    def save(self, checkpointer: Checkpointer, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
+    def save(self, checkpointer: CheckpointWriter, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
         """Every rank hands rank 0 its own parts; rank 0 writes one file (``Checkpointer.write_file``)."""
         mine = sync.compression_state()
         gathered = checkpointer.peers.gather_object((rng_state(), window, mine))
@@ -169,7 +184,7 @@ class ShardedState(TrainState):
         reshard.check_model(path, self.model, reshard.file_shapes(saved["model"]))
         reshard.from_whole(self.model, self.optimizer, saved.pop("model"), saved.pop("optimizer"))
 
-    def save(self, checkpointer: Checkpointer, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
+    def save(self, checkpointer: CheckpointWriter, sync: Sync, env: DistEnv, step: int, window: dict[str, Any]) -> None:
         """Every rank writes its shards and its own parts (none gathered); rank 0 the rest of the training state,
         then renames the whole directory (``Checkpointer.commit``)."""
         from launcher.train import sharded

@@ -1,6 +1,5 @@
-"""The built-in trainer: model, data and optimiser from the config, the gradient sync the config asks for,
-checkpoints that resume bit-identically, metrics and a summary. Runs the same with one rank or many (no ``if ddp:``
-branches).
+"""The built-in trainer: model, data and optimiser from the config, the gradient sync the config asks for, checkpoints
+that resume bit-identically, metrics and a summary; the same with one rank or many (no ``if ddp:`` branches).
 
 Reading map: ``__init__`` builds every component once, in order, each handed what it needs. ``fit`` runs rounds of
 the loop: a round is the life of one process group and its ``World`` (the gradient sync, the loaders). A round
@@ -26,10 +25,12 @@ from launcher.base.faults import Fault, faults_for, fire_at
 from launcher.base.run_dir import RunDir
 from launcher.config import JobConfig, collective_timeout_s
 from launcher.group import helpers as rank_helpers
+from launcher.group.abort import PeerLost
+from launcher.group.failed import CollectiveFailed, CollectiveTimedOut, typed_errors
 from launcher.group.rendezvous import Group
-from launcher.group.stall import explain_stall, is_timeout, timed_out
+from launcher.group.stall import timed_out
 from launcher.heal.protocol import Decision
-from launcher.heal.rank_side import LeftJob
+from launcher.heal.rank_side import Healer, LeftJob
 from launcher.report.summary import RunSummary
 from launcher.train.banner import node_hosts, show_banner
 from launcher.train.data import IMAGE_MODELS, build_datasets
@@ -86,6 +87,7 @@ class Trainer:
         stop: Optional[StopRequest] = None,
         secret: Optional[Secret] = None,
         watch: Optional[ProgressWatch] = None,
+        healer: Optional[Healer] = None,  # a rank of a job that heals in place (sim, ssh): its side of healing
     ) -> None:
         # 1. the job, this rank's place in it
         self.job, self.env, self.device, self.backend, self.group = job, env, device, backend, group
@@ -93,7 +95,7 @@ class Trainer:
         # 2. healing in place (sim, ssh): the seam, and the abort signal every collective of the trainer waits through
         self.watch = watch or ProgressWatch()
         failing = lambda: self.stop is not None and self.stop.failing()  # noqa: E731 (another rank failed on its own)
-        self.seam = healing_for(job.cluster.lost_after_s, backend, secret, self.watch, failing)
+        self.seam = healing_for(healer, self.watch, failing)
         self.peers = rank_helpers.Peers(self.seam.abort, secret)
         self.stop = stop or (StopRequest() if self.seam.abort is not None else None)  # (where a machine joins)
         joins = self.seam.joins  # no collective until the keeper lets it in
@@ -133,12 +135,10 @@ class Trainer:
         """Train to the end: the summary (rank 0 wrote summary.json); ``Stopped``: every rank stopped at one step on a
         stop signal, the checkpoint written (the rank's entry then ends as it asked); None: this rank left the job."""
         try:
-            return self._fit()
-        except RuntimeError as exc:
-            if not is_timeout(exc):
-                raise
-            timeout_s = collective_timeout_s(self.job.comm)
-            raise timed_out(self.env, self.phase, timeout_s, explain_stall(self.group, self.phase)) from exc
+            with typed_errors(self.seam.abort):  # torch's errors of a failed collective as ours (group/failed.py)
+                return self._fit()
+        except CollectiveTimedOut as exc:  # where, after how long, and who is stuck; torch's own error its cause
+            raise timed_out(self.env, self.phase, collective_timeout_s(self.job.comm), self.group) from exc.__cause__
         finally:
             if self.stop is not None:
                 self.stop.disarm()
@@ -168,19 +168,20 @@ class Trainer:
 
     def _round(self, bar: tqdm) -> RoundEnd:
         """Train in this round: to the end (the last evaluation and checkpoint too), to a stop, or until a machine
-        is lost or joins. An error that is no lost machine is raised as it is."""
+        is lost or joins. An error that is no failed collective is raised as it is."""
         try:
-            if self.wall_s is None:  # (a round after a loss in the last evaluation: every step is trained)
-                end = self._train(bar, self._world())
-                if not isinstance(end, Finished):
-                    return end
-                self.wall_s = time.perf_counter() - self.started  # every step trained; a stop signal now acts at once
-                self.records.trace_window(self.totals.trained_steps, self.env, end=True)
-                if self.stop is not None:
-                    self.stop.disarm()
-            self._complete()
-            return Finished()
-        except RuntimeError as exc:  # a collective failed: a machine lost under it? (the keeper's decision tells)
+            with typed_errors(self.seam.abort):
+                if self.wall_s is None:  # (a round after a loss in the last evaluation: every step is trained)
+                    end = self._train(bar, self._world())
+                    if not isinstance(end, Finished):
+                        return end
+                    self.wall_s = time.perf_counter() - self.started  # every step trained: a stop signal acts now
+                    self.records.trace_window(self.totals.trained_steps, self.env, end=True)
+                    if self.stop is not None:
+                        self.stop.disarm()
+                self._complete()
+                return Finished()
+        except (PeerLost, CollectiveFailed) as exc:  # a machine lost under it? (the keeper's decision tells)
             if (decision := self.seam.lost(exc)) is None:
                 raise
             return Lost(decision)
@@ -270,12 +271,13 @@ class Trainer:
             if self.world is not None:
                 self.world.sync.leave()
             try:
-                self._enter_round(decision)
+                with typed_errors(self.seam.abort):
+                    self._enter_round(decision)
                 return None
             except LeftJob as left:
                 log.warning("%s", left)
                 return Left(str(left))
-            except RuntimeError as exc:
+            except (PeerLost, CollectiveFailed) as exc:  # a machine lost while the round formed: the one after it
                 if (again := self.seam.lost(exc)) is None:
                     raise
                 decision = again

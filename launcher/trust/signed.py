@@ -12,11 +12,13 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from launcher.base.errors import LauncherError
 from launcher.trust.secret import Refusals, Secret
 
 
-class Forged(RuntimeError):
-    """Bytes that do not verify with the job's secret (never unpickled, never acted on)."""
+class Forged(LauncherError):
+    """Bytes that do not verify with the job's secret (never unpickled, never acted on): a refusal, the rank's own
+    error (``Kind.error``)."""
 
 
 class SignedStore(dist.Store):

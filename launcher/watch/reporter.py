@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from launcher.base import logs
 from launcher.base.env import DistEnv
+from launcher.base.errors import Kind
 from launcher.base.files import read_bytes, write_json_atomic
 from launcher.base.liveness import ANSWER_WAIT_S, SILENT_MIN_S, STALE_S
 from launcher.base.run_dir import RunDir, progress_file, report_file, request_file, stack_file
@@ -211,7 +212,7 @@ class Reporter:
         """As the launcher's failure report names a rank: Slurm task, node (of several) and pid, then host."""
         if rank not in self.ranks:
             return f"rank {rank}"
-        return Failure(**self._ident(rank), kind="hang", summary="").who(with_node=self.env.num_nodes > 1)
+        return Failure(**self._ident(rank), kind=Kind.hang, summary="").who(with_node=self.env.num_nodes > 1)
 
     def headline(self, hang: Hang, ending: bool = False) -> str:
         """The report's first line: the culprit before any other rank."""
@@ -243,7 +244,7 @@ class Reporter:
         records = [
             Failure(
                 **self._ident(r),
-                kind="hang",
+                kind=Kind.hang,
                 nodes=nodes,
                 summary=rest if kind == "hang" else f"{kind}: {rest}",
                 traceback=(f"rank {r} {hang.notes[r]}\n" if r in hang.notes else "")
@@ -254,7 +255,7 @@ class Reporter:
         ]
         waited = f"waited {hang.stalled_s:.0f} s in collective #{hang.seq} for {_ranks(list(hang.culprits))}"
         records += [
-            Failure(**self._ident(r), kind="peer", nodes=nodes, summary=waited, time_ns=now)
+            Failure(**self._ident(r), kind=Kind.peer, nodes=nodes, summary=waited, time_ns=now)
             for r in hang.waiting
             if r not in hang.culprits
         ]

@@ -1,5 +1,5 @@
-"""Healing in place, the head's wait (``launch.nodes.waiting.wait``) on real processes standing in for nodes, with a
-stand-in keeper; the real keeper process with a stranger writing into its store. (The rules without a process:
+"""Healing in place, the head's wait (``launch.nodes.waiting.wait_for_nodes``) on real processes standing in for nodes,
+with a stand-in keeper; the real keeper process with a stranger writing into its store. (The rules without a process:
 tests/rules/test_healing.py; the attempt loop with a stand-in mode: tests/rules/test_attempts.py.)"""
 
 import signal
@@ -8,11 +8,11 @@ import sys
 
 from launcher.base.run_dir import RunDir
 from launcher.heal import head_side as healing
-from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
 from launcher.heal.rounds import Rounds
 from launcher.launch.nodes import waiting
 from launcher.launch.nodes.control import ProcessNode
+from launcher.launch.nodes.restarts import Membership
 
 NAMES = ["node-0", "node-1", "node-2"]
 
@@ -79,7 +79,8 @@ def wait(procs, keeper, tmp_path, min_nodes, rejoin=None):
     why = lambda code: f"killed by {signal.Signals(-code).name}" if code < 0 else ""  # noqa: E731
     held = [ProcessNode(proc) for proc in procs]  # a joiner is added to it
     try:
-        return waiting.wait(held, NAMES, why, healing=waiting.Healing(keeper, members, rejoin)), members
+        healing = waiting.HealingAttempt(keeper, members, rejoin)
+        return waiting.wait_for_nodes(held, NAMES, why, healing=healing), members
     finally:
         for node in held:
             node.proc.kill()

@@ -70,11 +70,11 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
     failures.record_exits(directory, [failures.exit_failure(2, 99, -9, "m1", node=1, nodes=2)])
     time.sleep(0.01)  # the cause's record is the newest by a clear margin
     log(1).record(RuntimeError("the cause"))
-    records = {f.rank: f for f in failures.load(RunDir(tmp_path), "j")}
+    records = {f.rank: f for f in failures.load_newest(RunDir(tmp_path), "j")}
     assert [records[r].kind for r in range(4)] == ["peer", "error", "died", "stopped"], records
     assert records[1].time_ns > max(records[r].time_ns for r in (0, 2, 3))
     out = io.StringIO()
-    assert failures.report(RunDir(tmp_path), "j", file=out)
+    assert failures.print_report(RunDir(tmp_path), "j", file=out)
     heads = re.findall(r"^launcher: (?:failed too: )?rank (\d)", out.getvalue(), re.M)
     assert heads == ["1", "2", "0", "3"], out.getvalue()
     assert out.getvalue().startswith("launcher: rank 1 (node 0, pid "), out.getvalue()

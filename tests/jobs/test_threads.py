@@ -9,7 +9,7 @@ import os
 import pytest
 
 from harness.run import run_launcher
-from launcher.base.threads import decide
+from launcher.base.threads import choose_threads
 
 SCRIPT = """
 import json, os, sys
@@ -63,8 +63,9 @@ def test_the_users_setting_wins(tmp_path, overrides, env, expected):
 
 
 def test_rules():
-    assert decide(None, 4, {}) == (max(1, cores() // 4), f"{cores()} core(s) / 4 rank(s) on the machine")
-    assert decide(None, 10_000, {})[0] == 1  # at least one
-    assert decide(2, 4, {"OMP_NUM_THREADS": "5"}) == (2, "train.threads_per_rank")
-    assert decide(None, 4, {"OMP_NUM_THREADS": "5"}) == (5, "OMP_NUM_THREADS")
-    assert decide(None, 1, {"OMP_NUM_THREADS": "lots"})[1].endswith("rank(s) on the machine")  # not a number: ours
+    assert choose_threads(None, 4, {}) == (max(1, cores() // 4), f"{cores()} core(s) / 4 rank(s) on the machine")
+    assert choose_threads(None, 10_000, {})[0] == 1  # at least one
+    assert choose_threads(2, 4, {"OMP_NUM_THREADS": "5"}) == (2, "train.threads_per_rank")
+    assert choose_threads(None, 4, {"OMP_NUM_THREADS": "5"}) == (5, "OMP_NUM_THREADS")
+    not_a_number = choose_threads(None, 1, {"OMP_NUM_THREADS": "lots"})
+    assert not_a_number[1].endswith("rank(s) on the machine")  # not a number: ours

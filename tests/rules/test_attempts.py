@@ -1,9 +1,9 @@
-"""The one attempt loop of the several-node heads (``launch/nodes/attempts.py``: ``run_job``, ``run_attempt``, the
-wait in ``waiting.py``) driven by a stand-in mode whose nodes and keeper are no processes: a plain attempt that
-finishes; a machine lost by signal, its peers ended at once and the job restarted while restarts are left, then
-stopped with the exit code and the job's report when none are; a healing attempt where the keeper's decision shrinks
-the ``Membership`` through its own method. The real modes on real processes: tests/beds/test_sim.py,
-tests/beds/test_ssh.py; the wait on real processes with a stand-in keeper: tests/jobs/test_healing_processes.py."""
+"""The one attempt loop of the several-node heads (``launch/nodes/attempts.py``: ``run_on_machines``, ``run_attempt``,
+the wait in ``waiting.py``) driven by a stand-in mode whose nodes and keeper are no processes: a plain attempt that
+finishes; a machine lost by signal, its peers ended at once and the job restarted while restarts are left, then stopped
+with the exit code and the job's report when none are; a healing attempt where the keeper's decision shrinks the
+``Membership`` through its own method. The real modes on real processes: tests/beds/test_sim.py, tests/beds/test_ssh.py;
+the wait on real processes with a stand-in keeper: tests/jobs/test_healing_processes.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from harness.config import plan
+from launcher.base.node_args import NodeArgs
 from launcher.base.run_dir import RunDir
-from launcher.heal.membership import Membership
 from launcher.heal.rounds import Rounds
 from launcher.launch.nodes import waiting
-from launcher.launch.nodes.attempts import KeeperAt, Placement, run_job
-from launcher.launch.nodes.control import Control, NodeArgs
+from launcher.launch.nodes.attempts import KeeperAt, Placement, run_on_machines
+from launcher.launch.nodes.control import Control
+from launcher.launch.nodes.restarts import Membership
 from launcher.report.failures import exit_failure, record_exits
 from launcher.trust.secret import Secret
 
@@ -134,7 +135,7 @@ def job_of(tmp_path, min_nodes: int, max_restarts: int = 0):
 def test_a_plain_attempt_that_finishes(tmp_path, capfd):
     machines, job = StandInMachines([None]), job_of(tmp_path, min_nodes=3)
     members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
-    assert run_job(machines, job, members, Secret.new()) == 0
+    assert run_on_machines(machines, job, members, Secret.new()) == 0
     assert machines.placed == [(NAMES, [])] and members.attempt == 0  # one attempt, nothing spent
     assert [(n.args.node, n.args.nodes, n.args.endpoint, n.args.members) for n in machines.started] == [
         (0, 3, "10.0.0.1:29400", ""),
@@ -153,7 +154,7 @@ def test_a_machine_lost_restarts_the_job_while_restarts_are_left_then_it_stops(t
     restart left the job ends with exit 1."""
     machines, job = StandInMachines([("node-1", KILLED), ("node-0", 1)]), job_of(tmp_path, min_nodes=3)
     members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
-    assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
+    assert run_on_machines(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
     first, second = machines.started[:3], machines.started[3:]
     assert [n.args.attempt for n in machines.started] == [0, 0, 0, 1, 1, 1]
     assert machines.placed == [(NAMES, []), (NAMES, ["node-1"])]  # the lost one: not waited for by the checks
@@ -181,7 +182,7 @@ def test_a_stop_signal_to_the_head_stops_every_node_and_ends_the_job(tmp_path, c
     members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
     before = signal.signal(signal.SIGHUP, lambda *_: None)  # (a driver that forwards nothing: the test fails, lives)
     try:
-        assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 129
+        assert run_on_machines(machines, job, members, Secret.new(), keeper=_no_keeper) == 129
     finally:
         signal.signal(signal.SIGHUP, before)
     assert [n.words[:1] for n in machines.started] == [[Control.TERM]] * 3 and members.attempt == 0
@@ -196,7 +197,7 @@ def test_a_machine_lost_under_min_nodes_goes_on_without_it(tmp_path, capfd):
     leaves too few: the job stops."""
     machines, job = StandInMachines([("node-1", KILLED), ("node-2", KILLED)]), job_of(tmp_path, min_nodes=2)
     members = Membership(RunDir(tmp_path), NAMES, 2, max_restarts=0)
-    assert run_job(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
+    assert run_on_machines(machines, job, members, Secret.new(), keeper=_no_keeper) == 1
     assert machines.placed == [(NAMES, []), (["node-0", "node-2"], ["node-1"])]
     assert [n.args.nodes for n in machines.started] == [3, 3, 3, 2, 2]
     err = capfd.readouterr().err
@@ -217,7 +218,7 @@ def test_a_healing_attempt_shrinks_the_membership_through_the_keepers_decision(t
         keepers[-1].then = lambda: [n.end(0) for n in machines.started if n.args.node != 1]  # the survivors finish
         return keepers[-1]
 
-    assert run_job(machines, job, members, Secret.new(), keeper=keeper) == 0
+    assert run_on_machines(machines, job, members, Secret.new(), keeper=keeper) == 0
     [held] = keepers
     assert held.told == [("node-1", "killed by SIGKILL")] and held.closed
     assert members.live == ["node-0", "node-2"] and members.all == NAMES and members.attempt == 0

@@ -7,8 +7,8 @@ import pytest
 from harness.config import plan
 from launcher.base.run_dir import RunDir
 from launcher.config import ConfigError
-from launcher.heal.membership import Membership
 from launcher.launch.local import launch_local
+from launcher.launch.nodes.restarts import Membership
 
 
 def test_node_0_by_hand_must_run_on_master_addr(tmp_path):

@@ -39,7 +39,7 @@ def test_an_unparsable_script_args_names_the_double_dash_and_the_quoting():
 
 def test_a_node_process_reads_back_the_jobs_words_verbatim():
     """The node process's command line carries what the job runs (``ps``, room for its title) after ``--``."""
-    from launcher.launch.nodes.control import NodeArgs
+    from launcher.base.node_args import NodeArgs
 
     args = NodeArgs("runs/x", 2, 1, "10.0.0.1:29500", "id", "10.0.0.2", members="a,b", words=("t.py", *ODD))
     assert NodeArgs.parse(args.argv("python")[4:]) == args

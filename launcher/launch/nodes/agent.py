@@ -25,7 +25,7 @@ from launcher.config.rules import rank_command
 from launcher.group.rendezvous import listening_store
 from launcher.launch.nodes.elastic import launch
 from launcher.report.failures import exit_failure, record_exits
-from launcher.report.failures import report as report_failures
+from launcher.report.failures import print_report as report_failures
 from launcher.report.stops import print_stopped
 
 

@@ -1,12 +1,13 @@
 """The one attempt loop of every several-node head (``+cluster=sim``, ``+cluster=ssh``; healing in place or not), in
 the shape of torch elastic's ``SimpleElasticAgent._invoke_run``: one loop over one state.
 
-``run_job``: the attempts, until one ends the job: each is placed by the mode (``Machines.place``: the machines it
-runs on, where its node processes meet), run (``run_attempt``), and after a failed one ``Membership.again`` says
-whether and where the job goes on (``cluster.max_restarts``; ``cluster.min_nodes``: without the machines lost)
-from the newest checkpoint. ``run_attempt``: the keeper started when the job heals in place, one node process per
-machine (``Machines.start``), stop signals to the head passed on to each (``Control`` words), a heartbeat to each,
-the wait (``waiting.wait``: a failure, a lost machine, the keeper's decisions), then the attempt's end said once
+``run_on_machines``: the attempts, until one ends the job: each is placed by the mode (``Machines.place``: the
+machines it runs on, where its node processes meet), run (``run_attempt``), and after a failed one
+``Membership.again`` (``restarts.py``, the restart policy) says whether and where the job goes on
+(``cluster.max_restarts``; ``cluster.min_nodes``: without the machines lost) from the newest checkpoint.
+``run_attempt``: the keeper started when the job heals in place, one node process per machine (``Machines.start``),
+stop signals to the head passed on to each (``Control`` words), a heartbeat to each, the wait
+(``waiting.wait_for_nodes``: a failure, a lost machine, the keeper's decisions), then the attempt's end said once
 (``said_end``: the stop line, the machines lost, or the job's failure report).
 
 A mode supplies its machines through ``Machines`` (sim: processes in network namespaces; ssh: hosts, checked,
@@ -23,14 +24,15 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Protocol
 
 from launcher.base.liveness import HEAD_PING_S
+from launcher.base.node_args import NodeArgs
 from launcher.config import ConfigError, JobConfig
 from launcher.config.rules import entry_argv
 from launcher.heal.head_side import KeeperClient
-from launcher.heal.membership import Membership
-from launcher.launch.nodes.control import Control, Node, NodeArgs, forwarding_stops
-from launcher.launch.nodes.waiting import Healing, Outcome, wait
+from launcher.launch.nodes.control import Control, Node, forwarding_stops
+from launcher.launch.nodes.restarts import Membership
+from launcher.launch.nodes.waiting import HealingAttempt, Outcome, wait_for_nodes
 from launcher.report.failures import Failure, hang_ended, load_attempt
-from launcher.report.failures import report as report_failures
+from launcher.report.failures import print_report as report_failures
 from launcher.report.stops import STOP_CODES, print_stopped
 from launcher.trust.secret import Secret
 
@@ -95,7 +97,7 @@ class Ended:
 Keeper = Callable[..., KeeperClient]  # KeeperClient's signature (a stand-in in the rules tests)
 
 
-def run_job(
+def run_on_machines(
     machines: Machines, job: JobConfig, members: Membership, secret: Secret, keeper: Keeper = KeeperClient
 ) -> int:
     """Run ``job``'s attempts on ``machines`` until one finishes, is stopped, or fails with no restart left; its
@@ -178,10 +180,10 @@ def run_attempt(
             healing = None
             if client is not None:
                 joiner = Joiner(machines, job, endpoint, launch_id, attempt, nodes, placement.rejoin_every_s)
-                healing = Healing(client, members, joiner)
+                healing = HealingAttempt(client, members, joiner)
             with heartbeats(nodes):
                 ended = lambda: hang_ended(job.run, launch_id, attempt)  # noqa: E731
-                out = wait(nodes, names, machines.lost, ended, healing)
+                out = wait_for_nodes(nodes, names, machines.lost, ended, healing)
     finally:
         if client is not None:
             client.close()

@@ -2,7 +2,7 @@
 (``elastic_agent``), or in a job that heals in place without one (``heal_worker``, with ``--members``):
 ``python -m launcher.launch.nodes.process RUN_DIR NODES NODE ENDPOINT LAUNCH_ID ADDR [--stdin-control]
 [--static-rendezvous] [--head-restarts --attempt N] [--members A,B,... [--start K]]`` (built and parsed by
-``control.NodeArgs``).
+``base.node_args.NodeArgs``).
 
 Started once per node by the head: the sim launcher (inside the node's network namespace when there is one) and
 the ssh launcher on each host. The head reports once for all nodes.
@@ -34,10 +34,11 @@ from typing import Optional
 from launcher.base.env import HEAD_ATTEMPT
 from launcher.base.exiting import children
 from launcher.base.files import no_world_writable_files
+from launcher.base.node_args import NodeArgs
 from launcher.base.titles import name_process
 from launcher.config import JobConfig, load_frozen
 from launcher.config.rules import entry_words
-from launcher.launch.nodes.control import Control, NodeArgs
+from launcher.launch.nodes.control import Control
 from launcher.trust.secret import Secret, read_handoff
 
 HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dropped instead of blocking on it

@@ -38,7 +38,7 @@ class StopRelay:
         if self.heard is not None:
             return  # (stopping on another machine's word: that one told)
         others = [f"seen/{k}" for k in range(self.nodes) if k != self.node]
-        with contextlib.suppress(RuntimeError):  # (DistError: the store's machine is gone; its ranks too)
+        with contextlib.suppress(dist.DistError):  # (DistError: the store's machine is gone; its ranks too)
             self.store.set("stop", f"{self.node}:{int(signum)}")
             self.store.wait(others, timedelta(seconds=STOP_SEEN_S))
 
@@ -46,7 +46,7 @@ class StopRelay:
         """Another machine's stop, if it was told: ``(machine, signal)``, said once on the console."""
         if self.heard is not None:
             return self.heard
-        with contextlib.suppress(RuntimeError, ValueError):  # (a value of another shape: not a stop)
+        with contextlib.suppress(dist.DistError, ValueError):  # (a value of another shape: not a stop)
             if not self.store.check(["stop"]):
                 return None
             value = self.store.read("stop") if isinstance(self.store, SignedStore) else self.store.get("stop")

@@ -23,9 +23,9 @@ from typing import Optional, Protocol
 
 from launcher.base.liveness import AFTER_FAILURE_GRACE_S
 from launcher.heal.head_side import KeeperClient
-from launcher.heal.membership import Membership
 from launcher.heal.protocol import Decision
 from launcher.launch.nodes.control import Control, Node
+from launcher.launch.nodes.restarts import Membership
 from launcher.report.stops import STOP_CODES
 
 
@@ -49,7 +49,7 @@ class Rejoin(Protocol):
 
 
 @dataclass
-class Healing:
+class HealingAttempt:
     """What a healing attempt's wait has beyond a plain one's: the keeper, the membership its decisions change, and
     how a lost machine comes back (None: it does not during the attempt)."""
 
@@ -70,13 +70,13 @@ class Outcome:
 
 @dataclass
 class Waiting:
-    """``wait``'s state: the attempt's node processes (``nodes``: the list grows with joiners, as the head's stop
-    forwarding and heartbeats see it), what is known of each, and when the others are stopped."""
+    """``wait_for_nodes``' state: the attempt's node processes (``nodes``: the list grows with joiners, as the head's
+    stop forwarding and heartbeats see it), what is known of each, and when the others are stopped."""
 
     nodes: list[Node]
     lost_by: Callable[[int], str]
     hang_ended: Callable[[], bool]  # the progress watch ended a hang (``failures.hang_ended``)
-    healing: Optional[Healing]
+    healing: Optional[HealingAttempt]
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     out: Outcome = field(default_factory=lambda: Outcome(codes=[], names=[]))
     running: set[int] = field(default_factory=set)
@@ -102,7 +102,7 @@ class Waiting:
         if self.deadline is None:
             self.deadline, self.deadline_why = deadline, why
 
-    def check_lost(self, healing: Healing) -> None:
+    def check_lost(self, healing: HealingAttempt) -> None:
         """Check the lost machines every ``rejoin.every_s`` (those not joining already): ``("answers", name, time)``
         for each one that answers."""
         rejoin = healing.rejoin
@@ -181,12 +181,12 @@ class Waiting:
         self.stop_at(time.monotonic(), "at once: the job's store is gone")
 
 
-def wait(
+def wait_for_nodes(
     nodes: list[Node],
     names: list[str],
     lost_by: Callable[[int], str],
     hang_ended: Callable[[], bool] = lambda: False,
-    healing: Optional[Healing] = None,
+    healing: Optional[HealingAttempt] = None,
 ) -> Outcome:
     """Wait for an attempt's node processes (``nodes``, on the machines ``names``) until every one has ended; a
     joiner still waiting to join when the job ends is stopped. Returns each one's exit code, the first failure, and

@@ -19,13 +19,14 @@ from dataclasses import dataclass, replace
 
 from launcher.base.env import DistEnv
 from launcher.base.files import remove_empty_dirs
+from launcher.base.node_args import NodeArgs
 from launcher.base.threads import RANKS_ON_MACHINE
 from launcher.config import JobConfig, SimClusterConfig
 from launcher.config.rules import heals_in_place
-from launcher.heal.membership import Membership
 from launcher.launch.mode import BaseMode, LaunchPlan
-from launcher.launch.nodes.attempts import KeeperAt, Placement, run_job
-from launcher.launch.nodes.control import Node, NodeArgs, ProcessNode
+from launcher.launch.nodes.attempts import KeeperAt, Placement, run_on_machines
+from launcher.launch.nodes.control import Node, ProcessNode
+from launcher.launch.nodes.restarts import Membership
 from launcher.launch.ports import free_port
 from launcher.launch.sim.netns import SimNetwork, check_netns_possible
 from launcher.trust.secret import Secret
@@ -64,7 +65,7 @@ def launch_sim(plan: LaunchPlan, job: JobConfig) -> int:
     members = Membership(job.run, [f"node-{n}" for n in range(c.nodes)], plan.min_nodes, head_max_restarts)
     secret = Secret.new()  # the job's: the keeper and the node processes get it in their environment
     with SimNetwork(c.nodes, c.netns, c.link_gbit, tuple(c.node_link_gbit), c.link_burst, c.subnet) as net:
-        code = run_job(SimMachines(job, c, net, secret, bool(heals_in_place(job))), job, members, secret)
+        code = run_on_machines(SimMachines(job, c, net, secret, bool(heals_in_place(job))), job, members, secret)
         remove_empty_dirs(job.run.elastic_logs)  # every node process has ended
     return code
 

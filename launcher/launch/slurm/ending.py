@@ -12,26 +12,27 @@ import threading
 import time
 from typing import Any
 
+from launcher.base.errors import Kind
 from launcher.base.liveness import AFTER_FAILURE_GRACE_S, SLURM_RESULTS_WAIT_S, SLURM_SETTLE_S
 from launcher.config import JobConfig
-from launcher.report.failures import Failure, load
-from launcher.report.failures import report as report_failures
+from launcher.report.failures import Failure, load_newest
+from launcher.report.failures import print_report as report_failures
 
 
 def failure_recorded(job: JobConfig, job_id: str) -> bool:
     """A rank of the job's newest start has recorded its own failure (an error, a hang named by the watch): the job
     is ending, the report need not wait. Peers' records alone do not count: a rank killed without a record (by a
     signal, the OOM killer) is named from submitit's word once the job has ended, first."""
-    return any(f.kind != "peer" for f in load(job.run, job_id))
+    return any(f.kind is not Kind.peer for f in load_newest(job.run, job_id))
 
 
 def report_first_failure(job: JobConfig, job_id: str) -> int:
     """The report from the ranks' records, once they stopped coming (``SLURM_SETTLE_S`` without a new one, at most
     ``AFTER_FAILURE_GRACE_S``): exit code 1. Slurm ends the other tasks (srun's ``--kill-on-bad-exit``)."""
     deadline, tick = time.monotonic() + AFTER_FAILURE_GRACE_S, threading.Event()
-    seen = len(load(job.run, job_id))
+    seen = len(load_newest(job.run, job_id))
     while time.monotonic() < deadline and not tick.wait(SLURM_SETTLE_S):
-        now = len(load(job.run, job_id))
+        now = len(load_newest(job.run, job_id))
         if now == seen:
             break
         seen = now
@@ -94,7 +95,7 @@ def report(submitted: Any, job: JobConfig, state: str | None = None) -> int:
     hosts = job_hosts(job_id)
     per_node, tasks = job.cluster.procs_per_node or 1, tasks_run(job, hosts)
 
-    def failure(rank: int, kind: str, summary: str) -> Failure:
+    def failure(rank: int, kind: Kind, summary: str) -> Failure:
         node = rank // per_node
         host = hosts[node] if node < len(hosts) else "?"
         task = f"task {rank} of Slurm job {job_id}, state {state}"
@@ -113,17 +114,18 @@ def report(submitted: Any, job: JobConfig, state: str | None = None) -> int:
     failed = state != "COMPLETED"  # a completed job's results are all coming: submitit waits for them
     for rank, task in enumerate(results):
         if failed and rank in own:  # ended on its own without a record (a signal, the OOM killer): the cause
-            known.append(failure(rank, "died", f"srun: task {rank} on {own[rank][0]}: {own[rank][1]}"))
+            known.append(failure(rank, Kind.died, f"srun: task {rank} on {own[rank][0]}: {own[rank][1]}"))
             continue
         if failed and not task.paths.result_pickle.exists():  # killed (srun ends the others after a failure)
             summary = f"Job {job_id} (task: {rank}) has not produced any output (state: {state})"
-            known.append(failure(rank, "stopped", summary))
+            known.append(failure(rank, Kind.stopped, summary))
             continue
         try:
             task.result()
         except (FailedJobError, UncompletedJobError) as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            known.append(failure(rank, "died" if isinstance(exc, FailedJobError) else "stopped", first.strip()))
+            kind = Kind.died if isinstance(exc, FailedJobError) else Kind.stopped
+            known.append(failure(rank, kind, first.strip()))
     if not known:
         return 0
     report_failures(job.run, job_id, known)

@@ -16,6 +16,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from launcher.base.env import DistEnv
+from launcher.base.errors import Kind, LauncherError
 from launcher.base.files import write_json_atomic
 from launcher.config import ClusterConfig, JobConfig, SlurmClusterConfig, load_frozen
 from launcher.launch.mode import StartedMode
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Requeued(LauncherError):
+    """Every rank stopped at one step with a checkpoint and this task leaves the job to Slurm: rank 0 requeued it
+    (it comes back and resumes), or, the launcher's head having asked for the stop, it ends there, not requeued.
+    The task ends 0 with no failure record and no result (``Kind.requeued``)."""
+
+    kind = Kind.requeued
+
+
 class SlurmTaskMode(StartedMode):
     name = "slurm-task"
     source = "slurm"
@@ -36,7 +45,10 @@ class SlurmTaskMode(StartedMode):
     store_host = "rank 0 hosts the store"
 
     def run_rank(self, job: JobConfig, env: DistEnv) -> Any:
-        return run_slurm_rank(job, env, composed_here=True)
+        try:
+            return run_slurm_rank(job, env, composed_here=True)
+        except Requeued:
+            return None  # (exit 0, set by the rank's entry; no summary: the job comes back, or ended as asked)
 
 
 def node_range(c: ClusterConfig) -> str:
@@ -67,7 +79,13 @@ class SlurmTask:
         # Slurm's KillWait (30 s by default). The launcher's own stop request on Slurm is SIGUSR2 (slurm.py)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ.update(self.secret)  # the rank takes it out of its environment (rank.work)
-        return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
+        try:
+            return run_slurm_rank(load_frozen(self.run_dir), DistEnv.resolve())
+        except Requeued:
+            # submitit writes a result for whatever returns or raises an Exception, and a result says the job is
+            # done (``Job.done``): a task leaving for a requeue must leave none, so it leaves the way submitit
+            # lets through untouched (exit 0, set by the rank's entry)
+            raise SystemExit(0) from None
 
 
 def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) -> Any:
@@ -92,16 +110,16 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
 
 
 def requeue_after_stop(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
-    """The stop checkpoint is written: rank 0 requeues; no task returns a result (the job comes back). Unless the
-    launcher's head asked for the stop (``RunDir.stop_request``: it was sent SIGTERM, SIGINT or SIGHUP): then the job
-    ends."""
+    """The stop checkpoint is written: rank 0 requeues; every task leaves (``Requeued``: no task returns a result,
+    the job comes back). Unless the launcher's head asked for the stop (``RunDir.stop_request``: it was sent
+    SIGTERM, SIGINT or SIGHUP): then the job ends."""
     if job.run.stop_request.exists():
         if env.is_main:
             log.warning("%s: checkpoint written; the launcher's head stopped the job (not requeued)", stop)
-        raise SystemExit(0)
+        raise Requeued(f"{stop}: the launcher's head stopped the job, not requeued")
     if env.is_main:
         requeue(job, env, stop)
-    raise SystemExit(0)
+    raise Requeued(f"{stop}: the job is requeued")
 
 
 def check_store_port(env: DistEnv, derived: bool) -> None:

@@ -5,14 +5,15 @@ heals in place's ranks (the keeper, the job's store, on this head).
 
 Reading map, in the order things happen (from ``SshMode.run`` to a rank):
   1. ``hosts.resolve_hosts`` (from ``SshMode.fill_defaults``, before validation): the hosts, slots, master.
-  2. ``launch_ssh`` (here) -> ``nodes.attempts.run_job``: the attempts, the one loop of every several-node head;
-     ``membership.Membership`` decides, after a failed one, whether and on which hosts the job goes on
+  2. ``launch_ssh`` (here) -> ``nodes.attempts.run_on_machines``: the attempts, the one loop of every several-node
+     head; ``restarts.Membership`` decides, after a failed one, whether and on which hosts the job goes on
      (``cluster.max_restarts``, ``cluster.min_nodes``). How a host is used: ``SshMachines`` (here).
   3. ``SshMachines.place`` -> ``hosts.ready_hosts`` -> ``hosts.check_hosts``: every host checked in parallel over
      ssh by ``host_check.py`` (its ``HostFacts``).
   4. ``attempts.run_attempt``: per host an ``SshNode`` (``clients.py``: its ssh client, ``clients.ssh_command`` +
-     ``clients.remote_shell`` running ``control.NodeArgs.argv``); stop signals forwarded and heartbeats written as
-     ``control.Control`` words; ``nodes.waiting.wait`` waits, then the job's report names the root cause.
+     ``clients.remote_shell`` running ``base.node_args.NodeArgs.argv``); stop signals forwarded and heartbeats
+     written as ``control.Control`` words; ``nodes.waiting.wait_for_nodes`` waits, then the job's report names the
+     root cause.
   5. on each host, ``nodes/process.py``: reads the ``Control`` words, relays output, runs ``agent.run_agent``
      (torch's elastic agent, static rendezvous), which starts ``python -m launcher.rank.entry RUN_DIR`` per rank.
   6. ``rank.entry.rank_main`` -> ``rank.work.run_rank_work`` -> the trainer (or the user's script).
@@ -54,12 +55,13 @@ from dataclasses import dataclass, field, replace
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
+from launcher.base.node_args import NodeArgs
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import heals_in_place
-from launcher.heal.membership import Membership
 from launcher.launch.mode import BaseMode, LaunchPlan
-from launcher.launch.nodes.attempts import KeeperAt, Placement, run_job
-from launcher.launch.nodes.control import Node, NodeArgs
+from launcher.launch.nodes.attempts import KeeperAt, Placement, run_on_machines
+from launcher.launch.nodes.control import Node
+from launcher.launch.nodes.restarts import Membership
 from launcher.launch.ports import free_port
 from launcher.launch.ssh.clients import SshNode, say_if_slow, saying_if_slow
 from launcher.launch.ssh.host_check import HostFacts
@@ -96,7 +98,7 @@ def launch_ssh(plan: LaunchPlan, job: JobConfig, c: SshClusterConfig) -> int:
     members = Membership(job.run, list(c.hosts), plan.min_nodes, c.max_restarts)
     secret = Secret.new()  # the job's: each host gets it as the first line of its connection's stdin
     try:
-        return run_job(SshMachines(job, c, secret, bool(heals_in_place(job))), job, members, secret)
+        return run_on_machines(SshMachines(job, c, secret, bool(heals_in_place(job))), job, members, secret)
     finally:
         for marker in job.run.host_checks():  # a rejoin check still in flight
             marker.unlink(missing_ok=True)

@@ -1,7 +1,7 @@
 """The ssh side of ``+cluster=ssh``: the hosts and their slots (``cluster.hosts`` / ``cluster.hostfile``), and the
 checks every host passes before anything starts (``launch/ssh/host_check.py`` over ssh, in parallel, run by the
 command ``launch/ssh/clients.py`` builds), also before each restart, where under ``cluster.min_nodes`` a host failing
-them is lost and one passing them again joins (``launcher.heal.membership``)."""
+them is lost and one passing them again joins (``launch/nodes/restarts.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError, JobConfig, SshClusterConfig
 from launcher.config.rules import TENSORBOARD_HINT, heals_in_place, writes_tensorboard
-from launcher.heal.membership import Membership
+from launcher.launch.nodes.restarts import Membership
 from launcher.launch.ssh.clients import (
     NO_CWD,
     NOT_FOUND,

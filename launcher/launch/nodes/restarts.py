@@ -1,74 +1,31 @@
-"""The machines a several-node job runs on, and its changes (``cluster.min_nodes``).
+"""The machines each attempt of a several-node job runs on (``Membership``, the head's view) and the restart policy
+(``cluster.max_restarts``, ``cluster.min_nodes``), where restarts live: beside the one attempt loop
+(``attempts.py``) that asks it after every failed attempt.
 
 A job started on ``cluster.nodes`` machines keeps going on fewer when machines are lost, down to
-``cluster.min_nodes``, one of two ways (``config.rules.heals_in_place`` says which). Healing in place (the built-in
-trainer, ``launcher.heal``): the keeper decides the rounds, the survivors go on in the same processes, a machine
-that answers again (ssh: the head's checks) joins them at a step boundary, and their rank 0 records each change.
-The restart: the launcher's head (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed,
-its ssh connection dropped, or it fails the host checks before a restart), restarts the job on the survivors
-(``Membership``), and the ranks resume from the newest checkpoint on the smaller world (the global batch, and so the
-trajectory, is unchanged: ``launcher.train.saving``); a machine that answers the checks again joins at the next
-restart. Each change is one line of ``membership.jsonl`` in the run dir; the trainer copies them into
-``summary.json`` (``membership``).
+``cluster.min_nodes``, one of two ways (``config.rules.heals_in_place`` says which). The restart: the launcher's
+head (``+cluster=sim``, ``+cluster=ssh``) sees which node was lost (its agent killed, its ssh connection dropped, or
+it fails the host checks before a restart), restarts the job on the survivors (``Membership.again``,
+``Membership.change``), and the ranks resume from the newest checkpoint on the smaller world (the global batch, and
+so the trajectory, is unchanged: ``launcher.train.saving``); a machine that answers the checks again joins at the
+next restart. Healing in place (the built-in trainer, ``launcher.heal``): the keeper decides the rounds, the
+survivors go on in the same processes, and the head follows each decision (``Membership.apply``). Each change is one
+line of ``membership.jsonl`` (``base/membership.py``). The restart policy is the launcher's own, no part of the healing
+package: a keeper's decision reaches it only through ``apply``. No torch here.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Protocol
+from collections.abc import Sequence
 
+from launcher.base import membership
 from launcher.base.checkpoint_names import newest_step
 from launcher.base.run_dir import RunDir
+from launcher.heal.protocol import Decision
 from launcher.report.attempts import cause_of, restart_line
 from launcher.report.failures import Failure
-
-
-@dataclass(frozen=True)
-class Change:
-    step: Optional[int]  # the step the new world resumes from (the newest checkpoint's); None: from the start
-    nodes_before: int
-    nodes_after: int
-    hosts_lost: list[str] = field(default_factory=list)
-    hosts_joined: list[str] = field(default_factory=list)
-    why: str = ""
-    time: float = 0.0  # restart: when the head decided; in place: the loss, the earliest it can have happened
-    how: str = "restart"  # restart: from the newest checkpoint; in place: healed or grown (launcher.train.in_place)
-    fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
-    answer_to_step_s: Optional[float] = None  # in place: from the joining machine's answer to the first step with it
-
-
-def write(run_dir: RunDir, change: Change) -> None:
-    """Append one change to the run dir's record."""
-    with open(run_dir.membership, "a", encoding="utf-8") as f:
-        f.write(json.dumps(asdict(change)) + "\n")
-
-
-def changes(run_dir: RunDir) -> list[dict[str, Any]]:
-    """Every change recorded in the run dir, oldest first (for ``summary.json``)."""
-    path = run_dir.membership
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-class Decided(Protocol):
-    """What ``Membership.apply`` reads of the keeper's decision (``heal.protocol.Decision``, which builds on this
-    module's ``Change``: the type is named here by its fields)."""
-
-    @property
-    def round(self) -> int: ...
-    @property
-    def members(self) -> tuple[str, ...]: ...
-    @property
-    def lost(self) -> Mapping[str, str]: ...
-    @property
-    def joined(self) -> tuple[str, ...]: ...
-    @property
-    def stop(self) -> str: ...
 
 
 class Membership:
@@ -119,7 +76,7 @@ class Membership:
         )
         return True
 
-    def apply(self, decision: Decided) -> bool:
+    def apply(self, decision: Decision) -> bool:
         """The keeper's ``decision`` (healing in place), said; the next restart (if any) runs on its members. False
         when too few nodes are left (the job stops; no restart either). The ranks record the change themselves."""
         names = ", ".join(f"{n} ({why})" for n, why in decision.lost.items())
@@ -159,7 +116,7 @@ class Membership:
             return False
         step = newest_step(self.run_dir.checkpoints)
         came = [n for n in after if n not in self._live]
-        record = Change(
+        record = membership.Change(
             step=step,
             nodes_before=len(self._live),
             nodes_after=len(after),
@@ -168,7 +125,7 @@ class Membership:
             why="; ".join([*(f"{n}: {w}" for n, w in lost.items()), *(f"{n}: answers again" for n in came)]),
             time=time.time(),
         )
-        write(self.run_dir, record)
+        membership.write(self.run_dir, record)
         what = [f"lost {names}"] if lost else []
         what += [f"{', '.join(came)} joined"] if came else []
         start = f"the newest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
