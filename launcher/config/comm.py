@@ -60,7 +60,7 @@ class CommConfig:
         self.shard = _member(Shard, self.shard, "comm.shard")
         if self.fsdp_min_params is not None:
             _check(self.fsdp_min_params >= 1, f"comm.fsdp_min_params={self.fsdp_min_params} must be >= 1 (or null)")
-        if self.reducer is Reducer.fsdp:
+        if self.reducer.sharded:
             _check(
                 self.shard is Shard.node or self.compress is Compress.none,
                 f"comm.compress={self.compress} with comm.shard=world: a flat shard group has no cross-node stage to "

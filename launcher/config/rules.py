@@ -102,12 +102,12 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
         return "a script= runs its own loop, which cannot rejoin a new process group by itself"
     if job.doctor:
         return "doctor=true"
-    if job.comm.reducer is Reducer.fsdp and job.comm.shard is Shard.world:
+    if job.comm.reducer.sharded and job.comm.shard is Shard.world:
         return (
             "comm.shard=world: a lost machine takes shards no survivor holds (comm.shard=node keeps a whole replica "
             "on every machine: it heals in place)"
         )
-    if job.comm.reducer is Reducer.fsdp and job.train.checkpoint_async:
+    if job.comm.reducer.sharded and job.train.checkpoint_async:
         return "train.checkpoint_async with comm.reducer=fsdp: a sharded write in flight holds the old round's group"
     forward = job.comm.reducer is Reducer.bucketed and job.comm.overlap is Overlap.forward
     if forward and whole_gradient_reason(job.train, job.optim) is None:

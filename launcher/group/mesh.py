@@ -20,15 +20,15 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from launcher.base.env import DistEnv
+from launcher.base.sync_modes import Shard
 
-SHARDS = ("node", "world")
 
-
-def mesh(shard: str = "node", device_type: Optional[str] = None, env: Optional[DistEnv] = None) -> DeviceMesh:
+def mesh(shard: str | Shard = "node", device_type: Optional[str] = None, env: Optional[DistEnv] = None) -> DeviceMesh:
     """The job's ``DeviceMesh``: ``shard="node"``: dims (``replicate``, ``shard``) = (nodes, ranks of a node);
     ``shard="world"`` (or one node): dim ``shard`` over every rank. ``device_type``: the process group's device
     (``cuda`` under nccl, else ``cpu``) unless given. ``env``: this rank's place (resolved from the environment)."""
-    if shard not in SHARDS:
+    spread = Shard.of(shard)  # (a member, or the text a user types: compared as a member)
+    if spread is None:
         raise ValueError(f"launcher.mesh(shard={shard!r}); HINT: shard='node' (HSDP: shard inside a node) or 'world'")
     if not dist.is_initialized():
         raise RuntimeError(
@@ -48,6 +48,6 @@ def mesh(shard: str = "node", device_type: Optional[str] = None, env: Optional[D
             "shard='world' (a flat mesh) for uneven nodes"
         )
     device = device_type or ("cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu")
-    if shard == "world" or env.num_nodes == 1:
+    if spread is Shard.world or env.num_nodes == 1:
         return init_device_mesh(device, (env.world_size,), mesh_dim_names=("shard",))
     return init_device_mesh(device, (env.num_nodes, per_node), mesh_dim_names=("replicate", "shard"))

@@ -12,7 +12,7 @@ import os
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.sync_modes import Compress, Reducer, Shard
+from launcher.base.sync_modes import Compress, Shard
 from launcher.base.threads import plan_line
 from launcher.config import ConfigError, JobConfig, to_job
 from launcher.config.keys import check_model_keys
@@ -94,7 +94,7 @@ def describe_entry(job: JobConfig) -> str:
 def describe_planned_sharding(job: JobConfig, per_node: int) -> str:
     """``comm.reducer=fsdp`` in the trainer: who holds which shard and what crosses nodes ("" otherwise)."""
     comm, nodes = job.comm, job.cluster.nodes
-    if comm.reducer is not Reducer.fsdp or job.script or job.doctor:
+    if not comm.reducer.sharded or job.script or job.doctor:
         return ""
     if comm.shard is Shard.world or nodes == 1:
         world = nodes * per_node
