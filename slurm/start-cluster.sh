@@ -26,8 +26,9 @@ BRIDGE=lnchslurmbr0
 need=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 if ! dpkg -s "${need[@]}" >/dev/null 2>&1; then
   echo "[slurm] installing ${need[*]}" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # one installer at a time: the test beds start side by side (pytest-xdist) and apt holds dpkg's lock
+  flock /var/lib/dpkg sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends "$@" >/dev/null' sh "${need[@]}"
 fi
 
 running() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }

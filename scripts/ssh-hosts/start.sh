@@ -27,8 +27,9 @@ GLOBAL=0; [[ ${1:-} == --global ]] && GLOBAL=1
 
 [[ $(id -u) == 0 ]] || { echo "ssh-hosts: needs root (network namespaces)" >&2; exit 1; }
 if [[ ! -x /usr/sbin/sshd ]]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    openssh-server openssh-client >/dev/null
+  # one installer at a time: the test beds start side by side (pytest-xdist) and apt holds dpkg's lock
+  flock /var/lib/dpkg sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends openssh-server openssh-client >/dev/null'
 fi
 [[ -e $STATE/hosts ]] && { echo "ssh-hosts: already running under $STATE (stop.sh first)" >&2; exit 1; }
 mkdir -p "$STATE" /run/sshd
