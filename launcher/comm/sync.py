@@ -39,6 +39,19 @@ class SyncOptions:
     broadcast_buffers: bool = True  # rank 0's buffers before each training forward (DDP's; ours for the others)
 
 
+@dataclass(frozen=True)
+class SyncParts:
+    """What every kind is built from: the model, the round's groups, the plan, the compression (its saved state
+    taken over: ``restore_compression``), the peers (the abort signal, the job's secret) and the options."""
+
+    model: nn.Module
+    topology: Topology
+    plan: SyncPlan
+    compression: Compression
+    peers: Peers
+    options: SyncOptions = SyncOptions()
+
+
 class Sync(Protocol):
     """One step's gradient sync, whatever its kind: the loop runs ``module``, calls ``zero_grad``, backward (under
     ``no_sync`` for all micro-batches but the last), ``step``; ``flush`` before it reads the model (evaluation, a
@@ -89,11 +102,11 @@ class BaseSync:
     banner's line, and how the sync ends (``close``) or is left behind by a heal (``leave``). A kind overrides the
     steps its engine does differently; none asks which kind it is."""
 
-    def __init__(
-        self, model: nn.Module, topology: Topology, plan: SyncPlan, compression: Compression, abort: Optional[Abort]
-    ):
-        self.model, self.module = model, model
-        self.topology, self.plan, self.compression, self.abort = topology, plan, compression, abort
+    def __init__(self, parts: SyncParts) -> None:
+        self.model = self.module = parts.model
+        self.topology, self.plan, self.options = parts.topology, parts.plan, parts.options
+        self.compression, self.peers = parts.compression, parts.peers
+        self.abort: Optional[Abort] = parts.peers.abort
         self.left = False  # healing in place left this round's sync behind
         self.description = ""
 

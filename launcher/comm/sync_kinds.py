@@ -22,28 +22,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.base.sync_modes import Overlap, Reducer
 from launcher.comm.collectives import AbortableHook, abortable_hook, hierarchical_hook
-from launcher.comm.compress import Compression
 from launcher.comm.reducer import BucketedReducer
 from launcher.comm.shard import CrossNodeStage, describe_sharding, no_sync
-from launcher.comm.sync import BaseSync, Sync, SyncOptions, rank0_buffers_hook
-from launcher.comm.sync_plan import SyncPlan
-from launcher.comm.topology import Topology
+from launcher.comm.sync import BaseSync, Sync, SyncParts, rank0_buffers_hook
 from launcher.group.abort import Abort
-from launcher.group.helpers import Peers
 
 
 class DdpSync(BaseSync):
-    def __init__(
-        self,
-        model: nn.Module,
-        topology: Topology,
-        plan: SyncPlan,
-        compression: Compression,
-        peers: Peers,
-        device: torch.device,
-        options: SyncOptions,
-    ) -> None:
-        super().__init__(model, topology, plan, compression, peers.abort)
+    def __init__(self, parts: SyncParts, device: torch.device) -> None:
+        super().__init__(parts)
+        model, topology, plan, options = parts.model, parts.topology, parts.plan, parts.options
         with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers (older ones lack the new name)
             warnings.simplefilter("ignore", FutureWarning)
             self.ddp = DistributedDataParallel(
@@ -55,7 +43,7 @@ class DdpSync(BaseSync):
             )
         if self.abort is not None or plan.compresses:  # a lost machine left behind; compression
             keys = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
-            hook = AbortableHook(topology, plan.hierarchical, self.abort or Abort(), compression, keys)
+            hook = AbortableHook(topology, plan.hierarchical, self.abort or Abort(), parts.compression, keys)
             self.ddp.register_comm_hook(hook, abortable_hook)
         elif plan.hierarchical:
             self.ddp.register_comm_hook(topology, hierarchical_hook)
@@ -68,33 +56,24 @@ class DdpSync(BaseSync):
 
 
 class BucketedSync(BaseSync):
-    def __init__(
-        self,
-        model: nn.Module,
-        topology: Topology,
-        plan: SyncPlan,
-        compression: Compression,
-        peers: Peers,
-        options: SyncOptions,
-        optimizer: Optional[torch.optim.Optimizer],
-    ) -> None:
+    def __init__(self, parts: SyncParts, optimizer: Optional[torch.optim.Optimizer]) -> None:
         """``optimizer``: held by the reducer (its updates bucket by bucket), or None where the optimizer step needs
         every synchronised gradient at once (clipping, the fp16 scaler)."""
-        super().__init__(model, topology, plan, compression, peers.abort)
-        cap = plan.bucket_cap_mb
+        super().__init__(parts)
+        plan, cap = parts.plan, parts.plan.bucket_cap_mb
         self.reducer = BucketedReducer(
-            model,
-            topology,
+            parts.model,
+            parts.topology,
             bucket_cap_mb=cap,
             first_bucket_mb=plan.first_bucket_mb,
             hierarchical=plan.hierarchical,
-            find_unused_parameters=options.find_unused_parameters,
-            broadcast_buffers=options.broadcast_buffers,
+            find_unused_parameters=parts.options.find_unused_parameters,
+            broadcast_buffers=parts.options.broadcast_buffers,
             optimizer=optimizer,
             overlap=plan.overlap,
             chunk_mb=cap,  # the forward overlap's chunks sized as buckets: latency a small share of each
-            peers=peers,
-            compression=compression,
+            peers=parts.peers,
+            compression=parts.compression,
             prefer_backward=plan.overlap_reason,
         )
         self.described(f"bucketed, cap {cap:.2f} MB ({plan.cap_reason}): {self.reducer.describe()}")
@@ -129,21 +108,15 @@ class BucketedSync(BaseSync):
 
 
 class ShardedSync(BaseSync):
-    def __init__(
-        self,
-        model: nn.Module,
-        topology: Topology,
-        plan: SyncPlan,
-        compression: Compression,
-        peers: Peers,
-        options: SyncOptions,
-    ) -> None:
-        super().__init__(model, topology, plan, compression, peers.abort)
+    def __init__(self, parts: SyncParts) -> None:
+        super().__init__(parts)
+        model = parts.model
         # several nodes under comm.shard=node: each shard's gradient summed across nodes by our stage
-        self.stage = CrossNodeStage(model, topology, compression, self.abort) if plan.hierarchical else None
+        hierarchical = parts.plan.hierarchical
+        self.stage = CrossNodeStage(model, parts.topology, parts.compression, self.abort) if hierarchical else None
         self._buffers: Any = None  # the forward pre-hook broadcasting rank 0's buffers
-        if options.broadcast_buffers and any(True for _ in model.buffers()):  # as DDP's (FSDP2 leaves them alone)
-            self._buffers = model.register_forward_pre_hook(functools.partial(rank0_buffers_hook, peers))
+        if parts.options.broadcast_buffers and any(True for _ in model.buffers()):  # as DDP's (FSDP2 leaves them)
+            self._buffers = model.register_forward_pre_hook(functools.partial(rank0_buffers_hook, parts.peers))
         self.described(describe_sharding(model))
 
     def no_sync(self) -> AbstractContextManager[None]:
@@ -170,23 +143,13 @@ def _mesh_groups(model: nn.Module) -> list[Any]:
 
 
 def sync_for_plan(
-    plan: SyncPlan,
-    model: nn.Module,
-    topology: Topology,
-    compression: Compression,
-    device: torch.device,
-    optimizer: torch.optim.Optimizer,
-    options: SyncOptions = SyncOptions(),
-    peers: Optional[Peers] = None,
-    whole_gradient: bool = False,
+    parts: SyncParts, device: torch.device, optimizer: torch.optim.Optimizer, whole_gradient: bool
 ) -> Sync:
     """The ``Sync`` of the plan's kind (collective: DDP broadcasts the model; the stage and the reducer build their
     groups' state). ``whole_gradient``: the optimizer step needs every synchronised gradient at once (clipping, the
     fp16 scaler): the bucketed reducer does not hold the optimizer then."""
-    peers = peers or Peers()
-    if plan.sharded:
-        return ShardedSync(model, topology, plan, compression, peers, options)
-    if plan.reducer is Reducer.bucketed:
-        held = None if whole_gradient else optimizer
-        return BucketedSync(model, topology, plan, compression, peers, options, held)
-    return DdpSync(model, topology, plan, compression, peers, device, options)
+    if parts.plan.sharded:
+        return ShardedSync(parts)
+    if parts.plan.reducer is Reducer.bucketed:
+        return BucketedSync(parts, None if whole_gradient else optimizer)
+    return DdpSync(parts, device)

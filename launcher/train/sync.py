@@ -14,7 +14,7 @@ from torch import nn
 from launcher.base.env import DistEnv
 from launcher.comm import Topology
 from launcher.comm.compress import build_compression
-from launcher.comm.sync import Sync, SyncOptions, restore_compression
+from launcher.comm.sync import Sync, SyncOptions, SyncParts, restore_compression
 from launcher.comm.sync_kinds import sync_for_plan
 from launcher.comm.sync_plan import MeasuredLinks, SyncAsk, SyncPlan, SyncWorld, plan_sync
 from launcher.comm.updates import forward_overlap_refusal
@@ -75,4 +75,5 @@ def build_sync(
     compression = build_compression(plan.compression, cfg.powersgd_rank, cfg.compress_warmup_steps)
     restore_compression(compression, plan, topology, resumed_compression, healed)
     options = SyncOptions(cfg.find_unused_parameters, cfg.broadcast_buffers)
-    return sync_for_plan(plan, model, topology, compression, device, optimizer, options, peers, bool(whole_gradient))
+    parts = SyncParts(model, topology, plan, compression, peers or Peers(), options)
+    return sync_for_plan(parts, device, optimizer, bool(whole_gradient))
