@@ -54,6 +54,15 @@ class Reducer(Mode):
         return self is Reducer.fsdp
 
 
+class Backend(Mode):
+    """``comm.backend``: the process group's; ``auto`` is what the job's devices call for (``config.rules.job_backend``:
+    nccl between GPUs, gloo on CPUs)."""
+
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
 class Shard(Mode):
     """``comm.shard`` under ``comm.reducer=fsdp``: the ranks one model is sharded among."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from launcher.base.liveness import TRAINER_TIMEOUT_S
-from launcher.base.sync_modes import Compress, Hierarchical, Overlap, Reducer, Shard
+from launcher.base.sync_modes import Backend, Compress, Hierarchical, Overlap, Reducer, Shard
 from launcher.config.errors import _check, _member
 
 
@@ -33,7 +33,7 @@ class CommConfig:
     first_bucket_mb: float = 1.0  # bucketed: the first bucket is small so communication starts early
     find_unused_parameters: bool = False  # reduce parameters that got no gradient instead of failing (as DDP's)
     broadcast_buffers: bool = True  # rank 0's buffers (batch-norm statistics) before each forward, as DDP's
-    backend: str = "auto"  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
+    backend: Backend = Backend.auto  # auto (nccl on GPUs, gloo on CPU) | gloo | nccl
     timeout_s: Optional[float] = None  # collective timeout: a stuck rank fails the job after this long, named; null:
     #                                  the trainer's 300 s, a script's own process group timeout (torch's: gloo 30
     #                                  min, nccl 10 min; the watch names a hang but does not end a script's job)
@@ -58,6 +58,7 @@ class CommConfig:
         self.overlap = _member(Overlap, self.overlap, "comm.overlap")
         self.compress = _member(Compress, self.compress, "comm.compress")
         self.shard = _member(Shard, self.shard, "comm.shard")
+        self.backend = _member(Backend, self.backend, "comm.backend")
         if self.fsdp_min_params is not None:
             _check(self.fsdp_min_params >= 1, f"comm.fsdp_min_params={self.fsdp_min_params} must be >= 1 (or null)")
         if self.reducer.sharded:
@@ -73,7 +74,6 @@ class CommConfig:
                 f"comm.bucket_cap_mb={self.bucket_cap_mb} must be > 0 (or null: sized from the measured link)",
             )
         _check(self.first_bucket_mb > 0, f"comm.first_bucket_mb={self.first_bucket_mb} must be > 0")
-        _check(self.backend in ("auto", "gloo", "nccl"), f"comm.backend={self.backend!r}; HINT: auto, gloo or nccl")
         _check(
             self.timeout_s is None or self.timeout_s > 0,
             f"comm.timeout_s={self.timeout_s} must be > 0 (or null: {TRAINER_TIMEOUT_S:.0f} s for the trainer)",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.base.gpus import backend_for
-from launcher.base.sync_modes import Overlap, Reducer, Shard
+from launcher.base.sync_modes import Backend, Overlap, Reducer, Shard
 from launcher.config.errors import ConfigError
 from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
 
@@ -42,7 +42,8 @@ def job_backend(job: JobConfig) -> str:
     """The process group's backend, worked out once for the head's plan and every rank: ``comm.backend`` as set, or
     for ``auto`` what the job's GPUs call for (nccl between GPUs, gloo on CPUs). The plan's GPUs are the job's
     (``cluster.gpus_per_node``, filled in by the mode before the config is frozen), so both see the same answer."""
-    return backend_for(bool(job.cluster.gpus_per_node)) if job.comm.backend == "auto" else job.comm.backend
+    backend = job.comm.backend
+    return backend_for(bool(job.cluster.gpus_per_node)) if backend is Backend.auto else backend.value
 
 
 def whole_gradient_reason(train: TrainConfig, optim: OptimConfig) -> Optional[str]:

@@ -12,7 +12,7 @@ import os
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.sync_modes import Compress, Shard
+from launcher.base.sync_modes import Backend, Compress, Shard
 from launcher.base.threads import plan_line
 from launcher.config import ConfigError, JobConfig, to_job
 from launcher.config.keys import check_model_keys
@@ -54,7 +54,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
             f"cluster.procs_per_node={procs} exceeds cluster.gpus_per_node={gpus}: ranks cannot share a GPU under "
             f"nccl; HINT: set cluster.procs_per_node={gpus}"
         )
-    if job.comm.backend == "nccl" and not gpus:
+    if job.comm.backend is Backend.nccl and not gpus:
         raise ConfigError("comm.backend=nccl needs GPUs; HINT: comm.backend=auto (gloo on CPU)")
     plan = LaunchPlan(
         mode=mode.name,

@@ -97,3 +97,35 @@ def test_nothing_decides_by_a_missing_attribute(folder):
             ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(self, ...)")
     assert not found, found
+
+
+MODES = {"reducer", "hierarchical", "overlap", "compress", "shard", "backend"}  # comm.*'s Enums (base/sync_modes.py)
+
+
+def test_no_comm_mode_is_compared_as_text():
+    """``job.comm.backend == "auto"`` breaks silently when a value is renamed; a member (``is Backend.auto``) fails
+    at import."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            moded = any(isinstance(s, ast.Attribute) and s.attr in MODES for s in sides)
+            texts = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+            texts += [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+            if moded and any(isinstance(t, ast.Constant) and isinstance(t.value, str) for t in texts):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
+def test_comm_backend_is_a_choice():
+    from launcher.base.sync_modes import Backend
+    from launcher.config.comm import CommConfig
+    from launcher.config.errors import ConfigError
+
+    assert CommConfig(backend="nccl").backend is Backend.nccl
+    with pytest.raises(
+        ConfigError, match=r"^comm.backend='mpi' is not a choice; HINT: comm.backend=auto, gloo or nccl$"
+    ):
+        CommConfig(backend="mpi")
