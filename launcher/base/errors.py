@@ -67,9 +67,10 @@ class TorchSays:
 # The one table of torch's text; the first entry that matches tells (the timeouts first: narrower than the rest).
 TORCH_SAYS = (
     # a collective that gave up waiting: gloo's "Timed out waiting 5000ms for recv operation to complete", nccl's
-    # watchdog "Watchdog caught collective operation timeout" (not any error that mentions a timeout)
+    # watchdog "Watchdog caught collective operation timeout"; a store's wait that gave up: a TCPStore's "wait
+    # timeout after 200ms, keys: ...", a FileStore's plain "Wait timeout" (not any error that mentions a timeout)
     TorchSays(
-        re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught", re.I),
+        re.compile(r"Timed out waiting \d+ms|collective operation timeout|Watchdog caught|\bwait timeout\b", re.I),
         Kind.peer,
         timed_out=True,
     ),

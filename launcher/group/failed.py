@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Optional, Union
+
+import torch.distributed as dist
 
 from launcher.base.errors import CALLBACK_ERROR, Kind, LauncherError, raised_by_torch, torch_said
 from launcher.group.abort import Abort, PeerLost
@@ -44,6 +47,21 @@ def typed(exc: BaseException, abort: Optional[Abort] = None) -> Union[PeerLost, 
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     first = line.partition(CALLBACK_ERROR)[2] or line  # the failed callback's own error, not torch's wrapper
     return (CollectiveTimedOut if said.timed_out else CollectiveFailed)(first)  # what torch saw: the fact
+
+
+def waited(store: dist.Store, keys: list[str], timeout: timedelta) -> bool:
+    """``store.wait`` as a question: True once every key is there; False where the store gave up waiting within
+    ``timeout`` or could not be asked (torch's ``DistError``; a ``FileStore``'s timeout, a plain ``RuntimeError``
+    whose text ``TORCH_SAYS`` knows; an ``OSError``). Anything else is raised."""
+    try:
+        store.wait(keys, timeout)
+    except (dist.DistError, OSError):
+        return False
+    except RuntimeError as exc:  # (not a DistError: a FileStore's "Wait timeout")
+        if (said := torch_said(exc)) is None or not said.timed_out:
+            raise
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from launcher.base.env import DistEnv
 from launcher.base.errors import Kind, LauncherError
 from launcher.base.liveness import RANK_STORE_POLL_S
+from launcher.group.failed import waited
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore, guard
 
@@ -206,10 +207,7 @@ def _arrived(store: dist.Store, keys: list[str], signed: bool, deadline: float) 
     """Whether every key is there (and verifies, in a signed store) by ``deadline`` (monotonic)."""
     tick, waiting = threading.Event(), list(keys)
     while True:
-        try:
-            store.wait(waiting, timedelta(seconds=max(0.001, deadline - time.monotonic())))
-        except (dist.DistError, OSError):
-            pass  # (what is missing is asked below)
+        waited(store, waiting, timedelta(seconds=max(0.001, deadline - time.monotonic())))  # (missing: asked below)
         there = [k for k in waiting if store.check([k])]
         waiting = [k for k in waiting if k not in there or (signed and store.read(k) is None)]  # type: ignore[attr-defined]
         if not waiting:

@@ -10,7 +10,7 @@ from typing import Optional
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
-from launcher.group.failed import CollectiveTimedOut
+from launcher.group.failed import CollectiveTimedOut, waited
 from launcher.group.rendezvous import Group
 from launcher.trust.signed import Forged
 
@@ -44,10 +44,7 @@ def _explain_stall(group: Group, where: str, grace_s: float) -> str:
     host = env.hostname or socket.gethostname()
     store.set(f"timed-out/{env.rank}", f"{host}|{where}")
     keys = [f"timed-out/{r}" for r in range(env.world_size)]
-    try:
-        store.wait(keys, timedelta(seconds=grace_s))
-    except (dist.DistError, OSError):  # (the store's wait timed out: who did not report is asked below)
-        pass
+    waited(store, keys, timedelta(seconds=grace_s))  # (who did not report within it is asked below)
     stuck = [r for r in range(env.world_size) if not store.check([keys[r]])]
     if not stuck:
         return "every rank was waiting: a network or backend problem, not a stuck rank"

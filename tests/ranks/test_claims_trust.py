@@ -57,7 +57,10 @@ def _refused_addresses(rank, world, out_dir):
     from launcher.trust.secret import Secret
     from launcher.trust.signed import guard
 
-    dist.destroy_process_group()  # spawn_ranks' plain group: this test forms its own, on a signed store
+    # spawn_ranks' plain group: this test forms its own, on a signed store. Both ranks through it first: a rank that
+    # destroyed it while the other's gloo was still connecting failed that one ("Connection closed by peer")
+    dist.barrier()
+    dist.destroy_process_group()
     secret = Secret.from_hex(SECRET)
     store = Recording(dist.FileStore(str(out_dir / "signed-store"), world))
 

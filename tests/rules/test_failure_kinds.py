@@ -175,3 +175,28 @@ def test_a_records_kind_reads_back_as_the_same_word_and_ranks_lost_after_died(tm
     assert records[0].summary == f"CollectiveFailed: {GLOO_CLOSED}"  # the type's name, not its module's path
     (path / "rank-4.json").write_text(json.dumps({"rank": 4, "kind": "no such kind", "summary": "?"}))
     assert len(failures.load_newest(RunDir(tmp_path), "j")) == 4  # unreadable: the others still tell the story
+
+
+def test_a_stores_wait_that_gave_up_is_an_answer_and_nothing_else_is(tmp_path):
+    """``group.failed.waited``: a FileStore's timeout (a plain ``RuntimeError``, not torch's ``DistError``) and a
+    TCPStore's (``DistStoreError``) say "not there"; an error that is no timeout is raised as it is."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from launcher.group.failed import waited
+
+    short = timedelta(seconds=0.05)
+    files = dist.FileStore(str(tmp_path / "store"), 1)
+    assert not waited(files, ["missing"], short)
+    files.set("there", "1")
+    assert waited(files, ["there"], short)
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True)
+    assert not waited(tcp, ["missing"], short)
+
+    class Broken(dist.Store):
+        def wait(self, keys, timeout=None):
+            raise RuntimeError("Broken store: the user's own error")
+
+    with pytest.raises(RuntimeError, match="the user's own error"):
+        waited(Broken(), ["x"], short)
