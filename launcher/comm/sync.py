@@ -104,8 +104,7 @@ class BaseSync:
 
     def __init__(self, parts: SyncParts) -> None:
         self.model = self.module = parts.model
-        self.topology, self.plan, self.options = parts.topology, parts.plan, parts.options
-        self.compression, self.peers = parts.compression, parts.peers
+        self.topology, self.plan, self.compression = parts.topology, parts.plan, parts.compression
         self.abort: Optional[Abort] = parts.peers.abort
         self.left = False  # healing in place left this round's sync behind
         self.description = ""

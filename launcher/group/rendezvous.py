@@ -190,8 +190,8 @@ def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
     store.set(f"joined/{env.rank}", host)
     keys = [f"joined/{r}" for r in range(env.world_size)]
     signed = isinstance(store, SignedStore)
-    waited = keys if env.rank == 0 or not signed else [ALL_JOINED]
-    if _arrived(store, waited, signed, time.monotonic() + join_s):
+    awaited = keys if env.rank == 0 or not signed else [ALL_JOINED]
+    if _arrived(store, awaited, signed, time.monotonic() + join_s):
         if env.rank == 0 and signed:
             store.set(ALL_JOINED, "1")
         return
