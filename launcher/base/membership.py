@@ -26,6 +26,7 @@ class Change:
     how: str = "restart"  # restart: from the newest checkpoint; in place: healed or grown (launcher.train.in_place)
     fault_to_step_s: Optional[float] = None  # in place: from the loss to the survivors' first completed step
     answer_to_step_s: Optional[float] = None  # in place: from the joining machine's answer to the first step with it
+    ready_to_step_s: Optional[float] = None  # in place: of which, from its ranks being ready (started, imported)
 
 
 def write(run_dir: RunDir, change: Change) -> None:

@@ -81,7 +81,7 @@ class Keeper:
             if any(self.view.read(Keys.ready(me, local)) is None for local in range(join.ranks)):
                 continue
             del self.joining[name]
-            decision = self.rounds.join(name, join.at)
+            decision = self.rounds.join(name, join.at, now)
             if decision is None:
                 continue
             self.starts[name], self.heard[name] = join.start, (self.beats(me) or 0, now)

@@ -66,7 +66,8 @@ class Keys:
 class Decision:
     """The keeper's decision that ends round ``round - 1``: the next round's ``members`` (in rank order), who was
     ``before``, who was ``lost`` (name -> why) or ``joined``, when (a loss: ``fault_time``, the earliest it can have
-    happened; a join: ``answer_time``, when the machine answered), and ``stop``: why the job cannot go on ("")."""
+    happened; a join: ``answer_time``, when the machine answered, and ``ready_time``, when its ranks were all started
+    and ready: the keeper's decision), and ``stop``: why the job cannot go on ("")."""
 
     round: int
     members: tuple[str, ...]
@@ -75,6 +76,7 @@ class Decision:
     joined: tuple[str, ...] = ()
     fault_time: Optional[float] = None
     answer_time: Optional[float] = None
+    ready_time: Optional[float] = None
     stop: str = ""
 
     @property
@@ -96,6 +98,7 @@ class Decision:
             joined=tuple(raw.get("joined", ())),
             fault_time=raw.get("fault_time"),
             answer_time=raw.get("answer_time"),
+            ready_time=raw.get("ready_time"),
             stop=str(raw.get("stop", "")),
         )
 
@@ -129,6 +132,9 @@ class Decision:
             how="in place",
             fault_to_step_s=took if self.lost else None,
             answer_to_step_s=None if self.lost else took,
+            ready_to_step_s=None
+            if took is None or self.ready_time is None
+            else round(took + self.time - self.ready_time, 3),
         )
 
 

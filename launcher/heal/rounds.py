@@ -35,13 +35,13 @@ class Rounds:
         stop = f"{len(after)} node(s) left, fewer than cluster.min_nodes={self.min_nodes}"
         return self._next([], after, lost=lost, fault_time=fault_time, stop=stop)
 
-    def join(self, name: str, answer_time: float) -> Optional[Decision]:
-        """End the round with ``name`` joining it last (its machine answered again at ``answer_time``); None when
-        it is in already."""
+    def join(self, name: str, answer_time: float, ready_time: Optional[float] = None) -> Optional[Decision]:
+        """End the round with ``name`` joining it last (its machine answered again at ``answer_time``, its ranks
+        were ready at ``ready_time``); None when it is in already."""
         if name in self.live:
             return None
         members = [*self.live, name]
-        return self._next(members, members, joined=(name,), answer_time=answer_time)
+        return self._next(members, members, joined=(name,), answer_time=answer_time, ready_time=ready_time)
 
     def _next(self, members: list[str], live: list[str], **change: Any) -> Decision:
         decision = Decision(round=self.number + 1, members=tuple(members), before=tuple(self.live), **change)

@@ -167,8 +167,13 @@ class InPlace:
                     "healed in place: %s completed %.1f s after the loss of %s", what, took, ", ".join(decision.lost)
                 )
             else:
+                ready = decision.change(step, took).ready_to_step_s
                 log.warning(
-                    "grown in place: %s completed %.1f s after %s answered", what, took, ", ".join(decision.joined)
+                    "grown in place: %s completed %.1f s after %s answered%s",
+                    what,
+                    took,
+                    ", ".join(decision.joined),
+                    "" if ready is None else f" ({ready:.1f} s after its ranks were ready)",
                 )
             if env.is_main:
                 membership.write(run_dir, decision.change(step, took))

@@ -273,7 +273,7 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(
     holds it), declares it lost after ``cluster.lost_after_s``; the other two leave the broken group and go on in
     the same processes, from memory: the next step within 10 s of the loss (beyond this test's own slowed step,
     ``DELAY_S``). The link comes back: the head's checks find the machine answering, start its ranks, and they join
-    at a step boundary within 25 s of the answer (typically 7.7 s), with the state from a live peer (the world is 3
+    at a step boundary within 10 s of being ready (typically 1.5 s), with the state from a live peer (the world is 3
     again, the machine last). Each step is logged once, exit 0, the final model is one process's on the same global
     batches (test_launch's tolerance), and nothing is left running.
     ``sharded``: the same with ``comm.reducer=fsdp`` (a whole replica on each machine, one rank each: the survivors'
@@ -342,7 +342,12 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(
         3,
         [ALL[0]],
     ), joined
-    assert 0 < joined["answer_to_step_s"] <= 25 and joined["step"] < 20, joined  # typical 7.7 s (3x and more)
+    # the join's time is mostly its processes' start (ssh, python, torch's import: 4-5 s alone, 27 s once in CI's
+    # loaded full suite); the launcher's own part, from its ranks being ready to the first step with them (a step
+    # boundary of the slowed job, the state from a live peer, the new group), is what this test holds tight:
+    # alone 1.2-1.7 s (replicated, sharded), answer to step 5.4-5.9 s
+    assert 0 < joined["ready_to_step_s"] <= 10 and joined["step"] < 20, joined
+    assert joined["ready_to_step_s"] < joined["answer_to_step_s"] <= 60, joined
     steps = [
         r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
     ]

@@ -28,10 +28,14 @@ def test_a_machine_that_answers_again_joins_last_and_rank_0_stays():
     rounds = Rounds(NAMES, min_nodes=1)
     rounds.lose({"node-0": "link down"}, 5.0)
     assert rounds.join("node-2", 6.0) is None  # in the round already
-    back = rounds.join("node-0", 7.0)
+    back = rounds.join("node-0", 7.0, 9.5)  # its ranks started and were ready 2.5 s after the answer
     members, before = ("node-1", "node-2", "node-0"), ("node-1", "node-2")
-    assert back == Decision(round=2, members=members, before=before, joined=("node-0",), answer_time=7.0)
+    assert back == Decision(
+        round=2, members=members, before=before, joined=("node-0",), answer_time=7.0, ready_time=9.5
+    )
     assert back.grows and back.said() == "round 1 ended: node-0 joined"
+    change = back.change(step=4, took=4.0)  # its first step done at 11.0: 4 s after the answer, 1.5 s after ready
+    assert (change.answer_to_step_s, change.ready_to_step_s, change.fault_to_step_s) == (4.0, 1.5, None), change
     again = rounds.lose({"node-0": "gone again"}, 8.0)  # the one that joined is a member like the others
     assert (again.round, again.members, again.grows) == (3, ("node-1", "node-2"), False)
 
