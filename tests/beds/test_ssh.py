@@ -334,8 +334,9 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(
     assert (lost["how"], lost["nodes_before"], lost["nodes_after"], lost["hosts_lost"]) == ("in place", 3, 2, [ALL[0]])
     assert lost["time"] - down < 1.0, f"the last heartbeat came {lost['time'] - down:.1f} s after the link went"
     # the survivors' first step carries this test's own DELAY_S (the slowed rank): the heal's promise is the rest
-    # (alone 7.1 s = 3 s lost_after_s + 2.1 s heal + 2 s delay; 10.1 s once in the full suite on 2 cores)
-    assert 0 < lost["fault_to_step_s"] - DELAY_S <= 10, lost
+    # (alone 5.2-7.2 s = 3 s lost_after_s + 2.1 s heal + 2 s delay; 10.1 s once in the full suite on 2 cores: a bound
+    # of 15 beside the 8.1 s is room for CI's load, and below any timeout a heal that waited for the dead would hit)
+    assert 0 < lost["fault_to_step_s"] - DELAY_S <= 15, lost
     assert (joined["how"], joined["nodes_before"], joined["nodes_after"], joined["hosts_joined"]) == (
         "in place",
         2,
