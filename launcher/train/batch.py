@@ -87,7 +87,10 @@ class Batch:
 
     def chunk(self, n: int) -> list[Batch]:
         """``n`` micro-batches along the first dimension of every tensor (``train.accumulate_steps``)."""
-        return [Batch(*parts) for parts in zip(_chunk(self.inputs, n), _chunk(self.targets, n), _chunk(self.whole, n))]
+        return [
+            Batch(*parts)
+            for parts in zip(chunk_tree(self.inputs, n), chunk_tree(self.targets, n), chunk_tree(self.whole, n))
+        ]
 
 
 def split(batch: Any, labels_key: str) -> Batch:
@@ -160,16 +163,17 @@ def _first_tensor(tree: Any) -> torch.Tensor:
     raise BatchError(f"a batch of {value_words(tree)} holds no tensor")
 
 
-def _chunk(tree: Any, n: int) -> list[Any]:
+def chunk_tree(tree: Any, n: int) -> list[Any]:
+    """``n`` equal parts of every tensor of ``tree`` along its first dimension (a micro-batch each)."""
     if isinstance(tree, torch.Tensor):
         parts = list(tree.chunk(n))
         if len(parts) != n:
             raise BatchError(f"a batch of {tree.shape[0]} samples does not split into {n} micro-batches")
         return parts
     if isinstance(tree, Mapping):
-        columns = {key: _chunk(value, n) for key, value in tree.items()}
+        columns = {key: chunk_tree(value, n) for key, value in tree.items()}
         return [{key: parts[i] for key, parts in columns.items()} for i in range(n)]
     if isinstance(tree, (tuple, list)):
-        columns_ = [_chunk(value, n) for value in tree]
+        columns_ = [chunk_tree(value, n) for value in tree]
         return [[parts[i] for parts in columns_] for i in range(n)]
     return [tree] * n

@@ -144,8 +144,8 @@ def read_idx(path: Path) -> np.ndarray:
 class ResumableSampler(DistributedSampler):
     """DistributedSampler that can start an epoch part-way (after ``skip`` of this rank's samples) on resume."""
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.skip = 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
@@ -199,11 +199,18 @@ def user_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Option
 
 
 def train_loader(
-    dataset: Dataset, batch_per_rank: int, rank: int, world: int, seed: int, workers: int = 0, pin: bool = False
+    dataset: Dataset,
+    batch_per_rank: int,
+    rank: int,
+    world: int,
+    seed: int,
+    workers: int = 0,
+    pin: bool = False,
+    shuffle: bool = True,
 ) -> DataLoader:
-    """Each rank sees a disjoint 1/world of every epoch, reshuffled by ``set_epoch``; partial batches dropped
-    so every rank takes the same number of steps."""
-    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
+    """Each rank sees a disjoint 1/world of every epoch, reshuffled by ``set_epoch`` (``shuffle``); partial batches
+    dropped so every rank takes the same number of steps."""
+    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed, shuffle=shuffle)
     if len(sampler) < batch_per_rank:
         raise ValueError(
             f"{len(cast(Sized, dataset))} training samples give each of {world} ranks {len(sampler)} samples, fewer "

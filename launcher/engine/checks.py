@@ -1,0 +1,97 @@
+"""What an ``Engine`` checks and does around its pieces: the arguments of ``setup`` (each mistake named with its fix),
+the process group a script opened, rank 0's weights on every rank, the forward under autocast, the close at exit."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.base.env import DistEnv
+from launcher.group.helpers import Peers
+
+
+class Autocast(nn.Module):
+    """The model's forward under autocast (``train.precision=bf16|fp16``): the weights, gradients and optimizer stay
+    fp32. ``module`` is what the sync runs (DDP's wrapper, or the model)."""
+
+    def __init__(self, module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device.type, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+def check_setup(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """``engine.setup``'s arguments: a bare model, an optimizer over its parameters that has not stepped."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"engine.setup(model={type(model).__name__}): a torch.nn.Module is needed")
+    wrapper = _wrapped(model)
+    if wrapper:
+        raise ValueError(
+            f"engine.setup(): the model is wrapped already ({wrapper}); HINT: pass the bare model: the engine "
+            "wraps it in the sync the job asks for (comm.reducer)"
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"engine.setup(optimizer={type(optimizer).__name__}): a torch.optim.Optimizer is needed")
+    mine = {id(p) for p in model.parameters()}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
+    if foreign:
+        raise ValueError(
+            f"engine.setup(): the optimizer holds {foreign} tensor(s) that are not this model's parameters; "
+            "HINT: build it over model.parameters() of the model passed"
+        )
+    if optimizer.state:
+        raise ValueError(
+            "engine.setup(): the optimizer has stepped already (it holds state); HINT: call setup before the "
+            "first step, and engine.resume() to continue from a checkpoint"
+        )
+
+
+def check_same_world(env: DistEnv) -> None:
+    """The group the script opened is the one the environment describes (the node-first groups are built from it)."""
+    here = (dist.get_rank(), dist.get_world_size())
+    if here != (env.rank, env.world_size):
+        raise ValueError(
+            f"launcher.Engine(): the open process group says rank {here[0]} of {here[1]}, the environment rank "
+            f"{env.rank} of {env.world_size} (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE: torchrun's variables); HINT: "
+            "start the script with python -m launcher script=... or torchrun, or set those variables as torchrun does"
+        )
+
+
+def _wrapped(model: nn.Module) -> str:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return "torch DistributedDataParallel"
+    if type(model).__name__.startswith("FSDP") or getattr(model, "_is_fsdp_managed_module", False):
+        return "FSDP"
+    if isinstance(model, Autocast):
+        return "an Engine's"
+    return ""
+
+
+def broadcast_weights(model: nn.Module, peers: Peers) -> None:
+    """Rank 0's parameters and buffers on every rank (as torch DDP does when it wraps a model)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with torch.no_grad():
+            for param in model.parameters():
+                dist.broadcast(param.data, src=0)
+        peers.broadcast_buffers(model)
+
+
+def closer(engine: Any) -> Any:
+    """A function that closes ``engine`` at the process's exit, if it is still alive (held weakly)."""
+    ref = weakref.ref(engine)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    return close

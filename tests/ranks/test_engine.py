@@ -1,0 +1,201 @@
+"""``launcher.Engine`` on real gloo ranks laid out as 2 virtual nodes x 2 (torchrun's variables set as torchrun sets
+them): a user's loop through the engine trains what one process trains on the whole global batch (replicated with
+torch DDP or our bucketed reducer, and sharded with FSDP2 inside a node and our cross-node stage); a loop stopped
+mid-epoch and resumed continues bit for bit on the same ranks and within tolerance on another layout; the loader
+gives the same global batches on 1, 2 and 3 ranks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from harness.ranks import spawn_ranks
+
+SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS = 100, 8, 3, 16, 2  # 6 global batches an epoch (4 samples left out)
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(
+        torch.randn(SAMPLES, FEATURES, generator=g), torch.randint(0, CLASSES, (SAMPLES,), generator=g)
+    )
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+
+def reference(steps: int) -> dict[str, torch.Tensor]:
+    """One process, the whole global batch per step, in the order torch's own sampler gives one replica."""
+    net, dataset = model(), data()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    done = 0
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True):
+            if done == steps:
+                return net.state_dict()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            done += 1
+    return net.state_dict()
+
+
+def torchrun_vars(rank: int, world: int, per_node: int) -> None:
+    """This rank's environment as torchrun gives it (nodes of ``per_node`` ranks)."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank % per_node),
+        LOCAL_WORLD_SIZE=str(per_node),
+        GROUP_RANK=str(rank // per_node),
+        GROUP_WORLD_SIZE=str(world // per_node),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",  # (the group is open already: no store is reached)
+    )
+
+
+def _loop(rank, world, out, per_node, settings, stop_at=None, resume=False):
+    """The documented loop; rank 0 writes the final weights (``stop_at``: saves there and leaves)."""
+    import launcher
+
+    torchrun_vars(rank, world, per_node)
+    engine = launcher.Engine(run_dir=str(out / "run"), checkpoint_every_steps=0, **settings)
+    bare = model()
+    net, opt = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9))
+    loader = engine.loader(data(), batch_size=BATCH, shuffle=True)
+    extra = engine.resume() if resume else {}
+    assert not resume or extra == {"note": "mid-epoch", "at": 8}, extra
+    for _epoch in range(engine.epoch, EPOCHS):
+        for x, y in loader:
+            with engine.step():
+                if "accumulate_steps" in settings:  # micro-batches, one synchronisation
+                    for xs, ys in engine.micro_batches((x, y)):
+                        engine.backward(F.cross_entropy(net(xs), ys))
+                else:
+                    engine.backward(F.cross_entropy(net(x), y))
+                opt.step()
+                opt.zero_grad()
+            if engine.global_step == stop_at:
+                engine.save({"note": "mid-epoch", "at": stop_at})
+                engine.close()
+                return
+    whole = engine.model_state_dict()
+    if rank == 0:
+        torch.save(whole, out / "final.pt")
+    engine.close()
+
+
+def _bare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+SETTINGS = {
+    "ddp": {"hierarchical": "true"},
+    "bucketed": {"reducer": "bucketed", "hierarchical": "true", "bucket_cap_mb": 0.001},
+    "fsdp": {"reducer": "fsdp", "fsdp_min_params": 1},
+    "bucketed-accumulated": {"reducer": "bucketed", "hierarchical": "true", "accumulate_steps": 2},
+}
+
+
+@pytest.mark.parametrize("kind", list(SETTINGS))
+def test_a_loop_through_the_engine_equals_one_process_on_the_whole_batch(tmp_path, kind):
+    spawn_ranks(_loop, 4, tmp_path, 2, SETTINGS[kind])
+    got, want = _bare(torch.load(tmp_path / "final.pt")), reference(steps=2 * 6)
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_stopped_mid_epoch_and_resumed_it_goes_on_bit_for_bit_and_on_another_layout_within_tolerance(tmp_path):
+    """Stopped at step 8 (the second epoch's third batch) with a checkpoint, resumed: on the same 2x2 ranks the
+    final weights are the uninterrupted run's bit for bit; on 1 node x 2 ranks, one process's within tolerance."""
+    settings = {"hierarchical": "true", "compress": "none"}
+    whole, same, other = (tmp_path / name for name in ("whole", "same", "other"))
+    for path in (whole, same, other):
+        path.mkdir()
+    spawn_ranks(_loop, 4, whole, 2, settings)
+    spawn_ranks(_loop, 4, same, 2, settings, 8)
+    assert sorted(p.name for p in (same / "run" / "checkpoints").glob("step-*.pt")) == ["step-00000008.pt"]
+    (other / "run").symlink_to(same / "run")  # the same run dir: its newest checkpoint
+    spawn_ranks(_loop, 4, same, 2, settings, None, True)
+    spawn_ranks(_loop, 2, other, 2, settings, None, True)
+    uninterrupted = torch.load(whole / "final.pt")
+    for key, value in torch.load(same / "final.pt").items():
+        assert torch.equal(value, uninterrupted[key]), key
+    want = reference(steps=2 * 6)
+    for key, value in _bare(torch.load(other / "final.pt")).items():
+        torch.testing.assert_close(value, want[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_the_loader_gives_the_same_global_batches_on_1_2_and_3_ranks_and_resumes_mid_epoch():
+    from launcher.engine.loader import EngineLoader
+    from launcher.train.progress import Position
+
+    indices = TensorDataset(torch.arange(SAMPLES))
+
+    def batches(world: int, pos: Position) -> list[list[int]]:
+        loaders = [
+            EngineLoader(indices, 12, world, r, 0, Position(**vars(pos)), torch.device("cpu")) for r in range(world)
+        ]
+        steps = [list(loader) for loader in loaders]
+        return [sorted(int(i) for rank in steps for i in rank[k][0]) for k in range(len(steps[0]))]
+
+    for epoch in (0, 1):
+        one = batches(1, Position(epoch=epoch))
+        assert len(one) == SAMPLES // 12 and len({i for b in one for i in b}) == 12 * len(one)  # each sample once
+        assert batches(2, Position(epoch=epoch)) == one and batches(3, Position(epoch=epoch)) == one
+        assert batches(3, Position(epoch=epoch, batch_in_epoch=5)) == one[5:]  # mid-epoch: the rest of it
+    assert batches(1, Position(epoch=0)) != batches(1, Position(epoch=1))  # reshuffled each epoch
+
+
+@pytest.fixture
+def alone(tmp_path, monkeypatch):
+    """One process (no torchrun variables): the engine opens a group of one and closes it."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def test_a_setting_no_section_has_or_a_value_its_field_refuses_is_named_with_the_fix(alone):
+    import launcher
+
+    with pytest.raises(ValueError, match=r"Engine\(comprss=\.\.\.\): .*'comprss'; HINT: did you mean compress"):
+        launcher.Engine(comprss="bf16")
+    with pytest.raises(ValueError, match=r"Engine\(compress='zstd'\): .*zstd"):
+        launcher.Engine(compress="zstd")
+    with pytest.raises(ValueError, match=r"precision"):
+        launcher.Engine(precision="fp8")
+
+
+def test_setup_and_loader_misuse_is_named_with_the_fix(alone):
+    import launcher
+
+    with launcher.Engine(run_dir=str(alone / "run")) as engine:
+        net = model()
+        with pytest.raises(ValueError, match=r"engine.step\(\) before engine.setup\(model, optimizer\); HINT: setup"):
+            with engine.step():
+                pass
+        ddp_like = nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel)
+        with pytest.raises(ValueError, match=r"wrapped already \(torch DistributedDataParallel\); HINT: pass the bare"):
+            engine.setup(ddp_like, torch.optim.SGD(net.parameters(), lr=0.1))
+        with pytest.raises(ValueError, match=r"not this model's parameters; HINT: build it over model.parameters"):
+            engine.setup(net, torch.optim.SGD(model().parameters(), lr=0.1))
+        net, opt = engine.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        with pytest.raises(ValueError, match=r"engine.setup\(\) was called already"):
+            engine.setup(net, opt)
+        with pytest.raises(ValueError, match=r"map-style data set with __len__ and __getitem__"):
+            engine.loader(iter(range(10)), batch_size=4)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"holds 100 samples, not one global batch; HINT: batch_size <= 100"):
+            engine.loader(data(), batch_size=128)
+        with pytest.raises(ValueError, match=r"takes no closure"):
+            opt.step(lambda: 0.0)
+        assert isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "EngineSGD"
