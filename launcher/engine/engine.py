@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -41,9 +40,10 @@ from launcher.engine.checks import Autocast, broadcast_weights, check_same_world
 from launcher.engine.loader import EngineLoader
 from launcher.engine.settings import engine_job, handed
 from launcher.engine.state import EngineSharded, Plain, engine_state, rebuilt, routed
+from launcher.engine.steps import Steps
+from launcher.engine.stopping import StopSignals
 from launcher.group.helpers import Peers
 from launcher.group.rendezvous import process_group
-from launcher.train.batch import chunk_tree
 from launcher.train.progress import Position, Totals
 from launcher.train.saving import Checkpointer
 from launcher.train.step import AUTOCAST_DTYPES
@@ -52,7 +52,7 @@ from launcher.train.sync import build_sync
 WHY_WHOLE = "your loop steps the optimizer itself (launcher.Engine)"  # the bucketed reducer holds no optimizer
 
 
-class Engine:
+class Engine(Steps):
     def __init__(self, **overrides: Any) -> None:
         """The job's ``comm.*``, ``train.*`` and ``optim.clip_grad_norm`` (the launcher's job, or the defaults under
         plain torchrun), then ``overrides`` (``compress="bf16"``, ``reducer="fsdp"``, ``precision="bf16"``,
@@ -81,6 +81,7 @@ class Engine:
         self._loader: Optional[EngineLoader] = None
         self._plain: Optional[Plain] = None
         self._divide = 1  # micro-batches: each one's loss divided by their number
+        self._stops = StopSignals()
         self._closed = False
         precision = self.job.train.precision
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
@@ -175,63 +176,6 @@ class Engine:
             self.state.shape(batch_size, len(self._loader))
         return self._loader
 
-    # ---------------------------------------------------------------- one step
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Around one optimizer step: counted when its block completes; then the checkpoint cadence
-        (``train.checkpoint_every_steps``: ``save`` with the last ``extra``)."""
-        self._require("engine.step()")
-        if self.watch is not None:
-            self.watch.note_step(self.pos.step)
-        yield
-        self.pos.step += 1
-        every = self.job.train.checkpoint_every_steps
-        if every and self.pos.step % every == 0:
-            self.save()
-
-    def micro_batches(self, batch: Any) -> Iterator[Any]:
-        """``train.accumulate_steps`` equal parts of this rank's ``batch``: each one's forward and ``backward`` in
-        the loop's body (the gradients synchronised once, after the last; each loss divided by their number)."""
-        self._require("engine.micro_batches()")
-        assert self.sync is not None
-        n = self.job.train.accumulate_steps
-        parts = chunk_tree(batch, n) if n > 1 else [batch]
-        self._divide = n
-        try:
-            for i, part in enumerate(parts):
-                with self.sync.no_sync() if i < n - 1 else contextlib.nullcontext():
-                    yield part
-        finally:
-            self._divide = 1
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` as precision and accumulation need it (fp16: scaled; a micro-batch's: divided)."""
-        if self._divide > 1:
-            loss = loss / self._divide
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-
-    def optimizer_step(self) -> None:
-        """The returned optimizer's ``step``: unscaled and clipped where configured, fp16's inf/nan steps skipped."""
-        self._require("optimizer.step()")
-        plain, clip = self._plain, self.job.optim.clip_grad_norm
-        assert plain is not None and self.sync is not None
-        if self.scaler is not None:
-            self.scaler.unscale_(plain)  # type: ignore[arg-type]  # (the scaler reads its param groups)
-        if clip is not None:
-            params = [p for group in plain.param_groups for p in group["params"]]
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        if self.scaler is not None:
-            self.scaler.step(plain)  # type: ignore[arg-type]
-            self.scaler.update()
-        else:
-            self.sync.step(plain)  # type: ignore[arg-type]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """The returned optimizer's ``zero_grad``: the sync's (our reducer keeps gradients as views of its buckets)."""
-        self._require("optimizer.zero_grad()")
-        assert self.sync is not None and self._plain is not None
-        self.sync.zero_grad(self._plain)  # type: ignore[arg-type]
-
     # ---------------------------------------------------------------- checkpoints
     def save(self, extra: Optional[dict[str, Any]] = None) -> None:
         """Collective (every rank calls it at the same step): the model, optimizer, loader position, fp16 scaler,
@@ -274,7 +218,9 @@ class Engine:
             return
         self._closed = True
         atexit.unregister(self._atexit)
+        self._stops.uninstall()
         try:
+            self._stops.settle()
             if self.checkpointer is not None:
                 self.checkpointer.wait("the engine's end")
                 self.checkpointer.close()

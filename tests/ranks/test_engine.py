@@ -63,7 +63,7 @@ def torchrun_vars(rank: int, world: int, per_node: int) -> None:
     )
 
 
-def _loop(rank, world, out, per_node, settings, stop_at=None, resume=False):
+def _loop(rank, world, out, per_node, settings, stop_at=None, resume=False, resumed_at=8):
     """The documented loop; rank 0 writes the final weights (``stop_at``: saves there and leaves)."""
     import launcher
 
@@ -73,7 +73,8 @@ def _loop(rank, world, out, per_node, settings, stop_at=None, resume=False):
     net, opt = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9))
     loader = engine.loader(data(), batch_size=BATCH, shuffle=True)
     extra = engine.resume() if resume else {}
-    assert not resume or extra == {"note": "mid-epoch", "at": 8}, extra
+    assert not resume or engine.global_step == resumed_at, engine.global_step
+    assert not resume or extra == ({"note": "mid-epoch", "at": 8} if resumed_at == 8 else {}), extra
     for _epoch in range(engine.epoch, EPOCHS):
         for x, y in loader:
             with engine.step():
@@ -199,3 +200,38 @@ def test_setup_and_loader_misuse_is_named_with_the_fix(alone):
         with pytest.raises(ValueError, match=r"takes no closure"):
             opt.step(lambda: 0.0)
         assert isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "EngineSGD"
+
+
+def _signalled(rank, world, out, per_node):
+    """The loop with rank 1 sent SIGTERM in its fifth step; every rank records how it ended."""
+    import signal
+
+    import launcher
+
+    torchrun_vars(rank, world, per_node)
+    engine = launcher.Engine(run_dir=str(out / "run"), checkpoint_every_steps=0, hierarchical="true")
+    bare = model()
+    net, opt = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9))
+    try:
+        for x, y in engine.loader(data(), batch_size=BATCH):
+            with engine.step():
+                if rank == 1 and engine.global_step == 4:
+                    os.kill(os.getpid(), signal.SIGTERM)  # (its handler only records it: the step goes on)
+                engine.backward(F.cross_entropy(net(x), y))
+                opt.step()
+                opt.zero_grad()
+    except SystemExit as exc:
+        (out / f"exit-{rank}.txt").write_text(f"{exc.code} {engine.global_step}")
+        return
+    (out / f"exit-{rank}.txt").write_text(f"finished {engine.global_step}")
+
+
+def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint_and_resumes(tmp_path):
+    spawn_ranks(_signalled, 4, tmp_path, 2)
+    # rank 1's signal in step 5, known to all at the next boundary (the answer is read a step later): step 6
+    assert [(tmp_path / f"exit-{r}.txt").read_text() for r in range(4)] == ["143 6"] * 4
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.pt")) == ["step-00000006.pt"]
+    spawn_ranks(_loop, 2, tmp_path, 2, {"hierarchical": "true"}, None, True, 6)  # resumed on 1 node x 2 ranks
+    want = reference(steps=2 * 6)
+    for key, value in _bare(torch.load(tmp_path / "final.pt")).items():
+        torch.testing.assert_close(value, want[key], rtol=1e-4, atol=1e-6, msg=key)

@@ -1,0 +1,70 @@
+"""A stop signal in a loop through the engine, as the trainer stops: SIGINT, SIGTERM or SIGHUP to any rank is
+recorded; at a step boundary every rank learns whether any rank got one (a tiny MAX all-reduce, its answer read one
+step later: it never waits on the step's own work), and every rank stops there together: the engine writes a
+checkpoint, closes and ends the script with ``SystemExit(128 + signal)``, so its ``finally`` blocks and ``atexit``
+handlers run. The launcher's agent gives the ranks ``cluster.stop_grace_s`` for it, as torchrun gives its workers.
+
+Installed at the loop's first ``engine.step()``, and only for the signals whose handler is still Python's default:
+a script with a handler of its own keeps it (and stops its own way). A second signal while the first waits for a
+step boundary acts at once, as Python's default would (a loop that stopped calling ``engine.step()`` still ends)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from launcher.report.stops import STOP_SIGNALS
+
+DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.signum = 0  # the first stop signal this rank got (0: none)
+        self.agreed = 0  # the signal every rank stops on (0: none yet)
+        self._previous: dict[int, Any] = {}
+        self._asked: Optional[tuple[Any, torch.Tensor]] = None  # the question in flight (its answer next step)
+
+    def install(self) -> None:
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) in DEFAULTS:
+                self._previous[signum] = signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if not self.signum:
+            self.signum = signum
+            return
+        self.uninstall()  # a second one: as Python's default
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.raise_signal(signum)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def stopping(self, device: torch.device) -> bool:
+        """Collective, at a step boundary: True on every rank once any rank's signal is known to all (``agreed``:
+        which one). The question goes out now, the previous step's answer is read."""
+        flag = torch.tensor([float(self.signum)], device=device)
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            self.agreed = self.signum
+            return bool(self.agreed)
+        previous, self._asked = self._asked, (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        if previous is not None:
+            previous[0].wait()
+            self.agreed = int(previous[1].item())
+        return bool(self.agreed)
+
+    def settle(self) -> None:
+        """The question in flight answered (before the group closes: no collective left half-done)."""
+        if self._asked is not None:
+            self._asked[0].wait()
+            self._asked = None
