@@ -41,7 +41,7 @@ def export_command(args: list[str]) -> int:
             safetensors_module()
         if out.is_dir():
             raise ValueError(f"OUT {out} is a directory; HINT: name the file to write, e.g. {out / 'model.pt'}")
-        state = model_state(path)
+        state, by_engine = model_state(path)
         written = write_state(state, out, step_of(path) or 0)
     except ValueError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
@@ -55,7 +55,7 @@ def export_command(args: list[str]) -> int:
         f"exported {out} ({kind}, {written:,} bytes): the model at step {step_of(path)}, {len(state)} tensors, "
         f"{values:,} parameters (buffers included), from {path}"
     )
-    print("load it with:\n" + load_line(run_dir, out))
+    print("load it with:\n" + (engine_line(out) if by_engine else load_line(run_dir, out)))
     return EXIT_OK
 
 
@@ -116,9 +116,10 @@ def safetensors_module() -> Any:
     return safetensors.torch
 
 
-def model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The model's state dict, whole, plain tensors on the CPU, keys as the model class's ``state_dict()``. The
-    ``.pt`` files are verified first (``ckpt.read``: a sharded checkpoint's ``train.pt`` and ``own-<k>.pt`` too)."""
+def model_state(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
+    """The model's state dict, whole, plain tensors on the CPU, keys as the model class's ``state_dict()``, and
+    whether a user's loop wrote it (``launcher.Engine``: its model is the user's, not the config's). The ``.pt``
+    files are verified first (``ckpt.read``: a sharded checkpoint's ``train.pt`` and ``own-<k>.pt`` too)."""
     try:
         state = ckpt.read(path)
     except ValueError as exc:  # corrupted: its sha256 differs
@@ -131,7 +132,7 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
         if type(value) is not torch.Tensor:  # (a DTensor, or not a tensor: nothing torch.load(weights_only) takes)
             raise ValueError(f"checkpoint {path}: the model's {key!r} is a {type(value).__name__}, not a tensor")
         out[key] = value.detach().cpu()
-    return out
+    return out, bool(state.get("engine"))
 
 
 def _whole_sharded(path: Path) -> dict[str, torch.Tensor]:
@@ -179,6 +180,14 @@ def load_line(run_dir: Path, out: Path) -> str:
     return f"{imports}; from hydra.utils import instantiate; from omegaconf import OmegaConf; model = {build}; " + (
         f"model.load_state_dict({load})"
     )
+
+
+def engine_line(out: Path) -> str:
+    """The line for a checkpoint a user's loop wrote (``launcher.Engine``): its model class is the user's own."""
+    imports, load = "import torch", f"torch.load({str(out)!r}, weights_only=True)"
+    if out.suffix == SAFETENSORS:
+        imports, load = "import safetensors.torch", f"safetensors.torch.load_file({str(out)!r})"
+    return f"{imports}; model = YourModel(); model.load_state_dict({load})  # (the model your loop built)"
 
 
 def _plain(value: Any) -> bool:

@@ -1,0 +1,71 @@
+"""``launcher.Engine`` in a script the launcher runs (``tests/scripts/engine_loop.py``, docs/your-loop.md's example):
+on 2 simulated nodes x 2 ranks its loss trajectory is one process's on the whole global batch (replicated and
+sharded), the job's ``comm.*`` on the command line reach the script's engine, and ``python -m launcher export`` says
+how to load what a user's loop wrote."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from harness.run import run_launcher, user_env
+
+SIM_2X2 = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", "train.threads_per_rank=1")
+SCRIPT = "script=tests/scripts/engine_loop.py"
+EPOCHS, BATCH, SAMPLES = 2, 32, 256
+
+
+def one_process_losses() -> list[float]:
+    """engine_loop.py's model, data and optimizer on one process, the whole global batch a step."""
+    g = torch.Generator().manual_seed(1)
+    dataset = TensorDataset(torch.randn(SAMPLES, 16, generator=g), torch.randint(0, 4, (SAMPLES,), generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    losses = []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reducer", ["ddp", "fsdp"])
+def test_a_loop_through_the_engine_on_two_simulated_nodes_follows_one_process(tmp_path, reducer):
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    sharded = ("comm.reducer=fsdp", "comm.fsdp_min_params=64") if reducer == "fsdp" else ()
+    run = run_launcher(*SIM_2X2, SCRIPT, "comm.hierarchical=true", *sharded, "--", str(out), run_dir=run_dir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = [line.split() for line in (out / "losses-0.txt").read_text().splitlines()]
+    assert [int(s) for s, _ in steps] == list(range(1, EPOCHS * SAMPLES // BATCH + 1))
+    torch.testing.assert_close([float(v) for _, v in steps], one_process_losses(), rtol=1e-4, atol=1e-6)
+    said = (run_dir / "logs" / "rank-0.log").read_text()
+    kind = "FSDP2 on a 1-D cpu mesh of 2 rank(s)" if reducer == "fsdp" else "torch DDP"
+    assert f"launcher.Engine: {kind}" in said and "topology 2 node(s) (2+2 ranks)" in said, said[-2000:]
+    argv = [sys.executable, "-m", "launcher", "export", str(run_dir), str(tmp_path / "model.pt")]
+    exported = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=user_env())
+    assert exported.returncode == 0, exported.stderr
+    assert "model = YourModel(); model.load_state_dict(" in exported.stdout, exported.stdout
+    final = torch.load(out / "final.pt")
+    assert all(torch.equal(v, final[k]) for k, v in torch.load(tmp_path / "model.pt").items())
+
+
+@pytest.mark.slow
+def test_the_jobs_comm_settings_reach_the_scripts_engine(tmp_path):
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    run = run_launcher(
+        *SIM_2X2, SCRIPT, "comm.compress=bf16", "comm.hierarchical=true", "--", str(out), "--epochs=1", run_dir=run_dir
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "launcher.Engine: torch DDP" in said and "bf16" in said.split("launcher.Engine:")[1].splitlines()[0], said
