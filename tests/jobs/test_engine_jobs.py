@@ -69,3 +69,22 @@ def test_the_jobs_comm_settings_reach_the_scripts_engine(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     said = (run_dir / "logs" / "rank-0.log").read_text()
     assert "launcher.Engine: torch DDP" in said and "bf16" in said.split("launcher.Engine:")[1].splitlines()[0], said
+
+
+@pytest.mark.slow
+def test_under_plain_torchrun_the_engine_takes_the_defaults_and_a_second_run_resumes(tmp_path):
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    argv = [*torchrun, f"--log-dir={tmp_path / 'torchrun'}", "tests/scripts/engine_loop.py", str(out)]
+    argv += ["--epochs=1", f"--run-dir={run_dir}"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=user_env())
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "launcher.Engine: torch DDP" in first.stdout and "rank 0: 8 steps, resumed from nothing" in first.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.pt")) == ["step-00000008.pt"]
+    again = subprocess.run(
+        [*argv[:-2], "--epochs=2", argv[-1]], capture_output=True, text=True, timeout=300, env=user_env()
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "rank 0: 16 steps, resumed from {'epochs_done': 1}" in again.stderr, again.stderr[-3000:]
+    steps = [int(line.split()[0]) for line in (out / "losses-0.txt").read_text().splitlines()]
+    assert steps == list(range(1, 17))  # the second run went on from step 8
