@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from launcher.base.devices import try_all_gpus, try_gpu
     from launcher.base.env import DistEnv
+    from launcher.comm.ddp_hook import comm_hook
     from launcher.engine import Engine
     from launcher.group.mesh import mesh
     from launcher.group.rendezvous import process_group
 
 __version__ = "0.1.0"
-__all__ = ["DistEnv", "Engine", "mesh", "process_group", "try_all_gpus", "try_gpu", "__version__"]
+__all__ = ["DistEnv", "Engine", "comm_hook", "mesh", "process_group", "try_all_gpus", "try_gpu", "__version__"]
 _WHERE = {
     "DistEnv": "base.env",
     "Engine": "engine",
+    "comm_hook": "comm.ddp_hook",
     "mesh": "group.mesh",
     "process_group": "group.rendezvous",
     "try_all_gpus": "base.devices",
