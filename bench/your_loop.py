@@ -20,7 +20,8 @@ the same run:
   torch-bf16           torch DDP + torch's bf16_compress_hook (under another name: DDP refuses it by its name)
   torch-powersgd       torch DDP + torch's PowerSGDState/powerSGD_hook, rank 4, the same warm-up, one bucket (as
                        bench/compression.py: it mismatches with several)
-  engine-*             the same loop through launcher.Engine: ``engine_loops``, the hook point (none yet)
+  engine-*             the same loop through launcher.Engine(compress=...) on the trainer's settings and optimizer
+                       (fused SGD), batches from engine.loader: compared with trainer-<compress>
 
 Trainer rows (``--trainer-steps``; 0: none), after the loops and not interleaved with them: ``python -m launcher
 +cluster=sim cluster.netns=true cluster.link_gbit=...`` with the same model, data and batch and ``comm.compress=
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -149,21 +151,51 @@ LOOPS: dict[str, Callable[[Ctx], Loop]] = {
 }
 
 
-def engine_loops() -> dict[str, Callable[[Ctx], Loop]]:
-    """HOOK POINT (issue 58, item 4): the same loop through ``launcher.Engine``, one builder per ``compress``, named
-    ``engine-none``, ``engine-bf16``, ``engine-powersgd`` (the table compares each with ``trainer-<compress>``).
-    Empty until the Engine lands; its builder, as a user writes the loop (build inside the builder: it runs in the
-    ranks, after the process group exists):
+def engine_loop(compress: str) -> Callable[[Ctx], Loop]:
+    """The loop as a user writes it through ``launcher.Engine`` (docs/your-loop.md), on the trainer's settings of
+    ``trainer-<compress>`` (``comm.reducer=ddp``, ``comm.hierarchical=auto``, PowerSGD rank RANK after
+    COMPRESS_WARMUP steps) and the optimizer the trainer builds (fused SGD with momentum): its batches from the
+    engine's loader, its step in ``engine.step()`` (the stop's agreement included, as the trainer's)."""
 
-        engine = launcher.Engine(compress=compress, reducer="ddp")
-        model, optimizer = engine.setup(mlp(), torch.optim.SGD(..., lr=LR, momentum=MOMENTUM))
+    def build(ctx: Ctx) -> Loop:
+        import itertools
+
+        import launcher
+
+        run_dir = tempfile.mkdtemp(prefix="your-loop-engine-")
+        engine = launcher.Engine(
+            compress=compress,
+            reducer="ddp",
+            hierarchical="auto",
+            powersgd_rank=RANK,
+            compress_warmup_steps=COMPRESS_WARMUP,
+            checkpoint_every_steps=0,
+            run_dir=run_dir,
+        )
+        bare = mlp()
+        model, optimizer = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=LR, momentum=MOMENTUM, fused=True))
         batches = itertools.cycle(engine.loader(dataset(), batch_size=GLOBAL, shuffle=True))
-        def step():
+
+        def step() -> None:
             x, y = next(batches)
             with engine.step():
-                loss = F.cross_entropy(model(x), y); engine.backward(loss); optimizer.step(); optimizer.zero_grad()
-        return Loop(step, note=...)"""
-    return {}
+                engine.backward(F.cross_entropy(model(x), y))
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def close() -> None:
+            engine.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+        assert engine.sync is not None
+        return Loop(step, close=close, note=engine.sync.description)
+
+    return build
+
+
+def engine_loops() -> dict[str, Callable[[Ctx], Loop]]:
+    """The same loop through ``launcher.Engine``, one per ``compress`` (each compared with ``trainer-<compress>``)."""
+    return {f"engine-{compress}": engine_loop(compress) for compress in ("none", "bf16", "powersgd")}
 
 
 def time_loops(loops: dict[str, Loop], rounds: int) -> dict[str, float]:
