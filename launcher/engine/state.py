@@ -19,6 +19,7 @@ from torch import nn
 from launcher.base.env import DistEnv
 from launcher.comm.sync import Sync
 from launcher.train import checkpoint as ckpt
+from launcher.train.optim import is_dtensor
 from launcher.train.progress import Span
 from launcher.train.state import ReplicatedState, ShardedState, TrainState
 
@@ -94,6 +95,10 @@ def rebuilt(optimizer: torch.optim.Optimizer, names: dict[int, str], model: nn.M
         groups.append({**settings, "params": [now[names[id(p)]] for p in group["params"]]})
     accepted = inspect.signature(type(optimizer).__init__).parameters
     defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
+    if isinstance(optimizer, torch.optim.SGD) and any(is_dtensor(p) for p in now.values()):
+        for settings in (defaults, *groups):  # torch has no DTensor rule for the fused SGD kernel (as train/optim.py)
+            if settings.get("fused"):
+                settings["fused"] = None
     return type(optimizer)(groups, **defaults)
 
 

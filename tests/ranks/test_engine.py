@@ -68,9 +68,13 @@ def _loop(rank, world, out, per_node, settings, stop_at=None, resume=False, resu
     import launcher
 
     torchrun_vars(rank, world, per_node)
+    settings = dict(settings)
+    fused = settings.pop(
+        "fused", None
+    )  # the optimizer's (the sharded engine builds it again: fused SGD has no DTensor rule)
     engine = launcher.Engine(run_dir=str(out / "run"), checkpoint_every_steps=0, **settings)
     bare = model()
-    net, opt = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9))
+    net, opt = engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9, fused=fused))
     loader = engine.loader(data(), batch_size=BATCH, shuffle=True)
     extra = engine.resume() if resume else {}
     assert not resume or engine.global_step == resumed_at, engine.global_step
@@ -102,7 +106,7 @@ def _bare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 SETTINGS = {
     "ddp": {"hierarchical": "true"},
     "bucketed": {"reducer": "bucketed", "hierarchical": "true", "bucket_cap_mb": 0.001},
-    "fsdp": {"reducer": "fsdp", "fsdp_min_params": 1},
+    "fsdp": {"reducer": "fsdp", "fsdp_min_params": 1, "fused": True},
     "bucketed-accumulated": {"reducer": "bucketed", "hierarchical": "true", "accumulate_steps": 2},
 }
 
