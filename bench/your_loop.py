@@ -23,10 +23,12 @@ the same run:
   engine-*             the same loop through launcher.Engine(compress=...) on the trainer's settings and optimizer
                        (fused SGD), batches from engine.loader: compared with trainer-<compress>
 
-Trainer rows (``--trainer-steps``; 0: none), after the loops and not interleaved with them: ``python -m launcher
-+cluster=sim cluster.netns=true cluster.link_gbit=...`` with the same model, data and batch and ``comm.compress=
-none|bf16|powersgd`` (bench/end_to_end.py's run; its default ``comm.reducer=ddp``): the median samples/s of the
-logged windows after step 15."""
+Job rows (``--trainer-steps``; 0: none), after the loops (bench/your_loop_jobs.py): the built-in trainer
+(``trainer-<compress>``) and the same loop through the engine as a launcher job (``engine-job-<compress>``,
+bench/engine_job.py), each a ``python -m launcher +cluster=sim cluster.netns=true cluster.link_gbit=...`` job on the
+same settings, timed the trainer's way (the median samples/s of the 5-step windows after step 15), in pairs.
+``engine-<c>`` is compared with ``hook-<c>`` (the same sync, in the same processes), ``engine-job-<c>`` with
+``trainer-<c>`` (the same measurement)."""
 
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
+from your_loop_jobs import COMPRESSES, job_rows
 
 from launcher.base.env import DistEnv
 from launcher.comm.ddp_hook import comm_hook
@@ -234,24 +237,12 @@ def worker(args: argparse.Namespace) -> None:
             print(json.dumps({"step_ms": {n: s * 1e3 for n, s in seconds.items()}, "notes": notes}))
 
 
-def trainer_rows(args: argparse.Namespace) -> dict[str, dict]:
-    """The built-in trainer on the same settings, one ``python -m launcher`` each (bench/end_to_end.py's run)."""
-    from end_to_end import run
-
-    settings = argparse.Namespace(link_gbit=args.link_gbit, steps=args.trainer_steps, compression=True)
-    rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, compress in enumerate(("none", "bf16", "powersgd")):
-            rows[f"trainer-{compress}"] = run("ddp", "auto", "backward", compress, settings, Path(tmp) / str(i))
-            print(f"# trainer comm.compress={compress}: {rows[f'trainer-{compress}']['samples_per_s']:.0f} samples/s")
-    return rows
-
-
 def report(args: argparse.Namespace, loops: dict, trainer: dict, wall_s: float) -> dict:
     sps = {name: GLOBAL / (ms / 1e3) for name, ms in loops["step_ms"].items()}
     sps.update({name: row["samples_per_s"] for name, row in trainer.items()})
     anchor = sps["ddp-plain"]
-    versus = {**VERSUS, **{f"engine-{c}": f"trainer-{c}" for c in ("none", "bf16", "powersgd")}}
+    versus = {**VERSUS, **{f"engine-{c}": f"hook-{c}" for c in COMPRESSES}}  # the engine on the same sync
+    versus.update({f"engine-job-{c}": f"trainer-{c}" for c in COMPRESSES})  # and against the trainer's loop
     rows = [
         [name, loops["step_ms"].get(name, trainer.get(name, {}).get("step_ms", 0.0)), value, value / anchor,
          f"{value / sps[versus[name]]:.3f} vs {versus[name]}" if versus.get(name) in sps else ""]
@@ -268,7 +259,7 @@ def report(args: argparse.Namespace, loops: dict, trainer: dict, wall_s: float) 
     print(table(["variant", "step ms", "samples/s", "x ddp-plain", "x reference"], rows))
     goals = [(name, sps[name] / sps[ref], ref) for name, ref in versus.items() if name in sps and ref in sps]
     for name, ratio, ref in goals:
-        bound = 0.95 if name.startswith("engine") else 1.1
+        bound = 0.95 if name.startswith("engine") else 1.1  # the engine within 5 %; the hook 1.1x torch's
         print(f"# goal {name} / {ref} >= {bound}: {ratio:.3f} {'met' if ratio >= bound else 'NOT met'}")
     return {"samples_per_s": sps, "x_ddp_plain": {n: v / anchor for n, v in sps.items()}, "goals": goals}
 
@@ -291,7 +282,7 @@ def main() -> None:
         placement = [(0, 0), (0, 1), (1, 0), (1, 1)]
         cmd = [__file__, "--worker", "--rounds", str(args.rounds), *(["--only", args.only] if args.only else [])]
         loops = run_in_namespaces(net, placement, 2, PORT, cmd)
-    trainer = trainer_rows(args) if args.trainer_steps else {}
+    trainer = job_rows(args) if args.trainer_steps else {}
     result = report(args, loops, trainer, time.perf_counter() - start)
     if args.json:
         args.json.write_text(json.dumps({"link_gbit": args.link_gbit, **loops, "trainer": trainer, **result}, indent=2))

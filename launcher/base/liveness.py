@@ -26,8 +26,11 @@ ANSWER_WAIT_S = 6.0  # a hang report waits this long for the ranks' stacks
 
 # ---- collectives, stopping and failing (every rank, the heads)
 TRAINER_TIMEOUT_S = 300.0  # the trainer's collective timeout when comm.timeout_s is null
-STOP_DEADLINE_S = 25.0  # a signalled rank's time to reach a step boundary (elastic kills its workers after 30 s)
+STOP_DEADLINE_S = 25.0  # a signalled rank's time to reach a step boundary (killed after cluster.stop_grace_s: 30 s)
 AFTER_FAILURE_GRACE_S = 5.0  # after one node failed, the others' time to end on their own before the report
+STOP_POLL_S = 0.1  # in a stop's grace (cluster.stop_grace_s) the ranks' ends and a second stop are looked at this often
+KILLED_WAIT_S = 5.0  # a rank killed (SIGKILL) after its grace is waited for this long (one stuck in the kernel is left)
+WARNING_DONE_S = 60.0  # a script rank whose script ended waits this long at most for the requeue a Slurm warning began
 
 # ---- healing in place (launcher/heal/)
 NODE_BEAT_S = 0.5  # a node process beats its signed heartbeat to the keeper's store this often

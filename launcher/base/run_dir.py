@@ -24,6 +24,8 @@ file system in every multi-node mode). What it holds (who writes it):
   doctor.json                          the doctor's findings (rank 0)
   failures/<launch>/attempt-<n>/       rank-<k>.json: how rank k failed (every rank; its agent for a rank that
                                        ended without one)
+  stops/<launch>/attempt-<n>/          rank-<k>.json: how rank k ended after a stop signal (its agent; a script's
+                                       rank itself, also where no agent of the launcher's stands above it)
   watch/<launch>/attempt-<n>/          [round-<r>/] rank-<k>.json: rank k's progress, rank-<k>.arrivals.json
                                        (every rank's watch); request.json (the reporter: rank 0's watch)
   hangs/<launch>-attempt-<n>[-round-<r>]-<i>/
@@ -174,6 +176,17 @@ class RunDir:
         """How rank ``rank`` failed in that attempt: that rank, or its agent when it ended without one."""
         return failure_record_file(self.failure_attempt(launch_id, attempt), rank)
 
+    # ------------------------------------------------------------------------------------------ stops
+    def stop_ends(self, launch_id: str, attempt: int) -> Path:
+        """How each rank of one attempt ended after a stop signal, ``rank-<k>.json`` (``stop_end_file``): its
+        agent (``report.stops.record_ends``), a script's rank itself."""
+        return self.path / "stops" / (launch_id or "local") / f"attempt-{attempt}"
+
+    def stop_end_attempts(self, launch_id: str) -> list[Path]:
+        """The attempt folders of ``launch_id``'s stop records, oldest first."""
+        folders = (self.path / "stops" / (launch_id or "local")).glob("attempt-*")
+        return sorted(folders, key=lambda p: int(p.name.split("-")[1]))
+
     # ------------------------------------------------------------------------------------------ the watch
     def watch(self, launch_id: str, attempt: int, round_: int = 0) -> Path:
         """Where the ranks of one attempt (and one round of a job that heals in place) publish their progress:
@@ -236,6 +249,16 @@ def failure_record_file(attempt_folder: Path, rank: int) -> Path:
 def failure_record_files(attempt_folder: Path) -> Iterator[Path]:
     """Every failure record in an attempt's folder."""
     return attempt_folder.glob("rank-*.json")
+
+
+def stop_end_file(stops_folder: Path, rank: int) -> Path:
+    """Rank ``rank``'s end after a stop in an attempt's folder (``RunDir.stop_ends``)."""
+    return stops_folder / f"rank-{rank}.json"
+
+
+def stop_end_files(stops_folder: Path) -> Iterator[Path]:
+    """Every rank's end in an attempt's folder of stop records."""
+    return stops_folder.glob("rank-*.json")
 
 
 def progress_file(watch_folder: Path, rank: int) -> Path:

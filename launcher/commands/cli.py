@@ -29,9 +29,8 @@ Watch and check::
     python -m launcher doctor [cluster overrides]        # reachability, interfaces, GPUs, per-link allreduce times
     python -m launcher comm.trace=true                   # RUN_DIR/trace.json: Chrome/Perfetto timeline of a few steps
 
-Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started);
-130 / 143 / 129 stopped by Ctrl-C / SIGTERM / SIGHUP (128 + the signal): the built-in trainer checkpoints at the
-next step; a ``script=`` job's ranks are only stopped (the launcher writes no checkpoint for a script).
+Exit codes: 0 every rank finished; 1 a rank failed (named on stderr); 2 bad configuration (nothing started); 130 /
+143 / 129 stopped by Ctrl-C / SIGTERM / SIGHUP (the trainer checkpoints; a ``script=`` gets the signal to save).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from omegaconf import DictConfig, open_dict
 
 from launcher.base.devices import gpu_count
 from launcher.base.env import DistEnv
-from launcher.base.exiting import end_process_at_exit, settle_exit_code
+from launcher.base.exiting import end_process_at_exit, exit_code, settle_exit_code
 from launcher.base.files import no_world_writable_files
 from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress
@@ -114,13 +113,14 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         return EXIT_OK
     if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
         finished = mode.run(plan, job, env) == EXIT_OK
+        own = exit_code() or EXIT_OK  # the rank's (a script's that ended on a Ctrl-C it did not handle: 130)
         if not env.is_main:
-            return EXIT_OK
+            return own
         if not job.doctor:
             if finished:  # no head writes and prints the summary: rank 0 does, as the launcher would
                 end_job(job, plan, EXIT_OK, since, launch=env.launch_id)
                 print_summary(job.run, job.train.plots)
-            return EXIT_OK
+            return own
         code = print_doctor(job.run)
         end_process_at_exit(code)  # the rank registered 0; the doctor's verdict decides
         return code

@@ -39,6 +39,10 @@ class ClusterConfig:
     heal: bool = True  # sim, ssh under cluster.min_nodes: a lost machine's survivors go on in place, from memory
     #                    (false: the head restarts them from the newest checkpoint; config.rules.heals_in_place)
     lost_after_s: float = 3.0  # healing: a machine whose heartbeat is silent this long is lost (frozen, link down)
+    stop_grace_s: float = 30.0  # after a stop signal (SIGINT, SIGTERM, SIGHUP) is passed on to the ranks, how long
+    #                             they have to exit before they are killed, and said (torchrun's 30 s): a script=
+    #                             gets the signal itself (its handler saves, then exits); the trainer checkpoints at
+    #                             the next step within 25 s. 0 kills at once. Slurm: its KillWait bounds it instead
 
     @property
     def may_shrink(self) -> bool:
@@ -82,6 +86,11 @@ class ClusterConfig:
             self.lost_after_s >= 1.0,
             f"cluster.lost_after_s={self.lost_after_s} must be >= 1 (machines beat every 0.5 s); HINT: 3 is the "
             "default",
+        )
+        _check(
+            self.stop_grace_s >= 0,
+            f"cluster.stop_grace_s={self.stop_grace_s} must be >= 0 (the seconds the ranks have to exit after a stop "
+            "signal); HINT: 30 is torchrun's, 0 kills them at once",
         )
         _check(0 <= self.master_port < 65536, f"cluster.master_port={self.master_port} must be in 0..65535")
         _check(self.join_timeout_s > 0, f"cluster.join_timeout_s={self.join_timeout_s} must be > 0")

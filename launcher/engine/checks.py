@@ -28,7 +28,7 @@ class Autocast(nn.Module):
 
 
 def check_setup(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """``engine.setup``'s arguments: a bare model, an optimizer over its parameters that has not stepped."""
+    """``Engine.setup``'s arguments: a bare model, an optimizer over its parameters that has not stepped."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"engine.setup(model={type(model).__name__}): a torch.nn.Module is needed")
     wrapper = _wrapped(model)

@@ -103,7 +103,7 @@ class Engine(Steps):
 
     @property
     def global_step(self) -> int:
-        """Optimizer steps done (``engine.step()`` blocks completed), resumed ones included."""
+        """Optimizer steps done (``Engine.step()`` blocks completed), resumed ones included."""
         return self.pos.step
 
     @property

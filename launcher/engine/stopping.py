@@ -4,9 +4,9 @@ step later: it never waits on the step's own work), and every rank stops there t
 checkpoint, closes and ends the script with ``SystemExit(128 + signal)``, so its ``finally`` blocks and ``atexit``
 handlers run. The launcher's agent gives the ranks ``cluster.stop_grace_s`` for it, as torchrun gives its workers.
 
-Installed at the loop's first ``engine.step()``, and only for the signals whose handler is still Python's default:
+Installed at the loop's first ``Engine.step()``, and only for the signals whose handler is still Python's default:
 a script with a handler of its own keeps it (and stops its own way). A second signal while the first waits for a
-step boundary acts at once, as Python's default would (a loop that stopped calling ``engine.step()`` still ends)."""
+step boundary acts at once, as Python's default would (a loop that stopped calling ``Engine.step()`` still ends)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
 from launcher.base.env import DistEnv, head_attempt
+from launcher.base.exiting import stop_within
 from launcher.base.liveness import NODE_BEAT_S
 from launcher.base.node_args import NodeArgs
 from launcher.config import JobConfig
@@ -28,7 +29,7 @@ from launcher.config.rules import rank_command
 from launcher.group.rendezvous import attempt_prefix
 from launcher.heal.protocol import Keys, Place
 from launcher.report.failures import exit_failure, record_exits
-from launcher.report.stops import STOP_SIGNALS
+from launcher.report.stops import STOP_SIGNALS, said_killed
 from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
 
@@ -89,8 +90,8 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
     logs = DefaultLogsSpecs(log_dir=str(job.run.node_logs(args.node)))
     entry = rank_command(job)
     ranks = start_processes("launcher", sys.executable, {local: entry for local in envs}, envs, logs)
-    # A stop from the head (or the terminal's, to the group: the head passes it on too) is recorded, not raised
-    # (elastic's handlers raise anywhere, a second stop inside the first one's handling too): the ranks checkpoint
+    # A stop from the head (this process has a session of its own) is recorded, not raised (elastic's handlers
+    # raise anywhere, a second stop inside the first one's handling too): the ranks checkpoint
     stops: list[int] = []
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda signum, frame: stops.append(signum))
@@ -98,8 +99,16 @@ def run_workers(job: JobConfig, args: NodeArgs, secret: Secret) -> int:
         result = None
         while result is None and not stops:
             result = ranks.wait(timeout=0.1, period=0.1)
-        if stops:
-            ranks.close(signal.Signals(stops[0]))
+        if stops:  # the ranks get it and cluster.stop_grace_s; a second stop meanwhile ends them at once
+            handlers = getattr(ranks, "subprocess_handlers", {})
+            workers = {args.node * len(envs) + local: handler.proc for local, handler in handlers.items()}
+            grace = job.cluster.stop_grace_s
+            end = stop_within(workers, stops[0], grace, again=lambda: len(stops) > 1)
+            if end.killed:
+                again = stops[1] if len(stops) > 1 else None
+                line, _ = said_killed(end.killed, socket.gethostname(), stops[0], grace, again, end.waited_s)
+                print(line, file=sys.stderr, flush=True)
+            ranks.close(signal.Signals(stops[0]), timeout=int(grace))  # (the ranks have ended: their files closed)
             return 128 + stops[0]
     finally:
         with contextlib.suppress(dist.DistError):  # before the heartbeat stops: this silence is no loss

@@ -36,7 +36,7 @@ from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.nodes.agent import agent_config, run_agent
 from launcher.launch.ports import check_port
 from launcher.rank.entry import rank_main
-from launcher.report.stops import print_stopped
+from launcher.report.stops import RankEnd, print_stopped
 from launcher.train.stop import Stopped
 from launcher.trust.secret import SECRET_ENV, Secret
 
@@ -94,16 +94,23 @@ def run_here(job: JobConfig) -> int:
     """One rank: it runs in this process, through the rank's one entry (``rank.entry.rank_main``: the stop
     handling, the end without interpreter teardown, as every rank's); its exit code is returned and settled by
     the caller once known (a sweep runs several jobs). A stop signal (SIGINT, SIGTERM, SIGHUP) stops it as it stops
-    every job: a checkpoint at the next step, the stop line, exit 128 + the signal. A failure prints its traceback
-    here (a single process in the launcher writes no failure record: no peers to rank it among): exit 1."""
+    every job: a checkpoint at the next step, the stop line, exit 128 + the signal; a script gets it itself (this
+    process is its rank: one it does not handle ends it as it ends any Python program, SIGTERM and SIGHUP without a
+    word). A failure prints its traceback here (a single process in the launcher writes no failure record: no peers
+    to rank it among): exit 1."""
     stopped: list[int] = []
 
     def say_stopped(job: JobConfig, env: DistEnv, stop: Stopped) -> None:  # no agent above: the exit code says it
         stopped.append(128 + (stop.signum or signal.SIGTERM))
         print_stopped(stopped[0], job)
 
+    def script_stopped(job: JobConfig, env: DistEnv, signum: int, end: RankEnd) -> None:
+        stopped.append(128 + signum)
+        print_stopped(stopped[0], job, ends=[end])
+
     try:
-        rank_main(job, DistEnv(hostname=socket.gethostname()), after_stop=say_stopped)
+        env = DistEnv(hostname=socket.gethostname())
+        rank_main(job, env, after_stop=say_stopped, after_script_stop=script_stopped)
     except Exception:
         print(f"launcher: rank 0 on {socket.gethostname()} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@ command line, same result); rank 0 writes it into the run dir. Errors go through
 agent reports the failing rank's traceback; the launcher's own failure records are written as in every mode.
 Rank 0 ends a finished run with the summary table, a stopped one with the torchrun command that continues it
 (torchrun's own flags, read from its agent's command line, and ``hydra.run.dir``: the run dir's saved overrides
-come with it).
+come with it); a stopped ``script=`` with the stop line saying how rank 0's script ended (torchrun's agent, not the
+launcher, gives the ranks their grace: its own 30 s).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from launcher.base.env import DistEnv
 from launcher.config import JobConfig
 from launcher.launch.mode import StartedMode
-from launcher.report.stops import print_stopped
+from launcher.report.stops import RankEnd, print_stopped
 
 
 class TorchrunMode(StartedMode):
@@ -44,9 +45,14 @@ class TorchrunMode(StartedMode):
                 say_stopped(stop.signum)
             end_by_signal(job, env, stop)
 
-        # torchrun is an elastic agent: the same stop signals as ours; a script (never in a training loop) ends at
-        # once, saying so
-        return rank_main(job, env, composed_here=True, after_stop=stopped, last_words=say_stopped)
+        def script_stopped(job: JobConfig, env: DistEnv, signum: int, end: RankEnd) -> None:
+            if env.is_main:  # how rank 0 ended (torchrun, not the launcher, waits for the others: 30 s, then kills)
+                print_stopped(128 + signum, job, ends=[end])
+
+        # torchrun is an elastic agent: the same stop signals as ours; a script gets them itself and ends its way
+        return rank_main(
+            job, env, composed_here=True, after_stop=stopped, last_words=say_stopped, after_script_stop=script_stopped
+        )
 
 
 def rerun_command(agent_pid: int) -> str:

@@ -21,6 +21,7 @@ from launcher.base.logs import setup_logging
 from launcher.base.threads import for_this_rank
 from launcher.config import JobConfig, SlurmClusterConfig, collective_timeout_s
 from launcher.config.rules import job_backend
+from launcher.engine.settings import hand_over
 from launcher.group.helpers import Peers
 from launcher.group.rendezvous import listening_store, process_group
 from launcher.heal.rank_side import Healer
@@ -66,6 +67,7 @@ def _run(
     threads, why = for_this_rank(job.train.threads_per_rank, env.local_world_size)  # the script's too
     torch.set_num_threads(threads)
     if job.script is not None:
+        hand_over(job, secret, watch)  # what a launcher.Engine in the script reads (engine/settings.py)
         run_script_rank(job, job.script, env, threads, failures)
         return None
     from launcher.train.trainer import Trainer  # heavy imports only where training happens
@@ -120,8 +122,12 @@ def run_script_rank(job: JobConfig, script: str, env: DistEnv, threads: int, fai
     os.environ.setdefault(TORCHRUN_VARS["nccl_async_errors"], "1")  # torchrun's agent's default, the user's kept
     os.environ.pop(HEAD_ATTEMPT, None)  # counted in TORCHELASTIC_RESTART_COUNT: not twice in a DistEnv of its own
     try:
-        with failures.catching():
-            run_script(script, job.script_args)
+        run_script(script, job.script_args)
+    except KeyboardInterrupt:
+        raise  # Python's answer to a Ctrl-C the script does not handle itself: a stop (``rank.entry``), no failure
+    except BaseException as exc:
+        failures.record(exc)  # before the script's group goes down with this process and its peers fail
+        raise
     finally:
         del store
 
@@ -150,4 +156,13 @@ def run_script(script: str, args: list[str]) -> None:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            raise RuntimeError(f"script {script} exited with status {exc.code}") from None
+            raise ScriptExited(script, exc.code) from None
+
+
+class ScriptExited(RuntimeError):
+    """The script ended with a non-zero exit status (``sys.exit(N)``; a message: 1, as Python exits): a failure,
+    unless a stop signal came first (``rank.entry``: then its exit code, said)."""
+
+    def __init__(self, script: str, code: object) -> None:
+        super().__init__(f"script {script} exited with status {code}")
+        self.code = code if isinstance(code, int) else 1

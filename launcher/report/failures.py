@@ -108,7 +108,8 @@ def _write(path: Path, failure: Failure) -> None:
 class FailureLog:
     """This rank's failure record: the first failure caught is written, once. The launcher's own single process (no
     agent, no peers to confuse with) writes nothing: it prints its traceback itself. ``on_failure``: called first
-    (the rank's stop handling stops listening to stop signals)."""
+    (the rank's stop handling stops listening to stop signals). ``stopped``: true once the rank ends on a stop
+    (a script's rank that got a stop signal: an error then, a peer gone first, is no failure; it writes nothing)."""
 
     def __init__(
         self,
@@ -116,13 +117,16 @@ class FailureLog:
         env: DistEnv,
         task: str = "",
         on_failure: Callable[[], None] | None = None,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.env, self.task, self.on_failure = env, task, on_failure
+        self.env, self.task, self.on_failure, self.stopped = env, task, on_failure, stopped
         self.path = run_dir.failure_record(env.launch_id, env.attempt, env.rank)
         self.written = False
 
     def record(self, exc: BaseException) -> None:
         if self.written or (self.env.world_size == 1 and not self.env.launch_id):  # run in the launcher itself
+            return
+        if self.stopped():  # the rank's end is the stop's
             return
         if ends_cleanly(exc):  # out of a job that goes on, or leaving for a requeue: no failure
             return

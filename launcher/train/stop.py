@@ -1,7 +1,8 @@
 """Stopping on a signal without losing work: the signal handler only records the request; at the next step
 boundary every rank learns whether ANY rank was signalled (one tiny MAX allreduce), so all ranks stop at the
-same step, write one checkpoint together and leave. Used for Ctrl-C / SIGTERM on local runs and for Slurm
-preemption and timeouts (SIGUSR2).
+same step, write one checkpoint together and leave. Used for Ctrl-C / SIGTERM / SIGHUP and for Slurm preemption
+and timeouts (SIGUSR2), by the built-in trainer's ranks only: a ``script=`` gets the signals itself, as under
+torchrun (``rank/script_stop.py``).
 
 A rank that cannot reach a step boundary (stuck in a collective or in user code) must not outlive a SIGTERM /
 SIGINT: ``STOP_DEADLINE_S`` after it, the rank writes every thread's stack to its log (that names where it was stuck)

@@ -536,5 +536,40 @@ def test_a_stop_signal_to_a_sweep_stops_its_slurm_jobs(slurm, tmp_path):
         assert not (tmp_path / str(k) / "requeues.json").exists()
 
 
+def test_a_preempted_script_gets_slurms_sigterm_saves_and_is_requeued(slurm, tmp_path):
+    """A ``script=`` job on Slurm's warning (``scancel --signal=USR2``, as before a preemption or the time limit):
+    rank 0 requeues the job; Slurm's SIGTERM then reaches every task's script, whose handler saves and exits 0 (its
+    atexit handler runs); the tasks leave for the requeue (no result), the job starts again, the script resumes from
+    what it saved and ends: the head exits 0 (docs/slurm.md, a script's side)."""
+    folder, log, run_dir = tmp_path / "marks", tmp_path / "head.log", tmp_path / "run"
+    folder.mkdir()
+    script = REPO / "tests" / "scripts" / "requeue_script.py"
+    layout = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=1")
+    head = popen_logged(launcher_argv(run_dir, *layout, f"script={script}", f"script_args=[{folder}]"), log, slurm)
+    try:
+        for marks, within_s in (("running-0", 240), ("saved", 90)):  # (saved: Slurm's KillWait is 30 s here)
+            deadline = time.monotonic() + within_s
+            while not all((folder / f"{marks}-{r}").exists() for r in (0, 1)):
+                assert head.poll() is None and time.monotonic() < deadline, f"no {marks}\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+            if marks == "running-0":
+                [job_id] = re.findall(r"submitted Slurm job (\d+)", log.read_text())
+                subprocess.run(
+                    ["scancel", "--signal=USR2", job_id], env={**os.environ, **slurm}, check=True, timeout=60
+                )
+        assert head.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    for rank in (0, 1):
+        assert text_of(folder / f"saved-{rank}") == "SIGTERM", log.read_text()[-3000:]  # the requeue's, handled
+        assert (folder / f"atexit-0-{rank}").exists() and (folder / f"atexit-1-{rank}").exists()
+        assert text_of(folder / f"resumed-{rank}") == "SIGTERM"  # the second start read what the first saved
+    assert json.loads((run_dir / "requeues.json").read_text())["count"] == 1
+    said = f"Slurm's warning (SIGUSR2) to a script=: the script gets Slurm's SIGTERM, job {job_id} requeued (1/3)"
+    assert said in (run_dir / "logs" / "rank-0.log").read_text()
+
+
 def text_of(path: Path) -> str:
     return path.read_text() if path.exists() else ""

@@ -1,9 +1,11 @@
-"""The stop-signal matrix (issue 51, item 3; docs/running.md, "Exit codes"): SIGINT, SIGTERM and SIGHUP to the
-process a user started (the launcher's head; torchrun; node 0's launcher of a job started by hand) in every launch
-mode, for the built-in trainer and for a ``script=`` job. Each cell is one job, stopped once it runs; it must end
-with the documented exit code and the stop line that names what to run next, the trainer with a checkpoint written
-at the stop (none before: ``TRAINER`` writes none on its own), and nothing of the job may be left ``LEFT_S`` after
-it ended.
+"""The stop-signal matrix (issue 51, item 3; issue 58, item 1; docs/running.md, "Exit codes"): SIGINT, SIGTERM and
+SIGHUP to the process a user started (the launcher's head; torchrun; node 0's launcher of a job started by hand) in
+every launch mode, for the built-in trainer and for a ``script=`` job. Each cell is one job, stopped once it runs; it
+must end with the documented exit code and the stop line, the trainer with a checkpoint written at the stop (none
+before: ``TRAINER`` writes none on its own) and the line naming it, the script (``STOP_SCRIPT``: a handler that
+notes the signal, the ranks agree on it at their next all_reduce, save and exit 0) having got the signal itself on
+every rank (Slurm: its SIGTERM), saved, run its atexit handler, and the line saying each rank exited 0; nothing of
+the job may be left ``LEFT_S`` after it ended.
 
 A signal arrives as it does for a user: SIGINT and SIGHUP at the process group (Ctrl-C; the terminal closed, its
 shell passing the hang-up on to its jobs), SIGTERM at the process alone (``kill``, a scheduler, a CI runner).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -41,7 +44,8 @@ MODULE_OF_MODE = {
     "ssh": "tests/beds/test_signals_ssh.py",
     "slurm": "tests/beds/test_slurm.py",
 }
-LOOP_SCRIPT = TESTS / "scripts" / "loop_script.py"
+LOOP_SCRIPT = TESTS / "scripts" / "loop_script.py"  # (no handler: it ends as Python ends it)
+STOP_SCRIPT = TESTS / "scripts" / "stop_script.py"
 # the trainer checkpoints at the stop only (the default lenet on digits: 22 steps an epoch); a step is logged each
 # step (metrics.jsonl: the job is training); no link measured at the start (suite time)
 TRAINER = ("train.epochs=200", "train.log_every_steps=1", "train.checkpoint_every_steps=100000")
@@ -49,10 +53,8 @@ TRAINER += ("comm.hierarchical=false",)
 READY_S = 240.0  # from the start to a training step or every script rank running (several jobs start at once)
 END_S = 60.0  # from the signal to the end of every process started (STOP_DEADLINE_S bounds a rank's own stop)
 LEFT_S = 15.0  # nothing of the job left this long after it ended
-SCRIPT_STOPPED = (
-    "the script's ranks were stopped (the launcher writes no checkpoint for a script=: whether it saved anything is "
-    "up to the script)"
-)
+SCRIPT_STOPPED = "how the script's ranks ended: "
+SCRIPT_SAID = re.compile(r"how the script's ranks ended: (.*) \(the launcher writes no checkpoint for a script=")
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,15 @@ class Cell:
         """The documented exit code of the process signalled: torchrun's own is 1 (its SignalException)."""
         return 1 if self.mode == "torchrun" else 128 + self.signum
 
+    @property
+    def ranks_got(self) -> str:
+        """The signal each script rank gets: the one sent (a Slurm job's head cancels it: Slurm's SIGTERM)."""
+        return "SIGTERM" if self.mode == "slurm" else f"SIG{self.sig}"
+
     def program_args(self, run_dir: Path) -> tuple[str, ...]:
         if self.program == "trainer":
             return TRAINER
-        return (f"script={LOOP_SCRIPT}", f"script_args=[{marks(run_dir)}]")
+        return (f"script={STOP_SCRIPT}", f"script_args=[{marks(run_dir)}]")
 
 
 def cells(*modes: str) -> list[Cell]:
@@ -227,8 +234,32 @@ def drive_all(
         return {cell: future.result() for cell, future in futures.items()}
 
 
+def script_ends(log: str) -> dict[int, str]:
+    """How each script rank ended, as the stop line in ``log`` says (``ranks 0, 1 on h exited 0; ...``)."""
+    said = SCRIPT_SAID.search(log)
+    ends: dict[int, str] = {}
+    for part in said.group(1).split("; ") if said else []:
+        ranks, _, rest = part.removeprefix("ranks ").removeprefix("rank ").partition(" on ")
+        ends.update((int(r), rest.split(" ", 1)[1]) for r in ranks.split(", "))
+    return ends
+
+
+def check_script(cell: Cell, out: Outcome, log: str, ranks: Sequence[int]) -> None:
+    """A script cell's promises: every rank got the signal itself, saved and ran its atexit handler; the stop line in
+    ``log`` says each of ``ranks`` (those that process knows: its own machine's, torchrun's rank 0) exited 0."""
+    folder = marks(out.run_dir)
+    for rank in (0, 1):
+        assert (folder / f"atexit-{rank}").exists(), f"{cell.id}: rank {rank}'s atexit did not run\n{out.tail()}"
+        saved = folder / f"saved-{rank}"
+        got = saved.read_text() if saved.exists() else "nothing saved"
+        assert got == cell.ranks_got, f"{cell.id}: rank {rank}: {got}, not {cell.ranks_got}\n{out.tail()}"
+    ends = script_ends(log)
+    assert ends == {r: "exited 0" for r in ranks}, f"{cell.id}: the stop line says {ends}\n{out.tail()}"
+
+
 def stop_line(cell: Cell, out: Outcome) -> str:
-    """The line the signalled process's log must hold; asserts the trainer's checkpoint at the stop first."""
+    """The line the signalled process's log must hold (a script's: its start, ``check_script`` reads the rest);
+    asserts the trainer's checkpoint at the stop first."""
     stopped = f"launcher: stopped by SIG{cell.sig}; "
     if cell.program == "script":
         return stopped + SCRIPT_STOPPED
@@ -250,5 +281,7 @@ def check(out: Outcome, codes: Sequence[int] | None = None, traceback_ok: bool =
     assert out.codes == list(codes or [cell.code]), f"{cell.id}: exit codes {out.codes}\n{out.tail()}"
     line = stop_line(cell, out)
     assert line in out.logs[0], f"{cell.id}: no line {line!r}\n{out.tail()}"
+    if cell.program == "script":  # (torchrun's rank 0 and by hand node 0's launcher know their own ranks only)
+        check_script(cell, out, out.logs[0], [0] if cell.mode in ("torchrun", "by-hand") else [0, 1])
     assert traceback_ok or "Traceback" not in out.logs[0], f"{cell.id}: a traceback\n{out.tail()}"
     assert not out.left, f"{cell.id}: still running {LEFT_S:.0f} s after the job ended:\n" + "\n".join(out.left)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from harness.run import launcher_argv
-from harness.stops import Cell, cells, check, drive_module, job, stop_line
+from harness.stops import Cell, cells, check, check_script, drive_module, job, stop_line
 
 MODES = ("local", "torchrun", "by-hand")
 
@@ -56,6 +56,8 @@ def test_a_stop_signal(outcomes, cell):
         check(out, codes=[cell.code, cell.code])
         told = f"launcher: node 0 was stopped by SIG{cell.sig}: stopping this machine's ranks"
         assert told in out.logs[1] and stop_line(cell, out) in out.logs[1], out.tail()
+        if cell.program == "script":  # each machine's launcher says how its own ranks ended
+            check_script(cell, out, out.logs[1], [1])
     else:
         check(out, traceback_ok=cell.mode == "torchrun")
     if cell.mode == "torchrun" and cell.program == "trainer":

@@ -53,7 +53,7 @@ class StandInNode:
 
     def request(self, word: Control) -> None:
         self.words.append(word)
-        if word in (Control.INT, Control.TERM):
+        if word in (Control.INT, Control.TERM, Control.HUP):
             self.end(128 + word.signum)
         elif word is Control.ABORT:
             self.end(1)
@@ -176,7 +176,7 @@ def test_a_machine_lost_restarts_the_job_while_restarts_are_left_then_it_stops(t
 
 
 def test_a_stop_signal_to_the_head_stops_every_node_and_ends_the_job(tmp_path, capfd):
-    """SIGHUP to the head while the nodes start: passed on as TERM to every node, those started after it included;
+    """SIGHUP to the head while the nodes start: passed on as HUP to every node, those started after it included;
     the job ends with 129 and the stop line, no restart although one is left."""
     machines, job = StandInMachines([("node-2", SIGHUP_TO_THE_HEAD)]), job_of(tmp_path, min_nodes=3)
     members = Membership(RunDir(tmp_path), NAMES, 3, max_restarts=1)
@@ -185,7 +185,7 @@ def test_a_stop_signal_to_the_head_stops_every_node_and_ends_the_job(tmp_path, c
         assert run_on_machines(machines, job, members, Secret.new(), keeper=_no_keeper) == 129
     finally:
         signal.signal(signal.SIGHUP, before)
-    assert [n.words[:1] for n in machines.started] == [[Control.TERM]] * 3 and members.attempt == 0
+    assert [n.words[:1] for n in machines.started] == [[Control.HUP]] * 3 and members.attempt == 0
     err = capfd.readouterr().err
     assert "launcher: SIGHUP: stopping the job on every node (the ranks checkpoint)" in err
     assert "launcher: stopped by SIGHUP; no checkpoint was written yet in " in err

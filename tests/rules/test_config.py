@@ -46,6 +46,12 @@ CASES = [
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
     (["comm.reducer=horovod"], "comm.reducer='horovod' is not a choice; HINT: comm.reducer=ddp, bucketed or fsdp"),
     (["train.resume=/nope.pt"], "train.resume='/nope.pt' is not a checkpoint; HINT: use auto, force, never, a path"),
+    (
+        ["cluster.stop_grace_s=-1"],
+        "cluster.stop_grace_s=-1.0 must be >= 0 (the seconds the ranks have to exit after a stop signal); HINT: 30 is "
+        "torchrun's, 0 kills them at once",
+    ),
+    (["+cluster=slurm", "cluster.stop_grace_s=-0.5"], "cluster.stop_grace_s=-0.5 must be >= 0"),
     (["+cluster=sim", "cluster.min_nodes=3"], "cluster.min_nodes=3 must be in 1..cluster.nodes=2"),
     (["+cluster=sim", "cluster.min_nodes=0"], "cluster.min_nodes=0 must be in 1..cluster.nodes=2"),
     (

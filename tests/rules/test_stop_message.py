@@ -1,7 +1,9 @@
-"""The line a job stopped by SIGTERM / Ctrl-C ends with (``nodes.control.stop_message``) says only what the launcher
-knows: nothing about a checkpoint for a ``script=`` job (the launcher writes none for it); for the built-in trainer,
-the newest checkpoint in the run dir by name, or that there is none yet. (A real script job stopped by SIGTERM:
-tests/harness/stops.py: the signal matrix.)"""
+"""The line a job stopped by SIGTERM / Ctrl-C ends with (``report.stops.stop_message``) says only what the launcher
+knows: for a ``script=`` job how each rank ended after it got the signal (as recorded in the run dir: its agent's
+records, a rank's own) and nothing about a checkpoint (the launcher writes none for it); for the built-in trainer,
+the newest checkpoint in the run dir by name, or that there is none yet. The line an agent says when it kills ranks
+at the end of their grace (``said_killed``). (Real jobs stopped by each signal: tests/harness/stops.py, the signal
+matrix; killed after their grace: tests/jobs/test_stop_grace.py.)"""
 
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from harness.config import plan
 from launcher.base.run_dir import RunDir
-from launcher.report.stops import print_stopped, stop_message
+from launcher.report.stops import RankEnd, load_ends, print_stopped, record_ends, said_killed, stop_message
 
 NO_CLAIM = ("wrote a checkpoint", "to continue", "checkpoint is")
 
@@ -21,15 +23,47 @@ def write_checkpoints(run_dir: Path, *steps: int) -> None:
     (run_dir / "checkpoints" / "step-00000099.pt.tmp").write_bytes(b"")  # a save in progress is no checkpoint
 
 
-@pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT")])
-def test_script_job_makes_no_checkpoint_claim(tmp_path, code, name):
+@pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT"), (129, "SIGHUP")])
+def test_script_job_says_how_each_rank_ended_and_makes_no_checkpoint_claim(tmp_path, code, name):
     write_checkpoints(tmp_path, 20)  # even a file of that name is not the launcher's to vouch for
-    line = stop_message(code, RunDir(tmp_path), script=True)
+    ends = [
+        RankEnd(2, "b", -15, node=1),
+        RankEnd(0, "a", 0),
+        RankEnd(1, "a", 0),
+        RankEnd(3, "b", None, node=1, killed="after 2 s (cluster.stop_grace_s)"),
+        RankEnd(4, "c", 130, node=2),
+    ]
+    line = stop_message(code, RunDir(tmp_path), script=True, ends=ends)
     assert line == (
-        f"launcher: stopped by {name}; the script's ranks were stopped (the launcher writes no checkpoint for a "
-        "script=: whether it saved anything is up to the script)"
+        f"launcher: stopped by {name}; how the script's ranks ended: ranks 0, 1 on a exited 0; rank 2 on b ended by "
+        "SIGTERM; rank 3 on b killed after 2 s (cluster.stop_grace_s); rank 4 on c exited 130 (the launcher writes "
+        "no checkpoint for a script=: what it saves on a stop is its own handler's)"
     )
     assert not any(claim in line for claim in NO_CLAIM)
+    nothing = stop_message(code, RunDir(tmp_path), script=True)
+    assert (
+        "how the script's ranks ended: none left word (a rank ended by the signal itself or killed leaves none)"
+        in nothing
+    )
+
+
+def test_the_ranks_ends_are_read_from_the_newest_attempts_records(tmp_path):
+    """An agent's record replaces the rank's own; a later attempt's records are the ones read."""
+    run = RunDir(tmp_path)
+    record_ends(run, "L", 0, [RankEnd(0, "a", 0), RankEnd(1, "a", 0), RankEnd(2, "a", 0)])
+    record_ends(run, "L", 1, [RankEnd(1, "a", 0), RankEnd(0, "a", 0)])  # the rank's own
+    record_ends(run, "L", 1, [RankEnd(1, "a", -9, killed="after 30 s (cluster.stop_grace_s)")])  # its agent's
+    assert load_ends(run, "L") == [RankEnd(0, "a", 0), RankEnd(1, "a", -9, killed="after 30 s (cluster.stop_grace_s)")]
+    assert load_ends(run, "other") == []
+
+
+def test_the_kill_line_names_the_ranks_the_time_and_why():
+    line, why = said_killed((0, 1), "box", 15, 2.0, None, 2.01)
+    assert line == "launcher: ranks 0, 1 on box did not exit within 2 s of SIGTERM (cluster.stop_grace_s): killed"
+    assert why == "after 2 s (cluster.stop_grace_s)"
+    line, why = said_killed((3,), "box", 2, 30.0, 2, 4.25)
+    assert line == "launcher: a second stop signal (SIGINT) 4.2 s into the ranks' grace: rank 3 on box killed at once"
+    assert why == "at once (a second stop signal, SIGINT)"
 
 
 def test_trainer_with_checkpoints_names_the_newest(tmp_path):
@@ -63,5 +97,7 @@ def test_print_stopped_reads_the_job(tmp_path, capsys):
     write_checkpoints(tmp_path, 30)
     print_stopped(143, plan(run_dir=tmp_path)[0])
     assert "the newest checkpoint is" in capsys.readouterr().err
-    print_stopped(143, plan("script=tests/scripts/allreduce_script.py", run_dir=tmp_path)[0])
-    assert "the script's ranks were stopped" in capsys.readouterr().err
+    job = plan("script=tests/scripts/allreduce_script.py", run_dir=tmp_path)[0]
+    record_ends(job.run, "L", 0, [RankEnd(1, "b", 0), RankEnd(0, "a", 0)])
+    print_stopped(143, job, "L")
+    assert "how the script's ranks ended: rank 0 on a exited 0; rank 1 on b exited 0" in capsys.readouterr().err

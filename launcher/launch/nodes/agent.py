@@ -26,7 +26,7 @@ from launcher.group.rendezvous import listening_store
 from launcher.launch.nodes.elastic import launch
 from launcher.report.failures import exit_failure, record_exits
 from launcher.report.failures import print_report as report_failures
-from launcher.report.stops import print_stopped
+from launcher.report.stops import load_ends, print_stopped
 
 
 def agent_config(
@@ -100,7 +100,8 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool, by_ha
     try:
         # Workers are started as commands (torchrun's way), not multiprocessing functions: elastic then reports
         # the exit code of every worker, not only the first in its poll order.
-        launch(config, sys.executable, rank_command(job), job.run, head_attempt(os.environ), by_hand)
+        grace = job.cluster.stop_grace_s
+        launch(config, sys.executable, rank_command(job), job.run, head_attempt(os.environ), by_hand, grace)
     except ChildFailedError as exc:
         # restarts are exhausted: the workers' records are in the last attempt's directory (the attempt number the
         # ranks had: this agent's restarts plus the head's attempt, as in DistEnv.attempt)
@@ -122,9 +123,10 @@ def _launch(job: JobConfig, config: LaunchConfig, node: int, report: bool, by_ha
             file=sys.stderr,
         )
         return 1
-    except SignalException as exc:  # SIGTERM / SIGINT: the workers stopped
-        if report:
-            print_stopped(128 + int(exc.sigval), job)
+    except SignalException as exc:  # SIGTERM / SIGINT / SIGHUP: the workers stopped (given their grace)
+        if report:  # this machine's ranks' ends (by hand, each machine's launcher says its own)
+            ends = [end for end in load_ends(job.run, config.run_id) if end.node == node]
+            print_stopped(128 + int(exc.sigval), job, ends=ends)
         return 128 + int(exc.sigval)
     except DistError as exc:  # static rendezvous: the store did not gather every node in time
         print(

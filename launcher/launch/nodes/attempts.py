@@ -7,7 +7,8 @@ machines it runs on, where its node processes meet), run (``run_attempt``), and 
 (``cluster.max_restarts``; ``cluster.min_nodes``: without the machines lost) from the newest checkpoint.
 ``run_attempt``: the keeper started when the job heals in place, one node process per machine (``Machines.start``),
 stop signals to the head passed on to each (``Control`` words), a heartbeat to each, the wait
-(``waiting.wait_for_nodes``: a failure, a lost machine, the keeper's decisions), then the attempt's end said once
+(``waiting.wait_for_nodes``: a failure, a lost machine, the keeper's decisions; after a stop, each node's agent
+gives its ranks their grace, ``cluster.stop_grace_s``, and the head waits for it), then the attempt's end said once
 (``said_end``: the stop line, the machines lost, or the job's failure report).
 
 A mode supplies its machines through ``Machines`` (sim: processes in network namespaces; ssh: hosts, checked,
@@ -164,9 +165,7 @@ def run_attempt(
     endpoint = placement.store if client is None else client.endpoint
     nodes: list[Node] = []
     try:
-        forward = forwarding_stops(
-            lambda word: request_all(nodes, word), f"on every {machines.where}", bool(job.script)
-        )
+        forward = forwarding_stops(lambda word: request_all(nodes, word), f"on every {machines.where}", then_of(job))
         with forward as stops:
             for position, name in enumerate(names):
                 heal = ",".join(names) if client is not None else ""
@@ -183,7 +182,7 @@ def run_attempt(
                 healing = HealingAttempt(client, members, joiner)
             with heartbeats(nodes):
                 ended = lambda: hang_ended(job.run, launch_id, attempt)  # noqa: E731
-                out = wait_for_nodes(nodes, names, machines.lost, ended, healing)
+                out = wait_for_nodes(nodes, names, machines.lost, ended, healing, stopping=lambda: bool(stops))
     finally:
         if client is not None:
             client.close()
@@ -191,6 +190,13 @@ def run_attempt(
         node.finish()
     end = said_end(machines, job, launch_id, out, stops, healing=client is not None)
     return end if end.final else replace(end, failures=load_attempt(job.run, launch_id, attempt))
+
+
+def then_of(job: JobConfig) -> str:
+    """What a job's ranks do once a stop is passed on to them (said by the head)."""
+    if job.script is None:
+        return "the ranks checkpoint"
+    return f"the script's ranks get it, and {job.cluster.stop_grace_s:g} s to exit: cluster.stop_grace_s"
 
 
 def request_all(nodes: list[Node], word: Control) -> None:
@@ -224,8 +230,8 @@ def said_end(
     """The attempt's end, said once: a stop (the stop line), success, machines lost without healing (named; their
     peers, ended by the head, are not blamed), or a failure (the job's report, root cause first)."""
     code = 128 + stops[0] if stops else out.codes[out.first] if out.first >= 0 else 0
-    if stops or code in STOP_CODES:  # the head's own signal (SIGHUP passed on as a SIGTERM: 129), or the nodes'
-        print_stopped(code, job)
+    if stops or code in STOP_CODES:  # the head's own signal, or the nodes'
+        print_stopped(code, job, launch_id)  # (a script's: how each rank ended, as their agents recorded it)
         return Ended(code, final=True)
     if code == 0:
         return Ended(0, final=True)

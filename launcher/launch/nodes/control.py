@@ -24,20 +24,21 @@ from launcher.report.stops import STOP_SIGNALS
 class Control(str, Enum):
     """What the head writes to a node process's stdin (``NodeArgs.stdin_control``), one word per line."""
 
-    INT = "INT"  # stop the job as SIGINT would: the ranks agree on a step, checkpoint, exit 130
+    INT = "INT"  # stop the job as SIGINT would: the ranks agree on a step, checkpoint, exit 130 (a script's get it)
     TERM = "TERM"  # the same as SIGTERM (exit 143)
-    ABORT = "ABORT"  # kill the ranks at once: another machine is lost, no checkpoint can be agreed
+    HUP = "HUP"  # the same as SIGHUP (exit 129)
+    ABORT = "ABORT"  # kill the ranks at once: another machine is lost (no checkpoint can be agreed), a second stop
     PING = "PING"  # a heartbeat: the head is there (silence for cluster.heartbeat_timeout_s stops the node)
 
     @classmethod
     def stop_for(cls, signum: int) -> Control:
-        """The word that stops a node as ``signum`` (SIGINT / SIGTERM) stops the head."""
-        return cls.INT if signum == signal.SIGINT else cls.TERM
+        """The word that stops a node as ``signum`` (SIGINT / SIGTERM / SIGHUP) stops the head."""
+        return {signal.SIGINT: cls.INT, signal.SIGHUP: cls.HUP}.get(signal.Signals(signum), cls.TERM)
 
     @property
     def signum(self) -> signal.Signals:
-        """The signal a stop word stands for."""
-        return signal.SIGINT if self is Control.INT else signal.SIGTERM
+        """The signal a stop word stands for (``ABORT``: SIGTERM, a second stop to a node already stopping)."""
+        return {Control.INT: signal.SIGINT, Control.HUP: signal.SIGHUP}.get(self, signal.SIGTERM)
 
     def line(self) -> bytes:
         return f"{self.value}\n".encode()
@@ -74,8 +75,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 @dataclass
 class ProcessNode:
-    """A ``Node`` that is a process of this host (a simulated node's): a stop word is its signal (``ABORT`` too is
-    SIGTERM: its agent ends the ranks), a heartbeat is nothing (no link to lose)."""
+    """A ``Node`` that is a process of this host (a simulated node's, in a session of its own: a stop reaches it from
+    the head only, once): a stop word is its signal (``ABORT`` too is SIGTERM: its agent ends the ranks, at once
+    when they are in a stop's grace already), a heartbeat is nothing (no link to lose)."""
 
     proc: subprocess.Popen
 
@@ -94,21 +96,22 @@ class ProcessNode:
 
 
 @contextlib.contextmanager
-def forwarding_stops(send: Callable[[Control], None], where: str, script: bool) -> Iterator[list[int]]:
-    """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on once as a stop (``send(Control.INT or
-    TERM)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143; a ``script``'s ranks just end)
-    instead of ending the head alone, which left the nodes training headless; yields the signals got (the caller
-    stops what it starts later)."""
-    then = "its ranks are stopped" if script else "the ranks checkpoint"
+def forwarding_stops(send: Callable[[Control], None], where: str, then: str) -> Iterator[list[int]]:
+    """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on as a stop (``send(Control.INT, TERM or
+    HUP)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143 / 129; a script's get the signal and
+    their grace) instead of ending the head alone, which left the nodes training headless; a second one ends the
+    job at once (``Control.ABORT``). ``then``: what the ranks do, said. Yields the signals got (the caller stops
+    what it starts later)."""
     got: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
         if not got:
-            print(
-                f"launcher: {signal.Signals(signum).name}: stopping the job {where} ({then})",
-                file=sys.stderr,
-            )
+            print(f"launcher: {name}: stopping the job {where} ({then})", file=sys.stderr, flush=True)
             send(Control.stop_for(signum))
+        elif len(got) == 1:
+            print(f"launcher: a second stop signal ({name}): ending the job {where} at once", file=sys.stderr)
+            send(Control.ABORT)
         got.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}

@@ -12,9 +12,10 @@ the head restarts the whole job (``--attempt N``: this is its attempt N, 0-based
 under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heals in place (``launcher.heal.node_side``
 runs the ranks, ENDPOINT is the keeper's store). The job's secret comes in the first line of stdin with
 ``--stdin-control`` (ssh; with the forwarded environment, ``cluster.env``'s values), else in the environment.
-``--stdin-control``: the head controls this node through stdin (``control.Control``: a line ``INT`` or ``TERM`` stops
-the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no checkpoint can be
-agreed; ``PING`` is a heartbeat; the end of input, when the head or its connection is gone, stops it as SIGTERM),
+``--stdin-control``: the head controls this node through stdin (``control.Control``: a line ``INT``, ``TERM`` or
+``HUP`` stops the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no
+checkpoint can be agreed, or a second stop; ``PING`` is a heartbeat; the end of input, when the head or its
+connection is gone, stops it as SIGTERM),
 and the workers' output goes through a pipe this process copies to the ssh channel: when the channel breaks, lines
 are dropped (they are in the rank logs) instead of ranks
 failing on a broken pipe while they checkpoint.
@@ -46,33 +47,33 @@ HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dro
 
 def stop_on_request(silent_s: float) -> None:
     """Turn the head's ``Control`` words on stdin into one stop signal for this process (the elastic agent passes
-    it on to the workers). The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or
-    this host's is down, the head is suspended) stops the job as the end of input does."""
+    it on to the workers, with their grace); an ``ABORT`` then (a second stop) or at any time (a machine lost) kills
+    the workers at once. The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or this
+    host's is down, the head is suspended) stops the job as the end of input does."""
 
     def watch() -> None:
-        requested, pending = signal.SIGTERM, b""
+        pending, stopped = b"", False
         while True:
             ready, _, _ = select.select([0], [], [], silent_s)
-            if not ready:
+            chunk = os.read(0, 4096) if ready else b""
+            if not chunk:  # silence, or the end of input: the head or its connection is gone
                 HEAD_GONE.set()
-                print(f"launcher: nothing from the head for {silent_s:.0f} s: stopping", file=sys.stderr, flush=True)
-                break
-            chunk = os.read(0, 4096)
-            if not chunk:  # end of input: the head or its connection is gone
-                HEAD_GONE.set()
-                break
+                if not ready:
+                    print(f"launcher: nothing from the head for {silent_s:.0f} s: stopping", file=sys.stderr)
+                if not stopped:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return
             *lines, pending = (pending + chunk).split(b"\n")
             words = [Control[w] for line in lines if (w := line.decode(errors="replace")) in Control.__members__]
-            if Control.ABORT in words:  # a machine of the job is lost: no checkpoint is possible, end the ranks now
+            if Control.ABORT in words:  # a machine of the job is lost, or a second stop: end the ranks now
                 for pid in children(os.getpid()):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 continue  # the agent sees its workers die, and ends
-            stops = [word for word in words if word in (Control.INT, Control.TERM)]  # PING: a heartbeat
-            if stops:
-                requested = stops[0].signum
-                break
-        os.kill(os.getpid(), requested)
+            stops = [word for word in words if word in (Control.INT, Control.TERM, Control.HUP)]  # PING: a heartbeat
+            if stops and not stopped:
+                stopped = True
+                os.kill(os.getpid(), stops[0].signum)
 
     threading.Thread(target=watch, name="stop-on-request", daemon=True).start()
 

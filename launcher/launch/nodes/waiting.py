@@ -4,7 +4,10 @@ keeper ended, a lost machine answers again.
 
 A failure ends the attempt: the others get ``AFTER_FAILURE_GRACE_S`` to end on their own (their collectives fail
 fast once a peer is gone), then are stopped; at once after a hang the progress watch ended (its culprit will not end
-on its own). A node process stopped by a stop signal (exit 130 / 143) starts no grace: the others are stopping too.
+on its own). A node process stopped by a stop signal (exit 130 / 143 / 129) starts no grace: the others are
+stopping too; nor does any node's end once the head has passed a stop on (``stopping``): each node's agent gives its
+ranks ``cluster.stop_grace_s`` and kills what is left, and an early end (a script's rank that failed on its peers'
+exit) must not cut the others' grace short.
 A machine lost (``lost_by(code)``: its node process ended by a signal nobody here sent, its ssh connection dropped):
 without healing its peers wait for it in collectives and can agree on no checkpoint, so they are ended at once
 (``Control.ABORT``); healing in place, the keeper is told, and its decisions drop nodes (``Membership.apply``; a
@@ -77,6 +80,7 @@ class Waiting:
     lost_by: Callable[[int], str]
     hang_ended: Callable[[], bool]  # the progress watch ended a hang (``failures.hang_ended``)
     healing: Optional[HealingAttempt]
+    stopping: Callable[[], bool] = lambda: False  # the head passed a stop on: the nodes are in their ranks' grace
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     out: Outcome = field(default_factory=lambda: Outcome(codes=[], names=[]))
     running: set[int] = field(default_factory=set)
@@ -135,6 +139,8 @@ class Waiting:
             return
         if out.first < 0:
             out.first = index
+        if self.stopping():  # every node is stopping, each within its ranks' grace
+            return
         if why and self.healing is None:  # its peers wait for it in collectives: no grace, no checkpoint
             self.abort = True
             self.deadline, self.deadline_why = time.monotonic(), "at once: they wait for a lost machine"
@@ -187,11 +193,13 @@ def wait_for_nodes(
     lost_by: Callable[[int], str],
     hang_ended: Callable[[], bool] = lambda: False,
     healing: Optional[HealingAttempt] = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Outcome:
     """Wait for an attempt's node processes (``nodes``, on the machines ``names``) until every one has ended; a
     joiner still waiting to join when the job ends is stopped. Returns each one's exit code, the first failure, and
-    which were lost, or stopped by the head."""
-    state = Waiting(nodes, lost_by, hang_ended, healing)
+    which were lost, or stopped by the head. ``stopping``: the head has passed a stop on (no failure stops the
+    others then: they are in their grace)."""
+    state = Waiting(nodes, lost_by, hang_ended, healing, stopping=stopping)
     for node, name in zip(list(nodes), names):
         state.started(node, name)
     if healing is not None:
@@ -203,16 +211,19 @@ def wait_for_nodes(
         "round": state.on_round,
         "keeper": state.on_keeper,
     }
-    stopping = False
+    stopped_them = False  # (the deadline passed: the nodes still running were stopped)
     while state.running - set(state.joining):
         try:
-            timeout = None if state.deadline is None or stopping else max(0.0, state.deadline - time.monotonic())
+            deadline = None if stopped_them or state.stopping() else state.deadline  # (a stop: the nodes' own grace)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             kind, *what = state.events.get(timeout=timeout)
         except queue.Empty:
+            if state.stopping():  # passed on while this waited: the nodes end within their ranks' grace
+                continue
             print(f"launcher: stopping the nodes still running {state.deadline_why}", file=sys.stderr)
             for index in sorted(state.running):
                 state.stop(index)
-            stopping = True
+            stopped_them = True
             continue
         handlers[kind](*what)
     state.done.set()

@@ -109,7 +109,10 @@ class SimMachines:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": self.net.ifname(node), **self.secret.environ()}
         env[RANKS_ON_MACHINE] = str(args.nodes * (self.c.procs_per_node or 1))  # they share its cores
         args = replace(args, addr=self.net.addr(node), head_restarts=self.c.may_shrink)
-        return ProcessNode(subprocess.Popen([*self.net.prefix(node), *args.argv(sys.executable)], env=env))
+        # its own session: a Ctrl-C in this terminal reaches the head only, which passes it on once (a second one
+        # to a node's agent would end its ranks' grace at once)
+        argv = [*self.net.prefix(node), *args.argv(sys.executable)]
+        return ProcessNode(subprocess.Popen(argv, env=env, start_new_session=True))
 
     def lost(self, code: int) -> str:
         return lost_by_signal(code)

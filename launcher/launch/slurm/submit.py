@@ -78,7 +78,7 @@ class PendingJob:
 
     def finish(self) -> int:
         if self.stopped_by:  # (its ranks ended on the stop: no failure to report)
-            print_stopped(128 + self.stopped_by, self.job)
+            print_stopped(128 + self.stopped_by, self.job, self.job_id)
             return 128 + self.stopped_by
         return report(self.submitted, self.job, self.watch.ended())
 
@@ -166,11 +166,12 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
         return 0
     job_id, watch = str(submitted.job_id), JobWatch(submitted, job.run)
     stop = lambda word: stop_job(job, job_id, word)  # noqa: E731
-    with forwarding_stops(stop, "on Slurm, no requeue", job.script is not None) as stops:
+    then = "the ranks checkpoint" if job.script is None else "the script's tasks get SIGTERM, and Slurm's KillWait"
+    with forwarding_stops(stop, "on Slurm, no requeue", then) as stops:
         state = stream_until_done(watch, job.run.rank_log(0), lambda: failure_recorded(job, job_id))
     if stops:
         code = 128 + stops[0]  # the head's own signal (SIGHUP is passed on as a SIGTERM)
-        print_stopped(code, job)
+        print_stopped(code, job, job_id)  # (a script's: how each task ended, as each recorded it)
         return code
     if state is None:
         return report_first_failure(job, job_id)  # while Slurm tears the job down (its KillWait: 30 s by default)
@@ -180,12 +181,15 @@ def launch_slurm(plan: LaunchPlan, job: JobConfig) -> int:
 def stop_job(job: JobConfig, job_id: str, word: Control) -> None:
     """The head was asked to stop (SIGTERM, SIGINT, SIGHUP): the trainer's ranks stop at one step with a checkpoint,
     as on a preemption (SIGUSR2 to every task), but rank 0 does not requeue (``RunDir.stop_request`` says why); a
-    ``script=`` job (nothing to checkpoint: SIGUSR2 would only be noted) and a job still pending are cancelled
-    (Slurm sends its tasks SIGTERM)."""
-    write_json_atomic(job.run.stop_request, {"stop": word.value})
-    now = live(job_id)
-    cancel = job.script is not None or (now is not None and now.state == "PENDING")
-    how = ["scancel", job_id] if cancel else ["scancel", "--signal=USR2", job_id]
+    ``script=`` job and a job still pending are cancelled (Slurm sends the tasks SIGTERM, the script's stop, and
+    SIGKILL after its KillWait). A second stop (``Control.ABORT``) kills every task at once."""
+    if word is Control.ABORT:
+        how = ["scancel", "--full", "--signal=KILL", job_id]
+    else:
+        write_json_atomic(job.run.stop_request, {"stop": word.value})
+        now = live(job_id)
+        cancel = job.script is not None or (now is not None and now.state == "PENDING")
+        how = ["scancel", job_id] if cancel else ["scancel", "--signal=USR2", job_id]
     try:
         subprocess.run(how, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

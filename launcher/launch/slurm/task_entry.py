@@ -3,6 +3,9 @@ submitit) or a user's sbatch script runs ``srun python -m launcher [overrides]``
 composes the config from the same command line; rank 0 writes it into the run dir, ``runs/slurm-<job id>`` by
 default, so a requeued job finds its checkpoints). Either way ``run_slurm_rank``: SIGUSR2 stops every rank at one
 step with a checkpoint, then rank 0 requeues the job (and, under ``cluster.min_nodes``, asks for MIN-MAX nodes again).
+A ``script=`` has no step to agree on: on SIGUSR2 rank 0 requeues the job at once, and Slurm's SIGTERM that ends it
+gives the script its own handler's time to save and exit (Slurm's KillWait, 30 s by default, then SIGKILL); a
+task whose script ended after it leaves for the requeue.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.base.env import DistEnv
@@ -98,7 +102,13 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
     if env.is_main:
         check_store_port(env, derived=not job.cluster.master_port)
     # Only SIGUSR2: Slurm warns with it cluster.signal_delay_s ahead of a preemption or the time limit; its
-    # SIGTERM that follows is the end, not a request.
+    # SIGTERM that follows is the end, not a request (a script's own handler, if it has one, makes it its stop).
+    requeues = requeue_count(job)  # at this start: a requeue made while a script runs counts beyond it
+
+    def leave_if_requeued(job: JobConfig, env: DistEnv, signum: int, end: Any) -> None:
+        if requeue_count(job) > requeues:  # its script saved and ended on the requeue's SIGTERM: no result
+            raise Requeued(f"the script ended on {signal.Signals(signum).name} ({end.outcome()}): the job is requeued")
+
     return rank_main(
         job,
         env,
@@ -106,7 +116,27 @@ def run_slurm_rank(job: JobConfig, env: DistEnv, composed_here: bool = False) ->
         stop_signals=(signal.SIGUSR2,),
         after_stop=requeue_after_stop,
         task=f"task {env.rank} of Slurm job {env.launch_id}",
+        script_warned=lambda: requeue_for_script(job, env),
+        after_script_stop=leave_if_requeued,
     )
+
+
+def requeue_count(job: JobConfig) -> int:
+    """The requeues rank 0 asked for so far (``RunDir.requeues``)."""
+    path = job.run.requeues
+    return int(json.loads(path.read_text())["count"]) if path.exists() else 0
+
+
+def requeue_for_script(job: JobConfig, env: DistEnv) -> None:
+    """Slurm's warning (SIGUSR2) to a ``script=``'s task: rank 0 requeues the job now; Slurm then sends every task
+    SIGTERM, the script's stop, and SIGKILL after its KillWait. Not requeued (``cluster.max_requeues``): said, and
+    the script runs on until Slurm ends it."""
+    if not env.is_main:
+        return
+    try:
+        requeue(job, env, "Slurm's warning (SIGUSR2) to a script=", keep_handlers=True)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        log.warning("%s; the script runs on until Slurm ends it", exc)
 
 
 def requeue_after_stop(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
@@ -133,9 +163,12 @@ def check_store_port(env: DistEnv, derived: bool) -> None:
         )
 
 
-def requeue(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
+def requeue(job: JobConfig, env: DistEnv, stop: object, keep_handlers: bool = False) -> None:
+    """Rank 0 counts a requeue and asks Slurm for it (after ``stop``: the trainer's ``Stopped``, or why a script's
+    job is requeued). ``keep_handlers``: a script's rank (its own SIGTERM handler stays; the commands ignore the
+    requeue's SIGTERM themselves)."""
     count_file = job.run.requeues
-    count = json.loads(count_file.read_text())["count"] if count_file.exists() else 0
+    count = requeue_count(job)
     c = job.cluster if isinstance(job.cluster, SlurmClusterConfig) else SlurmClusterConfig()  # sbatch: defaults
     if count >= c.max_requeues:
         raise RuntimeError(
@@ -146,14 +179,23 @@ def requeue(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     # the requeue ends the job's processes, this one too (SIGTERM, SIGKILL after Slurm's KillWait): it is leaving
     # anyway, and what follows (the log line, the node range asked again, in a child that inherits this) must not be
     # cut short
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    subprocess.run(["scontrol", "requeue", env.launch_id], check=True, timeout=60)
-    log.warning("%s: checkpoint written, job %s requeued (%d/%d)", stop, env.launch_id, count + 1, c.max_requeues)
+    wrap = ignoring_term if keep_handlers else list
+    if not keep_handlers:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.run(wrap(["scontrol", "requeue", env.launch_id]), check=True, timeout=60)
+    done = "the script gets Slurm's SIGTERM" if keep_handlers else "checkpoint written"
+    log.warning("%s: %s, job %s requeued (%d/%d)", stop, done, env.launch_id, count + 1, c.max_requeues)
     if c.may_shrink:
-        ask_node_range_again(c, env)
+        ask_node_range_again(c, env, wrap)
 
 
-def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
+def ignoring_term(argv: list[str]) -> list[str]:
+    """``argv`` run so that it ignores SIGTERM (a script's rank keeps its own handler: its child cannot inherit
+    an ignored SIGTERM from it)."""
+    return ["sh", "-c", 'trap "" TERM; exec "$@"', "sh", *argv]
+
+
+def ask_node_range_again(c: ClusterConfig, env: DistEnv, wrap: Callable[[list[str]], list[str]] = list) -> None:
     """Slurm (22.05) keeps a requeued job at the node and task counts of its last start (2 nodes x 2 tasks stays
     4 tasks, which need 2 nodes): ask for ``MIN-MAX`` again. The job is pending from the requeue on, and not
     eligible to start for some seconds, so the request is in place before the scheduler looks at it."""
@@ -165,7 +207,7 @@ def ask_node_range_again(c: ClusterConfig, env: DistEnv) -> None:
         f"NumNodes={node_range(c)}",
         f"NumTasks={(c.min_nodes or c.nodes) * per_node}",
     ]
-    done = subprocess.run(update, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(wrap(update), capture_output=True, text=True, timeout=60)
     if done.returncode:
         log.warning(
             "the requeued job keeps its %d node(s): `%s` failed (exit %d): %s",
