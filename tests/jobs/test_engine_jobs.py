@@ -3,8 +3,11 @@ on 2 simulated nodes x 2 ranks its loss trajectory is one process's on the whole
 sharded), the job's ``comm.*`` on the command line reach the script's engine, and ``python -m launcher export`` says
 how to load what a user's loop wrote."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from harness.run import run_launcher, user_env
+from harness.run import run_launcher, start_head, user_env
 
 SIM_2X2 = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=2", "train.threads_per_rank=1")
 SCRIPT = "script=tests/scripts/engine_loop.py"
@@ -88,3 +91,35 @@ def test_under_plain_torchrun_the_engine_takes_the_defaults_and_a_second_run_res
     assert "rank 0: 16 steps, resumed from {'epochs_done': 1}" in again.stderr, again.stderr[-3000:]
     steps = [int(line.split()[0]) for line in (out / "losses-0.txt").read_text().splitlines()]
     assert steps == list(range(1, 17))  # the second run went on from step 8
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_loop_through_the_engine_at_one_step_and_it_resumes_on_another_layout(tmp_path):
+    """On 2 simulated nodes x 2, Ctrl-C reaches every rank (the launcher forwards it); the engine stops them at one
+    step boundary with one checkpoint and ends them 130; run again on 1 node x 2 with the same run dir it goes on from
+    that step."""
+    out, run_dir, log = tmp_path / "out", tmp_path / "run", tmp_path / "head.log"
+    loop = (SCRIPT, "train.checkpoint_every_steps=0", "--", str(out), "--samples=40000", "--epochs=1")
+    head = start_head(run_dir, *SIM_2X2, *loop, log=log)
+    try:
+        deadline, losses = time.monotonic() + 180, out / "losses-0.txt"
+        while not losses.exists() or len(losses.read_text().splitlines()) < 5:
+            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(head.pid, signal.SIGINT)  # Ctrl-C
+        assert head.wait(timeout=60) == 130, log.read_text()[-3000:]
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    [checkpoint] = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    step = int(checkpoint.stem.split("-")[1])
+    said = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"launcher.Engine: stopped at step {step} on SIGINT" in said, said[-3000:]
+    assert "how the script's ranks ended: ranks 0, 1, 2, 3 on " in log.read_text(), log.read_text()[-2000:]
+    assert " exited 130 (" in log.read_text(), log.read_text()[-2000:]  # (SystemExit(128 + SIGINT) from the engine)
+    again = run_launcher("cluster.procs_per_node=2", *loop, run_dir=run_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = [int(line.split()[0]) for line in (out / "losses-0.txt").read_text().splitlines()]
+    resumed = steps[steps.index(step + 1) :]
+    assert resumed == list(range(step + 1, 40000 // BATCH + 1)), resumed[:5]
