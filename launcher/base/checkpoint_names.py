@@ -17,7 +17,7 @@ _NAME = re.compile(r"step-(\d+)(\.pt)?")  # (matched whole: ``step-N.tmp``, ``st
 DCP_METADATA = ".metadata"  # DCP's own name for the file that makes a directory a checkpoint
 TRAIN_STATE = "train.pt"  # a sharded checkpoint's position, schedule and config (rank 0; not the model's)
 WRITING, REPLACED = ".tmp", ".old"  # a sharded checkpoint being written; one being replaced by another of its step
-_CUT_SHORT = re.compile(rf"step-\d+({re.escape(WRITING)}|{re.escape(REPLACED)})")
+_CUT_SHORT = re.compile(rf"step-(\d+)({re.escape(WRITING)}|{re.escape(REPLACED)})")
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -60,11 +60,13 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def leftovers(directory: Path) -> list[Path]:
-    """Sharded checkpoints' directories a write or a replacement cut short left behind (``.tmp``, ``.old``)."""
+def leftovers(directory: Path, upto: Optional[int] = None) -> list[Path]:
+    """Sharded checkpoints' directories a write or a replacement cut short left behind (``.tmp``, ``.old``); ``upto``:
+    only those of that step or before (a later one may be a write under way)."""
     if not directory.is_dir():
         return []
-    return [p for p in directory.iterdir() if _CUT_SHORT.fullmatch(p.name)]
+    found = [(p, m) for p in directory.iterdir() if (m := _CUT_SHORT.fullmatch(p.name))]
+    return [p for p, m in found if upto is None or int(m.group(1)) <= upto]
 
 
 def newest(directory: Path) -> Optional[Path]:

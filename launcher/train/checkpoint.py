@@ -119,17 +119,19 @@ def load_newest_valid(directory: Path, map_location: str | torch.device = "cpu")
     return None, None
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and what sharded writes cut short left."""
+def prune(directory: Path, keep: int, step: Optional[int] = None) -> None:
+    """Delete all but the newest ``keep`` checkpoints, and what sharded writes cut short left up to ``step`` (the
+    checkpoint just made whole: a later step's ``.tmp`` may be another rank's write already under way, in the
+    background)."""
     for old in list_checkpoints(directory)[:-keep]:
         remove(old)
-    clear_leftovers(directory)
+    clear_leftovers(directory, step)
 
 
-def clear_leftovers(directory: Path) -> None:
+def clear_leftovers(directory: Path, upto: Optional[int] = None) -> None:
     """Sharded checkpoints' directories a write or a replacement cut short left (``.tmp``, ``.old``): rank 0's, when
-    no write is under way (at the start, after a checkpoint is whole)."""
-    for path in leftovers(directory):
+    no write is under way (at the start: every one), or up to the step a checkpoint was just made whole at."""
+    for path in leftovers(directory, upto):
         remove(path)
 
 

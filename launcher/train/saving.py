@@ -121,7 +121,7 @@ class Checkpointer:
         except OSError as exc:  # disk full, quota, read-only: say so; the previous checkpoint stays valid
             raise self.cannot_write(env, path, step, exc) from exc
         if env.is_main:
-            ckpt.prune(self.dir, self.keep)
+            ckpt.prune(self.dir, self.keep, step)  # (a later step's write may be under way on another rank)
             log.info("checkpoint %s", path)
 
     def _hold(self, step: int) -> None:

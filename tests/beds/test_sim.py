@@ -311,7 +311,7 @@ def test_a_stall_after_a_heal_is_named_by_the_watch_of_the_new_round(tmp_path):
     result = run_launcher(*HEAL_JOB[1:], *sim, *fast, run_dir=tmp_path, env={"LAUNCHER_FAULT": faults}, timeout=120)
     err = result.stderr
     assert result.returncode == 1, err[-3000:]
-    assert "launcher: lost node-2 (its agent was killed by SIGKILL): the survivors heal in place" in err
+    assert "launcher: lost node-2 (its agent was killed by SIGKILL): the survivors heal in place" in err, err[-3000:]
     hang = next(line for line in err.splitlines() if "hang:" in line)
     assert "hang: rank 1 (node 1, pid" in hang and "rank 0 waits in it" in hang, hang
     assert re.search(r'faults\.py", line \d+, in fire\n', err) and re.search(r'trainer\.py", line \d+, in _step', err)

@@ -562,10 +562,12 @@ def test_a_preempted_script_gets_slurms_sigterm_saves_and_is_requeued(slurm, tmp
         if head.poll() is None:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+    saved = [text_of(folder / f"saved-{rank}") for rank in (0, 1)]
+    # the requeue's SIGTERM, handled: a rank it reached later than its peer's agreement saved as told by the peer
+    assert "SIGTERM" in saved and set(saved) <= {"SIGTERM", "told"}, (saved, log.read_text()[-3000:])
     for rank in (0, 1):
-        assert text_of(folder / f"saved-{rank}") == "SIGTERM", log.read_text()[-3000:]  # the requeue's, handled
         assert (folder / f"atexit-0-{rank}").exists() and (folder / f"atexit-1-{rank}").exists()
-        assert text_of(folder / f"resumed-{rank}") == "SIGTERM"  # the second start read what the first saved
+        assert text_of(folder / f"resumed-{rank}") == saved[rank]  # the second start read what the first saved
     assert json.loads((run_dir / "requeues.json").read_text())["count"] == 1
     said = f"Slurm's warning (SIGUSR2) to a script=: the script gets Slurm's SIGTERM, job {job_id} requeued (1/3)"
     assert said in (run_dir / "logs" / "rank-0.log").read_text()

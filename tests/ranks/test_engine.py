@@ -31,8 +31,9 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
 
 
-def reference(steps: int) -> dict[str, torch.Tensor]:
-    """One process, the whole global batch per step, in the order torch's own sampler gives one replica."""
+def reference(steps: int, skipped: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """One process, the whole global batch per step, in the order torch's own sampler gives one replica (``skipped``:
+    steps whose batch is taken and whose update is not, as fp16's scaler skips an overflowing step)."""
     net, dataset = model(), data()
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
@@ -43,7 +44,8 @@ def reference(steps: int) -> dict[str, torch.Tensor]:
             if done == steps:
                 return net.state_dict()
             F.cross_entropy(net(x), y).backward()
-            opt.step()
+            if done not in skipped:
+                opt.step()
             opt.zero_grad()
             done += 1
     return net.state_dict()
@@ -239,3 +241,19 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoin
     want = reference(steps=2 * 6)
     for key, value in _bare(torch.load(tmp_path / "final.pt")).items():
         torch.testing.assert_close(value, want[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_through_the_engine_follows_one_process_in_fp32_closely(tmp_path, precision):
+    """The forward under autocast, fp16's gradient scaler (scaled backward, unscaled before the step, an overflowing
+    step skipped): the weights end near one fp32 process's that skips the same step, the scaler in the checkpoint."""
+    spawn_ranks(_loop, 4, tmp_path, 2, {"hierarchical": "true", "precision": precision}, 12)  # saved at the end
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step-00000012.pt", weights_only=True)
+    scaler = saved["stepper"].get("scaler")
+    if precision == "fp16":  # the first step overflowed at the initial scale and was skipped, the 11 others were not
+        assert (scaler["scale"], scaler["_growth_tracker"]) == (2.0**15, 11), scaler
+    else:
+        assert scaler is None, saved["stepper"]
+    got, want = _bare(saved["model"]), reference(steps=2 * 6, skipped=(0,) if precision == "fp16" else ())
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0.05, atol=0.02, msg=key)

@@ -120,3 +120,16 @@ def test_prune_removes_digests(tmp_path):
         ckpt.save_atomic({"step": step}, checkpoint_path(tmp_path, step))
     ckpt.prune(tmp_path, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt", "step-00000003.pt.sha256"]
+
+
+def test_prune_after_a_checkpoint_leaves_a_later_steps_write_under_way(tmp_path):
+    """Rank 0 prunes once step 6 is whole; another rank, done with its part of step 6 sooner, may already write step
+    8's directory in the background: only the leftovers of step 6 and before are removed (seen in a loaded full run:
+    a rank's step-8 write lost its directory, ENOENT)."""
+    for name in ("step-00000004.tmp", "step-00000006.old", "step-00000008.tmp"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "step-00000008.tmp" / "own-1.pt").write_bytes(b"being written")
+    ckpt.prune(tmp_path, keep=2, step=6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000008.tmp"]
+    ckpt.clear_leftovers(tmp_path)  # at the start: no write is under way, every leftover goes
+    assert list(tmp_path.iterdir()) == []
