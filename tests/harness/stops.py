@@ -248,11 +248,16 @@ def check_script(cell: Cell, out: Outcome, log: str, ranks: Sequence[int]) -> No
     """A script cell's promises: every rank got the signal itself, saved and ran its atexit handler; the stop line in
     ``log`` says each of ``ranks`` (those that process knows: its own machine's, torchrun's rank 0) exited 0."""
     folder = marks(out.run_dir)
+    # Slurm signals each node's task on its own: one may save as told by its peer's agreement before its own
+    # SIGTERM arrives (seen in a full run); the launcher's heads pass the signal on to every rank before any agrees
+    allowed = {cell.ranks_got, "told"} if cell.mode == "slurm" else {cell.ranks_got}
+    got = {}
     for rank in (0, 1):
         assert (folder / f"atexit-{rank}").exists(), f"{cell.id}: rank {rank}'s atexit did not run\n{out.tail()}"
         saved = folder / f"saved-{rank}"
-        got = saved.read_text() if saved.exists() else "nothing saved"
-        assert got == cell.ranks_got, f"{cell.id}: rank {rank}: {got}, not {cell.ranks_got}\n{out.tail()}"
+        got[rank] = saved.read_text() if saved.exists() else "nothing saved"
+        assert got[rank] in allowed, f"{cell.id}: rank {rank}: {got[rank]}, not {cell.ranks_got}\n{out.tail()}"
+    assert cell.ranks_got in got.values(), f"{cell.id}: no rank got {cell.ranks_got} itself: {got}\n{out.tail()}"
     ends = script_ends(log)
     assert ends == {r: "exited 0" for r in ranks}, f"{cell.id}: the stop line says {ends}\n{out.tail()}"
 
