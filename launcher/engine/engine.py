@@ -113,16 +113,17 @@ class Engine(Steps):
 
     # ---------------------------------------------------------------- the pieces
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Collective: ``model`` on this rank's device with rank 0's weights, sharded first under ``reducer=fsdp``
-        (the optimizer built again over the shards, with its class, groups and settings), inside the sync the
-        plan chooses; returns what the loop runs and steps (an LR scheduler is made over the optimizer returned)."""
+        """Collective: ``model`` on this rank's device with rank 0's weights (each sync broadcasts them), sharded
+        first under ``reducer=fsdp`` (the optimizer built again over the shards, with its class, groups and settings),
+        inside the sync the plan chooses; returns what the loop runs and steps (an LR scheduler is made over the
+        optimizer returned)."""
         if self.sync is not None:
             raise ValueError("engine.setup() was called already; HINT: one Engine per model: setup once, then train")
         check_setup(model, optimizer)
         model.to(self.device)
-        broadcast_weights(model, self.peers)
         names = {id(p): name for name, p in model.named_parameters()}
-        if self.job.comm.reducer.sharded:
+        if self.job.comm.reducer.sharded:  # (torch DDP and our reducer broadcast rank 0's weights themselves)
+            broadcast_weights(model, self.peers)  # FSDP2 does not: rank 0's, before each rank keeps its shards
             EngineSharded.prepare(self.job, self.env, self.device, model)  # (collective) in place
             optimizer = rebuilt(optimizer, names, model)
         self.state = engine_state(self.job, model, optimizer, self.device, self.scaler)
@@ -201,7 +202,8 @@ class Engine(Steps):
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective under ``reducer=fsdp``: the whole model's weights on the CPU, without any wrapper's prefix
-        (what ``python -m launcher export`` writes), on every rank."""
+        (what ``python -m launcher export`` writes): on every rank, but under ``reducer=fsdp`` on rank 0 only (DCP
+        gathers the shards there; the others get an empty dict)."""
         self._require("engine.model_state_dict()")
         return self.state.whole_model()
 

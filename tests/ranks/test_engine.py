@@ -257,3 +257,27 @@ def test_half_precision_through_the_engine_follows_one_process_in_fp32_closely(t
     got, want = _bare(saved["model"]), reference(steps=2 * 6, skipped=(0,) if precision == "fp16" else ())
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0.05, atol=0.02, msg=key)
+
+
+def _unseeded(rank, world, out, per_node, settings):
+    import launcher
+
+    torchrun_vars(rank, world, per_node)
+    torch.manual_seed(100 + rank)  # each rank initialises its model differently
+    bare = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+    engine = launcher.Engine(run_dir=str(out / "run"), **{k: v for k, v in settings.items() if k != "fused"})
+    engine.setup(bare, torch.optim.SGD(bare.parameters(), lr=0.1))
+    torch.save(engine.model_state_dict(), out / f"setup-{rank}.pt")
+    engine.close()
+
+
+@pytest.mark.parametrize("kind", ["ddp", "bucketed", "fsdp"])
+def test_setup_gives_every_rank_rank_0s_weights(tmp_path, kind):
+    spawn_ranks(_unseeded, 4, tmp_path, 2, SETTINGS[kind])
+    ranks = [0] if kind == "fsdp" else range(4)  # (a sharded model's whole weights are gathered to rank 0)
+    states = [_bare(torch.load(tmp_path / f"setup-{rank}.pt")) for rank in ranks]
+    torch.manual_seed(100)
+    want = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES)).state_dict()
+    for state in states:
+        for key, value in want.items():
+            assert torch.equal(state[key], value), key
