@@ -3,6 +3,7 @@ the ranks again as they run)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import shlex
 from dataclasses import dataclass
@@ -99,8 +100,12 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
         return "nccl: healing in place is built on gloo's behaviour so far"
     if not c.heal:
         return "cluster.heal=false"
-    if job.script is not None:
-        return "a script= runs its own loop, which cannot rejoin a new process group by itself"
+    if job.script is not None and not uses_engine(job.script):
+        return (
+            f"{job.script} does not use launcher.Engine: its own loop cannot go on in a new process group, so it "
+            "starts again on the machines left, from its first line and its own snapshot, if it keeps one (a loop "
+            "through launcher.Engine heals in place: docs/your-loop.md)"
+        )
     if job.doctor:
         return "doctor=true"
     if job.comm.reducer.sharded and job.comm.shard is Shard.world:
@@ -117,3 +122,21 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
             "state at any moment; HINT: comm.overlap=backward heals in place"
         )
     return None
+
+
+def uses_engine(script: str) -> bool:
+    """``script`` (its own file, read, not run) uses ``launcher.Engine``: it imports it (``from launcher import
+    Engine``, ``from launcher.engine import Engine``) or names ``launcher.Engine``. A loop through the engine heals
+    in place; any other script restarts (``heals_in_place``). An unreadable file: False (the plan says so)."""
+    try:
+        tree = ast.parse(Path(script).read_text(encoding="utf-8"), filename=script)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("launcher", "launcher.engine"):
+            if any(alias.name == "Engine" for alias in node.names):
+                return True
+        if isinstance(node, ast.Attribute) and node.attr == "Engine" and isinstance(node.value, ast.Name):
+            if node.value.id == "launcher":
+                return True
+    return False

@@ -1,5 +1,5 @@
 """What an ``Engine`` checks and does around its pieces: the arguments of ``setup`` (each mistake named with its fix),
-the process group a script opened, rank 0's weights on every rank, the forward under autocast, the close at exit."""
+the process group a script opened, rank 0's weights on every rank, the close at exit."""
 
 from __future__ import annotations
 
@@ -11,20 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.base.env import DistEnv
+from launcher.engine.model import EngineModel
 from launcher.group.helpers import Peers
-
-
-class Autocast(nn.Module):
-    """The model's forward under autocast (``train.precision=bf16|fp16``): the weights, gradients and optimizer stay
-    fp32. ``module`` is what the sync runs (DDP's wrapper, or the model)."""
-
-    def __init__(self, module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.module, self.device_type, self.dtype = module, device.type, dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.module(*args, **kwargs)
 
 
 def check_setup(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -71,7 +59,7 @@ def _wrapped(model: nn.Module) -> str:
         return "torch DistributedDataParallel"
     if type(model).__name__.startswith("FSDP") or getattr(model, "_is_fsdp_managed_module", False):
         return "FSDP"
-    if isinstance(model, Autocast):
+    if isinstance(model, EngineModel):
         return "an Engine's"
     return ""
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import math
 from typing import Any, Optional
 
 import torch
@@ -32,23 +34,30 @@ from torch.utils.data import Dataset
 
 from launcher.base.devices import rank_device
 from launcher.base.env import DistEnv
+from launcher.base.faults import faults_for
 from launcher.base.gpus import backend_for
 from launcher.base.sync_modes import Backend
 from launcher.comm.sync import Sync
 from launcher.config import collective_timeout_s
-from launcher.engine.checks import Autocast, broadcast_weights, check_same_world, check_setup, closer
+from launcher.engine.checks import broadcast_weights, check_same_world, check_setup, closer
 from launcher.engine.loader import EngineLoader
+from launcher.engine.model import EngineModel, skeleton
 from launcher.engine.settings import engine_job, handed
 from launcher.engine.state import EngineSharded, Plain, engine_state, rebuilt, routed
-from launcher.engine.steps import Steps
+from launcher.engine.steps import Steps, StepState
 from launcher.engine.stopping import StopSignals
+from launcher.group.abort import PeerLost
+from launcher.group.failed import CollectiveFailed, typed_errors
 from launcher.group.helpers import Peers
-from launcher.group.rendezvous import process_group
+from launcher.group.rendezvous import Group, attach, process_group
+from launcher.heal.rank_side import Healer
+from launcher.train.in_place import healing_for
 from launcher.train.progress import Position, Totals
 from launcher.train.saving import Checkpointer
 from launcher.train.step import AUTOCAST_DTYPES
 from launcher.train.sync import build_sync
 
+log = logging.getLogger(__name__)
 WHY_WHOLE = "your loop steps the optimizer itself (launcher.Engine)"  # the bucketed reducer holds no optimizer
 
 
@@ -61,32 +70,46 @@ class Engine(Steps):
         self.job = engine_job(overrides, job)
         self.env = DistEnv.resolve()
         self._stack = contextlib.ExitStack()
+        timeout_s = collective_timeout_s(self.job.comm)
         if dist.is_initialized():  # the script opened it: its backend says where the rank computes
             check_same_world(self.env)
-            use_gpu = dist.get_backend() == "nccl"
+            backend = str(dist.get_backend())
         else:
             use_gpu = bool(job.cluster.gpus_per_node) if job is not None else torch.cuda.is_available()
             asked = self.job.comm.backend
-            backend = backend_for(use_gpu) if asked is Backend.auto else asked.value
-            use_gpu = backend == "nccl"
-            timeout_s = collective_timeout_s(self.job.comm)
-            self._stack.enter_context(process_group(self.env, backend, timeout_s, secret=secret))
-        self.device = rank_device(self.env.local_rank, use_gpu)
-        self.peers = Peers(secret=secret)  # (the launcher's job: object collectives signed with its secret)
+            backend = str(backend_for(use_gpu) if asked is Backend.auto else asked.value)
+        healer = Healer.from_environ(self.job.cluster.lost_after_s, backend, secret) if job is not None else None
+        self._seam = healing_for(healer, self.watch, lambda: False)  # (a job that heals in place: sim, ssh)
+        self._group = self._open(backend, timeout_s, secret, joins=self._seam.joins)
+        self.device = rank_device(self.env.local_rank, backend == "nccl")
+        self.peers = Peers(self._seam.abort, secret)  # (the launcher's job: object collectives signed with its secret)
         self.pos, self.totals = Position(), Totals.on(self.device)
         self.state: Any = None
         self.sync: Optional[Sync] = None
         self.checkpointer: Optional[Checkpointer] = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
+        self._model: Optional[EngineModel] = None
         self._loader: Optional[EngineLoader] = None
         self._plain: Optional[Plain] = None
         self._divide = 1  # micro-batches: each one's loss divided by their number
         self._stops = StopSignals()
+        self._faults = faults_for(self.env)  # LAUNCHER_FAULT (the failure tests')
+        self._step_state = StepState()
+        self._saves_at, self._skip, self._joined = (0, 0), (-1, 0), False
         self._closed = False
         precision = self.job.train.precision
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
         self._atexit = closer(self)
         atexit.register(self._atexit)
+
+    def _open(self, backend: str, timeout_s: float, secret: Any, joins: bool) -> Optional[Group]:
+        """The process group (opened here unless the script did; a joining rank reaches the store only) and, in a
+        job that heals, its store (the keeper's decisions are watched there)."""
+        heals, join_s = self._seam.abort is not None, self.job.cluster.join_timeout_s
+        if dist.is_initialized():
+            return attach(self.env, timeout_s, join_s, secret) if heals else None
+        opened = process_group(self.env, backend, timeout_s, join_timeout_s=join_s, form=not joins, secret=secret)
+        return self._stack.enter_context(opened)
 
     # ---------------------------------------------------------------- where this rank is
     @property
@@ -122,36 +145,52 @@ class Engine(Steps):
         check_setup(model, optimizer)
         model.to(self.device)
         names = {id(p): name for name, p in model.named_parameters()}
-        if self.job.comm.reducer.sharded:  # (torch DDP and our reducer broadcast rank 0's weights themselves)
+        joins, sharded = self._seam.joins, self.job.comm.reducer.sharded
+        empty = skeleton(model) if sharded and self._seam.abort is not None else None  # (to shard anew on a heal)
+        if sharded and not joins:  # (torch DDP and our reducer broadcast rank 0's weights themselves)
             broadcast_weights(model, self.peers)  # FSDP2 does not: rank 0's, before each rank keeps its shards
             EngineSharded.prepare(self.job, self.env, self.device, model)  # (collective) in place
             optimizer = rebuilt(optimizer, names, model)
         self.state = engine_state(self.job, model, optimizer, self.device, self.scaler)
-        self.state.pos = self.pos
+        self.state.pos, self.state.skeleton = self.pos, empty
         if self._loader is not None:
-            self.state.shape(self._loader.per_rank * self.world_size, len(self._loader))
-        self.checkpointer = Checkpointer(self.job, self.env, self.device, self.peers, joins=False)  # (the resume's)
-        kept = self.checkpointer.kept(self.world_size)
+            self.state.shape(self._loader.global_batch, len(self._loader))
+        self.checkpointer = Checkpointer(self.job, self.env, self.device, self.peers, joins)  # (the resume's)
+        self._plain, self.optimizer = Plain(optimizer), routed(optimizer, self)
+        if joins:  # a machine that answers again: its ranks wait here to be let in, then take a live peer's state
+            decision = self._seam.start(self._group)
+            assert decision is not None, "a joining rank is let in by the keeper's decision"
+            self._heal(decision, joining=True)
+        else:
+            self._build_sync(self.checkpointer.kept(self.world_size), healed=False)
+            self._seam.start(self._group)  # (a job that heals: the keeper's decisions watched from here on)
+        assert self._model is not None
+        return self._model, self.optimizer
+
+    def _build_sync(self, kept: dict[str, Any], healed: bool) -> None:
+        """(Collective) the sync the plan chooses around the model (again after a heal: other ranks, other links),
+        and the model the loop runs over it."""
+        assert self._plain is not None
         self.sync = build_sync(
-            model,
+            self.state.model,
             self.env,
             self.device,
             self.job.comm,
-            optimizer,
+            self._plain.optimizer,
             resumed_hierarchical=kept.get("hierarchical"),
             resumed_cap_mb=kept.get("bucket_cap_mb"),
             resumed_compression=kept.get("compression"),
+            healed=healed,
             whole_gradient=WHY_WHOLE,
             peers=self.peers,
         )
-        module = self.sync.module
-        dtype = AUTOCAST_DTYPES[self.job.train.precision]
-        if dtype is not None:
-            module = Autocast(module, self.device, dtype)
-        self._plain, self.optimizer = Plain(optimizer), routed(optimizer, self)
+        if self._model is None:
+            dtype = AUTOCAST_DTYPES[self.job.train.precision]
+            self._model = EngineModel(self.state.model, self.sync.module, self.device, dtype)
+        else:
+            self._model.swap(self.state.model, self.sync.module)
         if self.is_main:
             print(f"launcher.Engine: {self.sync.description}", flush=True)
-        return module, self.optimizer
 
     def loader(self, dataset: Dataset, batch_size: int, shuffle: bool = True, num_workers: int = 0) -> EngineLoader:
         """The training loader: ``batch_size`` is the GLOBAL batch, split evenly over the ranks; each sample at most
@@ -162,6 +201,13 @@ class Engine(Steps):
                 "engine.loader() was called already: an Engine follows one training loader's position; HINT: an "
                 "evaluation loader is torch's own DataLoader (e.g. over a Subset of this rank's indices)"
             )
+        for world in self._worlds():  # (each one the job may heal onto: every global batch split evenly there too)
+            if batch_size % world:
+                raise ValueError(
+                    f"engine.loader(batch_size={batch_size}): the GLOBAL batch must split evenly over {world} ranks "
+                    f"too, which the job goes on with once it loses machines (cluster.min_nodes="
+                    f"{self.job.cluster.min_nodes}); HINT: a multiple of {math.lcm(*self._worlds())}"
+                )
         self._loader = EngineLoader(
             dataset,
             batch_size,
@@ -173,6 +219,8 @@ class Engine(Steps):
             shuffle,
             num_workers,
         )
+        if not self._joined:
+            self._loader.settle()
         if self.state is not None:
             self.state.shape(batch_size, len(self._loader))
         return self._loader
@@ -183,9 +231,26 @@ class Engine(Steps):
         each rank's RNG stream and ``extra`` (kept for the cadence's saves too) into the run dir's checkpoints/,
         replicated or sharded (DCP), in the background under ``train.checkpoint_async``."""
         self._require("engine.save()")
-        assert self.sync is not None and self.checkpointer is not None
         if extra is not None:
             self.state.extra = dict(extra)
+        step = self.pos.step
+        begun = self._saves_at[1] + 1 if self._saves_at[0] == step else 1
+        self._saves_at = (step, begun)
+        if self._skip[0] == step and begun <= self._skip[1]:  # a rank ahead began it before a heal: not twice
+            return
+        if self._seam.abort is None or self._step_state.inside:  # (inside a step: the step heals)
+            self._save()
+            return
+        try:
+            with typed_errors(self._seam.abort):
+                self._save()
+        except (PeerLost, CollectiveFailed) as exc:
+            decision = self._lost(exc)
+            log.warning("the checkpoint of step %d was cut short by the loss: healing; the next save writes one", step)
+            self._heal(decision)
+
+    def _save(self) -> None:
+        assert self.sync is not None and self.checkpointer is not None
         self.sync.flush()
         self.checkpointer.save(self.state, self.sync, self.env, self.pos.step, self.totals.partial())
 
@@ -195,6 +260,8 @@ class Engine(Steps):
         nothing to resume)."""
         self._require("engine.resume()")
         assert self.checkpointer is not None
+        if self._joined:  # a machine that joined a running job: its state came from a live peer, nothing is read
+            return dict(self.state.extra)
         path = self.checkpointer.resume(self.state, self.env, self.job.train.seed, self.totals)
         if self._loader is not None:
             self._loader.settle()
@@ -222,7 +289,8 @@ class Engine(Steps):
         atexit.unregister(self._atexit)
         self._stops.uninstall()
         try:
-            self._stops.settle()
+            self._seam.close(trained=True)  # (a job that heals: the keeper's watch ends; a machine waiting to join
+            self._stops.settle()  # need not)
             if self.checkpointer is not None:
                 self.checkpointer.wait("the engine's end")
                 self.checkpointer.close()
@@ -236,6 +304,13 @@ class Engine(Steps):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _worlds(self) -> list[int]:
+        """The numbers of ranks the job may go on with after healing in place ([]: a job that does not heal)."""
+        c = self.job.cluster
+        if self._seam.abort is None or c.min_nodes is None:
+            return []
+        return [nodes * self.env.local_world_size for nodes in range(c.min_nodes, c.nodes + 1)]
 
     # ---------------------------------------------------------------- checks
     def _require(self, what: str) -> None:

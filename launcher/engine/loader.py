@@ -9,7 +9,7 @@ of it a stride."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import Dataset
@@ -48,16 +48,34 @@ class EngineLoader:
                 f"engine.loader(batch_size={global_batch}): the data set holds {len(dataset)} samples, not one "
                 f"global batch; HINT: batch_size <= {len(dataset) // world_size * world_size or world_size}"
             )
-        self.per_rank, self.pos, self.device = global_batch // world_size, pos, device
-        pin = device.type == "cuda"
+        self.global_batch, self.pos, self.device = global_batch, pos, device
+        self._made = (dataset, seed, num_workers, shuffle)
+        self.round = 0  # the ranks' round (healing in place): a new one re-splits the batches still to come
+        self.before: Optional[tuple[int, int, int]] = None  # (step, epoch, batch) before the last batch handed out
+        self.regroup(rank, world_size)
+        self.steps_per_epoch = len(self.loader)
+
+    def regroup(self, rank: int, world_size: int) -> None:
+        """This rank's part of the same global batches among ``world_size`` ranks (a heal, a machine joining): the
+        batch being iterated goes on from the position, re-split."""
+        dataset, seed, num_workers, shuffle = self._made
+        self.per_rank, pin = self.global_batch // world_size, self.device.type == "cuda"
         self.loader = train_loader(dataset, self.per_rank, rank, world_size, seed, num_workers, pin, shuffle=shuffle)
         assert isinstance(self.loader.sampler, ResumableSampler)
         self.sampler: ResumableSampler = self.loader.sampler
-        self.steps_per_epoch = len(self.loader)
-        self.settle()
+        self.round += 1
+
+    def give_back(self, step: int) -> None:
+        """The batch handed out for step ``step + 1`` was not trained (a heal ended that step unapplied): the
+        position goes back before it, so it is handed out again (re-split over the ranks of the next round)."""
+        if self.before is not None and self.before[0] == step:
+            self.pos.epoch, self.pos.batch_in_epoch = self.before[1:]
+        self.before = None
 
     def settle(self) -> None:
-        """A position after an epoch's last batch (a checkpoint written there) is the next epoch's start."""
+        """A position after an epoch's last batch (a checkpoint written there) is the next epoch's start (a resumed
+        run's: its loop starts there; a rank joining a running job's is not settled: its loop ends that epoch as
+        the others do, ``__iter__``)."""
         if self.pos.batch_in_epoch >= self.steps_per_epoch:
             self.pos.epoch, self.pos.batch_in_epoch = self.pos.epoch + 1, 0
 
@@ -66,13 +84,24 @@ class EngineLoader:
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[Any]:
+        """The epoch the position is in, from its batch; after a heal, on from the (agreed) position over the new
+        ranks, until the position leaves this epoch (a rank ahead of this one finished it)."""
         pos = self.pos
-        self.settle()
-        self.sampler.set_epoch(pos.epoch, skip=pos.batch_in_epoch * self.per_rank)
-        for batch in self.loader:
-            pos.batch_in_epoch += 1  # (before the body runs: its checkpoint resumes after this batch)
-            yield to_device(batch, self.device)
-        pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+        epoch = pos.epoch  # (a position at its end: nothing left of it; ``settle`` moved a resumed one past it)
+        while pos.epoch == epoch:
+            if pos.batch_in_epoch >= self.steps_per_epoch:
+                pos.epoch, pos.batch_in_epoch = epoch + 1, 0
+                return
+            round_ = self.round
+            self.sampler.set_epoch(epoch, skip=pos.batch_in_epoch * self.per_rank)
+            for batch in self.loader:
+                self.before = (pos.step, pos.epoch, pos.batch_in_epoch)
+                pos.batch_in_epoch += 1  # (before the body runs: its checkpoint resumes after this batch)
+                yield to_device(batch, self.device)
+                if self.round != round_:
+                    break  # the ranks changed: the rest of the epoch over the new ones
+            else:
+                pos.epoch, pos.batch_in_epoch = epoch + 1, 0
 
 
 def _multiple(batch: int, world_size: int) -> int:

@@ -18,9 +18,11 @@ from torch import nn
 
 from launcher.base.env import DistEnv
 from launcher.comm.sync import Sync
+from launcher.engine.model import from_skeleton
 from launcher.train import checkpoint as ckpt
 from launcher.train.optim import is_dtensor
 from launcher.train.progress import Span
+from launcher.train.regroup import holds_shards, load_local_state, local_state
 from launcher.train.state import ReplicatedState, ShardedState, TrainState
 
 
@@ -67,6 +69,25 @@ class EngineReplicated(EngineParts, ReplicatedState):
 
 
 class EngineSharded(EngineParts, ShardedState):
+    skeleton: Optional[nn.Module] = None  # the user's model, empty, as it was before sharding (a job that heals)
+
+    def regroup(self, env: DistEnv, joining: bool) -> None:
+        """Healing in place (collective, the new round): the model sharded anew on this round's mesh (a new one
+        from the skeleton: FSDP2 moves no sharded module to another mesh), this rank's shards and optimizer state
+        in it (a survivor's own; a ``joining`` rank's are sent to it next), the user's optimizer object around the
+        new parameters (its groups' settings and any LR scheduler over it kept)."""
+        old, device = self.model, self.device
+        local = local_state(old, self.optimizer) if holds_shards(old) else None
+        names = {id(p): name for name, p in old.named_parameters()}  # (before a joining rank's model is sharded)
+        if local is not None:
+            assert self.skeleton is not None, "a sharded engine that heals keeps its model's skeleton"
+            self.model = from_skeleton(self.skeleton, device)
+        self.prepare(self.job, env, device, self.model)
+        fresh = rebuilt(self.optimizer, names, self.model)
+        if local is not None:
+            load_local_state(self.model, fresh, local)
+        self.optimizer.__dict__.update(param_groups=fresh.param_groups, state=fresh.state)  # (the loop's object)
+
     def whole_model(self) -> dict[str, torch.Tensor]:
         """Collective: every shard gathered (DCP's full state dict, on the CPU)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -7,20 +7,39 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from launcher.base.env import DistEnv
+from launcher.base.faults import Fault, fire_at
 from launcher.comm.sync import Sync
+from launcher.engine.rounds import Rounds
 from launcher.engine.state import Plain
 from launcher.engine.stopping import StopSignals
+from launcher.group.abort import PeerLost
+from launcher.group.failed import CollectiveFailed, typed_errors
 from launcher.train.batch import chunk_tree
 from launcher.train.progress import Position
 from launcher.train.saving import Checkpointer
 
 
-class Steps:
+@dataclass
+class StepState:
+    """Where the current ``Engine.step()`` block is (a heal asks: was the step applied, was it counted?)."""
+
+    inside: bool = False  # inside the block (a save there is the step's: the step heals)
+    applied: bool = False  # the optimizer stepped
+    counted: bool = False  # the step is counted (``global_step``): completed
+
+    @property
+    def done(self) -> bool:
+        """After the block: the step completed (False: a heal dropped it; its batch comes again, re-split)."""
+        return self.counted
+
+
+class Steps(Rounds):
     """Mixed into ``Engine``: what it holds that a step uses."""
 
     job: Any
@@ -33,6 +52,8 @@ class Steps:
     _plain: Optional[Plain]
     _divide: int
     _stops: StopSignals
+    _faults: dict[int, Fault]
+    _step_state: StepState
     env: DistEnv
 
     def _require(self, what: str) -> None:
@@ -45,21 +66,58 @@ class Steps:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
+    def step(self) -> Iterator[StepState]:
         """Around one optimizer step: counted when its block completes; then the checkpoint cadence
-        (``train.checkpoint_every_steps``: ``save`` with the last ``extra``)."""
+        (``train.checkpoint_every_steps``: ``save`` with the last ``extra``), the stop at a step boundary. In a job
+        that heals in place, a machine lost inside the block ends it unapplied on every survivor: the block is
+        left (the exception suppressed), the survivors go on in the next round (``engine/rounds.py``)."""
         self._require("engine.step()")
         self._stops.install()  # (the loop's first step: a stop signal now waits for a step boundary)
         if self.watch is not None:
             self.watch.note_step(self.pos.step)
-        yield
+        fire_at(self._faults, self.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
+        now = self._step_state = StepState(inside=True)
+        if self._seam.abort is None:  # a job that does not heal: torch's errors as they are
+            try:
+                yield now
+                self._boundary(now)
+            finally:
+                now.inside = False
+            return
+        try:
+            with typed_errors(self._seam.abort):
+                yield now
+                self._boundary(now)
+        except (PeerLost, CollectiveFailed) as exc:  # a machine lost? (the keeper's decision tells; else raised)
+            decision = self._lost(exc)
+            now.inside = False
+            if now.applied and not now.counted:  # (the optimizer stepped: a collective after it in the body failed)
+                self._count()
+            elif not now.counted and self._loader is not None:
+                self._loader.give_back(self.pos.step)  # its batch again, re-split over the next round's ranks
+            self._heal(decision)
+        finally:
+            now.inside = False
+
+    def _count(self) -> None:
         self.pos.step += 1
+        self._step_state.counted = True
+        self._seam.step_completed(self.env, self.job.run)  # the first step after a heal: the change recorded
+
+    def _boundary(self, now: StepState) -> None:
+        self._count()
         every = self.job.train.checkpoint_every_steps
         saved = bool(every) and self.pos.step % every == 0
         if saved:
             self.save()
-        if self._stops.stopping(self.device):
+        growing = self._seam.growth() is not None  # (a machine ready to join: the ranks agree to let it in here)
+        if self._stops.stopping(self.device, growing, self._seam.abort):
+            now.inside = False
             self._stopped(saved)
+        if self._stops.grow:  # every rank saw it: all leave the round at this boundary, the new ranks come in
+            decision = self._seam.growth(agreed=True)
+            assert decision is not None, "the ranks agreed that a machine joins"
+            self._heal(decision)
 
     def _stopped(self, saved: bool) -> None:
         """Every rank at this step boundary: the checkpoint (unless the cadence wrote it), written; the end."""
@@ -113,6 +171,7 @@ class Steps:
             self.scaler.update()
         else:
             self.sync.step(plain)  # type: ignore[arg-type]
+        self._step_state.applied = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The returned optimizer's ``zero_grad``: the sync's (our reducer keeps gradients as views of its buckets)."""

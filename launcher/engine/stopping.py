@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from launcher.group.abort import Abort, wait
 from launcher.report.stops import STOP_SIGNALS
 
 DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
@@ -28,6 +29,7 @@ class StopSignals:
         self.agreed = 0  # the signal every rank stops on (0: none yet)
         self._previous: dict[int, Any] = {}
         self._asked: Optional[tuple[Any, torch.Tensor]] = None  # the question in flight (its answer next step)
+        self.grow = False  # every rank agreed to leave the round for a machine joining (healing in place)
 
     def install(self) -> None:
         if self._previous or threading.current_thread() is not threading.main_thread():
@@ -50,18 +52,27 @@ class StopSignals:
             signal.signal(signum, previous)
         self._previous.clear()
 
-    def stopping(self, device: torch.device) -> bool:
+    def stopping(self, device: torch.device, growing: bool = False, abort: Optional[Abort] = None) -> bool:
         """Collective, at a step boundary: True on every rank once any rank's signal is known to all (``agreed``:
-        which one). The question goes out now, the previous step's answer is read."""
-        flag = torch.tensor([float(self.signum)], device=device)
+        which one). The question goes out now, the previous step's answer is read. ``growing``: this rank saw a
+        machine ready to join (healing in place); ``grow`` then says whether any rank did (all leave the round at
+        the same boundary). ``abort``: a lost machine's signal (healing in place): ``PeerLost``, no wait."""
+        flag = torch.tensor([float(self.signum), float(growing)], device=device)
         if not (dist.is_initialized() and dist.get_world_size() > 1):
-            self.agreed = self.signum
+            self.agreed, self.grow = self.signum, growing
             return bool(self.agreed)
         previous, self._asked = self._asked, (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
         if previous is not None:
-            previous[0].wait()
-            self.agreed = int(previous[1].item())
+            wait(previous[0], abort)
+            self.agreed, self.grow = int(previous[1][0].item()), bool(previous[1][1].item())
         return bool(self.agreed)
+
+    def left(self, abort: Abort) -> None:
+        """Healing in place: the question in flight belonged to the round left (kept: dropped, its work would wait
+        for the dead in its destructor); none in the next round yet."""
+        if self._asked is not None:
+            abort.keep(self._asked)
+        self._asked, self.grow = None, False
 
     def settle(self) -> None:
         """The question in flight answered (before the group closes: no collective left half-done)."""

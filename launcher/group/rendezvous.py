@@ -94,6 +94,17 @@ def process_group(
         gc.collect()
 
 
+def attach(env: DistEnv, timeout_s: float, join_timeout_s: float, secret: Optional[Secret]) -> Group:
+    """The rendezvous store of a process group the caller opened itself, reached as a client and seen as
+    ``process_group`` sees it (the attempt's keys, signed with the job's ``secret``): what healing in place watches
+    when a script opened its own group."""
+    store = guard(
+        _connect(env, join_timeout_s), secret, attempt_prefix(env.attempt), where=f"the store at {_where(env)}"
+    )
+    store.set_timeout(timedelta(seconds=max(timeout_s, join_timeout_s)))
+    return Group(store, env, timeout_s)
+
+
 def init_group(store: dist.Store, env: DistEnv, backend: str, timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)

@@ -79,7 +79,12 @@ def describe_on_loss(job: JobConfig) -> str:
     if not job.cluster.may_shrink:
         return ""
     heals = heals_in_place(job)
-    return "the survivors heal in place (cluster.heal)" if heals else f"restart from the checkpoint ({heals.reason})"
+    if heals:
+        through = " through launcher.Engine" if job.script else ""
+        return f"the survivors heal in place{through} (cluster.heal)"
+    if job.script:
+        return f"restart on the machines left ({heals.reason})"
+    return f"restart from the checkpoint ({heals.reason})"
 
 
 def describe_entry(job: JobConfig) -> str:

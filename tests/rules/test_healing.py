@@ -73,7 +73,12 @@ SIM3 = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs
             "comm.overlap=forward updates bucket by bucket during the next forward: no rank holds a whole step's state "
             "at any moment; HINT: comm.overlap=backward heals in place",
         ),
-        (("script=tests/scripts/allreduce_script.py",), "a script= runs its own loop, which cannot rejoin"),
+        (
+            ("script=tests/scripts/allreduce_script.py",),
+            "tests/scripts/allreduce_script.py does not use launcher.Engine: its own loop cannot go on in a new "
+            "process group, so it starts again on the machines left, from its first line and its own snapshot, if it "
+            "keeps one (a loop through launcher.Engine heals in place: docs/your-loop.md)",
+        ),
         (("cluster.heal=false",), "cluster.heal=false"),
         (("doctor=true",), "doctor=true"),
         (("cluster.min_nodes=3",), "every machine is needed (cluster.min_nodes = cluster.nodes)"),
@@ -97,7 +102,33 @@ def test_a_job_that_does_not_heal_says_why_in_its_plan(overrides, reason):
     heals = heals_in_place(job)
     assert not heals and heals.reason.startswith(reason), heals
     if job.cluster.may_shrink:
-        assert describe_on_loss(job) == f"restart from the checkpoint ({heals.reason})"
+        how = "restart on the machines left" if job.script else "restart from the checkpoint"
+        assert describe_on_loss(job) == f"{how} ({heals.reason})"
+
+
+def test_a_script_heals_in_place_when_its_loop_goes_through_the_engine(tmp_path):
+    """The plan tells a loop through ``launcher.Engine`` (imported any of the documented ways) from a plain loop:
+    the first heals in place, the second restarts on the machines left, and the plan line says which."""
+    from harness.config import plan
+    from launcher.config.rules import heals_in_place, uses_engine
+    from launcher.launch.plan import describe_on_loss
+
+    job, _ = plan(*SIM3, "script=tests/scripts/engine_loop.py")
+    assert heals_in_place(job) and describe_on_loss(job) == (
+        "the survivors heal in place through launcher.Engine (cluster.heal)"
+    )
+    for source, uses in (
+        ("import launcher\nengine = launcher.Engine()", True),
+        ("from launcher import Engine as E", True),
+        ("from launcher.engine import Engine", True),
+        ("import launcher\nprint(launcher.__name__)  # Engine", False),
+        ("import torch.distributed as dist\ndist.init_process_group()", False),
+        ("def broken(:", False),
+    ):
+        script = tmp_path / "loop.py"
+        script.write_text(source)
+        assert uses_engine(str(script)) is uses, source
+    assert not uses_engine(str(tmp_path / "missing.py"))
 
 
 def test_what_heals_and_the_rules_that_keep_nccl_and_the_forward_overlap_away():
