@@ -158,6 +158,7 @@ def nothing_of_the_module_remains(request, tmp_path_factory):
 # module runs whole on one worker (its module fixtures once).
 BED_OF_MODULE = {
     "test_sim": "bed-netns",
+    "test_heal_loop": "bed-netns",  # (simulated nodes: one after another with the others)
     "test_watch": "bed-netns",
     "test_slurm": "bed-slurm",
     "test_ssh": "bed-ssh",

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 
 from launcher.base.env import TORCHRUN_VARS, DistEnv
+from launcher.base.logs import take_the_console
 from launcher.group.abort import PeerLost
 from launcher.group.failed import CollectiveFailed, typed_errors
 from launcher.group.helpers import Peers
@@ -88,6 +89,8 @@ class Rounds:
     def _enter_round(self, decision: Decision, joining: bool) -> None:
         self._group, self.env = self._seam.enter(self.env, decision)
         env = self.env
+        if env.is_main:
+            take_the_console()  # (perhaps the new rank 0: its output to the console from now on)
         os.environ.update({k: v for k, v in env.torchrun_environ(0).items() if k in _PLACE_VARS})  # (the script's)
         self.state.regroup(env, joining)  # (collective) FSDP2: sharded anew on this round's mesh, shards kept
         completed = -1 if joining else self.pos.step

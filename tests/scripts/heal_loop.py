@@ -1,10 +1,12 @@
 """A loop through ``launcher.Engine`` that the healing tests kill machines under (tests/beds/test_heal_loop.py):
 ``heal_loop.py STEPS OUT_DIR [reducer]``. A fixed data set and model (the same on any number of ranks), SGD with
-momentum, a global batch of 48; each completed step is logged once by every rank (``step.done``), the final model
-saved by the engine and its loss on the whole data set written to OUT_DIR/final-rank-R.json."""
+momentum, a global batch of 48; each completed step is logged once by every rank (``step.done``, with the time),
+the final model saved by the engine, and by rank 0 to OUT_DIR/model.pt whole, its loss on the whole data set in
+OUT_DIR/final.json."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,7 +36,7 @@ while engine.global_step < steps:
             optimizer.step()
             optimizer.zero_grad()
         if step.done:
-            print(f"rank {engine.rank}: step {engine.global_step} on {engine.world_size} ranks", flush=True)
+            print(f"rank {engine.rank}: step {engine.global_step} on {engine.world_size} ranks at {time.time():.3f}")
         if engine.global_step >= steps:
             break
 engine.save()
@@ -45,4 +47,5 @@ if engine.is_main:
     with torch.no_grad():
         total = F.cross_entropy(final(data.tensors[0]), data.tensors[1]).item()
     (out / "final.json").write_text(json.dumps({"loss": total, "step": engine.global_step}))
+    torch.save(whole, out / "model.pt")
 engine.close()
