@@ -95,7 +95,7 @@ class Engine(Steps):
         self._stops = StopSignals()
         self._faults = faults_for(self.env)  # LAUNCHER_FAULT (the failure tests')
         self._step_state = StepState()
-        self._saves_at, self._skip, self._joined = (0, 0), (-1, 0), False
+        self._saves_at, self._skip, self._joined, self._out = (0, 0), (-1, 0), False, False
         self._closed = False
         precision = self.job.train.precision
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
@@ -289,8 +289,8 @@ class Engine(Steps):
         atexit.unregister(self._atexit)
         self._stops.uninstall()
         try:
-            self._seam.close(trained=True)  # (a job that heals: the keeper's watch ends; a machine waiting to join
-            self._stops.settle()  # need not)
+            self._seam.close(trained=not self._out)  # (a job that heals: the keeper's watch ends; a machine
+            self._stops.settle()  # waiting to join need not, once the loop ended)
             if self.checkpointer is not None:
                 self.checkpointer.wait("the engine's end")
                 self.checkpointer.close()

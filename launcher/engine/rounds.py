@@ -31,6 +31,7 @@ from launcher.group.failed import CollectiveFailed, typed_errors
 from launcher.group.helpers import Peers
 from launcher.group.rendezvous import Group
 from launcher.heal.protocol import Decision
+from launcher.heal.rank_side import HealStop, LeftJob
 from launcher.train.in_place import Healing
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Rounds:
     _saves_at: tuple[int, int]  # (step, saves begun at it) on this rank
     _skip: tuple[int, int]  # (step, saves begun at it by the rank furthest on): not begun again after a heal
     _joined: bool  # this rank joined a running job: its state came from a live peer (``resume`` reads nothing)
+    _out: bool  # this rank is out of the job (declared lost while it ran) or the job stopped healing
 
     def _build_sync(self, kept: dict[str, Any], healed: bool) -> None:
         raise NotImplementedError
@@ -85,6 +87,9 @@ class Rounds:
                 return
             except (PeerLost, CollectiveFailed) as exc:
                 decision = self._lost(exc)
+            except (LeftJob, HealStop):
+                self._out = True  # (its close does not tell the keeper the job trained to its end)
+                raise
 
     def _enter_round(self, decision: Decision, joining: bool) -> None:
         self._group, self.env = self._seam.enter(self.env, decision)
@@ -99,7 +104,7 @@ class Rounds:
         top = max(steps)
         self._skip = (top, max((saves[1] for _, saves in facts if saves[0] == top), default=0))
         sent = self._seam.settle(
-            env, steps, completed, lambda: self.state.state_dict(env, self.sync), by_place=self.state.by_place
+            env, steps, self.pos.step, lambda: self.state.state_dict(env, self.sync), by_place=self.state.by_place
         )
         if sent is not None:
             self.state.take(sent, joining)
