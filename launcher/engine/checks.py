@@ -83,3 +83,29 @@ def closer(engine: Any) -> Any:
             alive.close()
 
     return close
+
+
+def versions(model: nn.Module) -> tuple[int, ...]:
+    """Each parameter's version counter (torch counts every in-place change of a tensor): what changed them and
+    when, checked around the steps of a loop that heals in place (``check_changed``)."""
+    return tuple(p._version for p in model.parameters())
+
+
+def check_changed(before: tuple[int, ...], after: tuple[int, ...], inside: bool) -> None:
+    """A loop that heals in place changes the model only inside ``engine.step()``, through the optimizer the engine
+    returned (a heal drops a step that was not applied, and gives the ranks behind the state of the ranks ahead:
+    a change elsewhere would be lost, or made twice). ``inside``: the step's own check (its optimizer did not step)."""
+    if before == after:
+        return
+    changed = sum(b != a for b, a in zip(before, after))
+    if inside:
+        raise ValueError(
+            f"{changed} parameter(s) changed inside engine.step() but not through the optimizer engine.setup() "
+            "returned (another optimizer, or an in-place update of your own): in a job that heals in place the "
+            "engine must know whether a step was applied; HINT: step the optimizer engine.setup() returned"
+        )
+    raise ValueError(
+        f"{changed} parameter(s) changed between two engine.step() blocks: in a job that heals in place a change "
+        "outside a step is lost, or made twice, when a machine is lost; HINT: make it inside the with "
+        "engine.step(): block (or register it as part of the step: docs/your-loop.md, Healing in place)"
+    )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import math
 from typing import Any, Optional
 
@@ -46,8 +45,6 @@ from launcher.engine.settings import engine_job, handed
 from launcher.engine.state import EngineSharded, Plain, engine_state, rebuilt, routed
 from launcher.engine.steps import Steps, StepState
 from launcher.engine.stopping import StopSignals
-from launcher.group.abort import PeerLost
-from launcher.group.failed import CollectiveFailed, typed_errors
 from launcher.group.helpers import Peers
 from launcher.group.rendezvous import Group, attach, process_group
 from launcher.heal.rank_side import Healer
@@ -57,7 +54,6 @@ from launcher.train.saving import Checkpointer
 from launcher.train.step import AUTOCAST_DTYPES
 from launcher.train.sync import build_sync
 
-log = logging.getLogger(__name__)
 WHY_WHOLE = "your loop steps the optimizer itself (launcher.Engine)"  # the bucketed reducer holds no optimizer
 
 
@@ -96,6 +92,7 @@ class Engine(Steps):
         self._faults = faults_for(self.env)  # LAUNCHER_FAULT (the failure tests')
         self._step_state = StepState()
         self._saves_at, self._skip, self._joined, self._out = (0, 0), (-1, 0), False, False
+        self._seen: Optional[tuple[int, ...]] = None
         self._closed = False
         precision = self.job.train.precision
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
@@ -233,21 +230,7 @@ class Engine(Steps):
         self._require("engine.save()")
         if extra is not None:
             self.state.extra = dict(extra)
-        step = self.pos.step
-        begun = self._saves_at[1] + 1 if self._saves_at[0] == step else 1
-        self._saves_at = (step, begun)
-        if self._skip[0] == step and begun <= self._skip[1]:  # a rank ahead began it before a heal: not twice
-            return
-        if self._seam.abort is None or self._step_state.inside:  # (inside a step: the step heals)
-            self._save()
-            return
-        try:
-            with typed_errors(self._seam.abort):
-                self._save()
-        except (PeerLost, CollectiveFailed) as exc:
-            decision = self._lost(exc)
-            log.warning("the checkpoint of step %d was cut short by the loss: healing; the next save writes one", step)
-            self._heal(decision)
+        self._save_once(self._save)
 
     def _save(self) -> None:
         assert self.sync is not None and self.checkpointer is not None
@@ -263,6 +246,7 @@ class Engine(Steps):
         if self._joined:  # a machine that joined a running job: its state came from a live peer, nothing is read
             return dict(self.state.extra)
         path = self.checkpointer.resume(self.state, self.env, self.job.train.seed, self.totals)
+        self._seen = None  # (loaded: the parameters' versions moved)
         if self._loader is not None:
             self._loader.settle()
         return dict(self.state.extra) if path is not None else {}
@@ -304,13 +288,6 @@ class Engine(Steps):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def _worlds(self) -> list[int]:
-        """The numbers of ranks the job may go on with after healing in place ([]: a job that does not heal)."""
-        c = self.job.cluster
-        if self._seam.abort is None or c.min_nodes is None:
-            return []
-        return [nodes * self.env.local_world_size for nodes in range(c.min_nodes, c.nodes + 1)]
 
     # ---------------------------------------------------------------- checks
     def _require(self, what: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -60,9 +61,37 @@ class Rounds:
     _skip: tuple[int, int]  # (step, saves begun at it by the rank furthest on): not begun again after a heal
     _joined: bool  # this rank joined a running job: its state came from a live peer (``resume`` reads nothing)
     _out: bool  # this rank is out of the job (declared lost while it ran) or the job stopped healing
+    _seen: Optional[tuple[int, ...]]  # the parameters' versions the last step left (``checks.check_changed``)
+    _step_state: Any  # the current step's (``steps.StepState``)
 
     def _build_sync(self, kept: dict[str, Any], healed: bool) -> None:
         raise NotImplementedError
+
+    def _save_once(self, save: Callable[[], None]) -> None:
+        """``save`` (collective), unless a rank further on began this one before a heal (then the ranks would not
+        meet in it); in a job that heals, a loss while it writes (outside a step) heals, the checkpoint cut short."""
+        step = self.pos.step
+        begun = self._saves_at[1] + 1 if self._saves_at[0] == step else 1
+        self._saves_at = (step, begun)
+        if self._skip[0] == step and begun <= self._skip[1]:
+            return
+        if self._seam.abort is None or self._step_state.inside:  # (inside a step: the step heals)
+            save()
+            return
+        try:
+            with typed_errors(self._seam.abort):
+                save()
+        except (PeerLost, CollectiveFailed) as exc:
+            decision = self._lost(exc)
+            log.warning("the checkpoint of step %d was cut short by the loss: healing; the next save writes one", step)
+            self._heal(decision)
+
+    def _worlds(self) -> list[int]:
+        """The numbers of ranks the job may go on with after healing in place ([]: a job that does not heal)."""
+        c = self.job.cluster
+        if self._seam.abort is None or c.min_nodes is None:
+            return []
+        return [nodes * self.env.local_world_size for nodes in range(c.min_nodes, c.nodes + 1)]
 
     def _lost(self, exc: PeerLost | CollectiveFailed) -> Decision:
         """The keeper's decision that a machine was lost under ``exc``; ``exc`` raised when none was (a peer failed
@@ -113,6 +142,7 @@ class Rounds:
         if self._loader is not None:
             self._loader.regroup(env.rank, env.world_size)
         self.sync.zero_grad(self._plain)  # what the step cut short left in the gradients
+        self._seen = None  # (the state taken, the sync built: the parameters' versions moved)
         scaler = self.state.scaler
         if scaler is not None:  # (a step cut short after its unscale: the next one unscales anew)
             scaler._per_optimizer_states.clear()

@@ -15,6 +15,7 @@ import torch
 from launcher.base.env import DistEnv
 from launcher.base.faults import Fault, fire_at
 from launcher.comm.sync import Sync
+from launcher.engine.checks import check_changed, versions
 from launcher.engine.rounds import Rounds
 from launcher.engine.state import Plain
 from launcher.engine.stopping import StopSignals
@@ -32,6 +33,7 @@ class StepState:
     inside: bool = False  # inside the block (a save there is the step's: the step heals)
     applied: bool = False  # the optimizer stepped
     counted: bool = False  # the step is counted (``global_step``): completed
+    versions: tuple[int, ...] = ()  # the parameters' versions at its start (a job that heals: ``checks.py``)
 
     @property
     def done(self) -> bool:
@@ -84,10 +86,16 @@ class Steps(Rounds):
             finally:
                 now.inside = False
             return
+        now.versions = versions(self.state.model)
+        if self._seen is not None:  # (what the last step left)
+            check_changed(self._seen, now.versions, inside=False)
         try:
             with typed_errors(self._seam.abort):
                 yield now
+                if not now.applied:
+                    check_changed(now.versions, versions(self.state.model), inside=True)
                 self._boundary(now)
+                self._seen = versions(self.state.model)
         except (PeerLost, CollectiveFailed) as exc:  # a machine lost? (the keeper's decision tells; else raised)
             decision = self._lost(exc)
             now.inside = False

@@ -76,3 +76,24 @@ def test_a_sharded_engine_loop_heals_when_rank_0s_machine_is_lost(tmp_path, one_
     result = run_loop(tmp_path, "step=10,rank=0,signal=KILL,target=node", "cluster.procs_per_node=2", reducer="fsdp")
     final = assert_healed_once(tmp_path, result, "node-0", ranks_after=4)
     assert_same_trajectory(final, one_process)
+
+
+@pytest.mark.parametrize(
+    "mistake, said",
+    [
+        ("outside", "1 parameter(s) changed between two engine.step() blocks: in a job that heals in place a change"),
+        ("other", "6 parameter(s) changed inside engine.step() but not through the optimizer engine.setup() returned"),
+    ],
+)
+def test_a_loop_that_heals_may_change_its_model_only_inside_a_step_through_the_engines_optimizer(
+    tmp_path, mistake, said
+):
+    """What a loop that heals must not do, named with the fix at the step where it happened: a parameter changed
+    between two steps (a heal would lose it, or make it twice), a step applied by an optimizer the engine was not
+    given (a heal must know whether a step was applied)."""
+    two = ("+cluster=sim", "cluster.nodes=2", "cluster.min_nodes=1", "cluster.procs_per_node=1", "train.batch_size=48")
+    args = f"script_args=[{STEPS},{tmp_path},ddp,{mistake}]"
+    result = run_launcher(*two, "train.threads_per_rank=1", LOOP, args, run_dir=tmp_path / "run")
+    assert result.returncode != 0
+    logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("rank-*.log"))
+    assert f"ValueError: {said}" in logs, (result.stderr + logs)[-3000:]

@@ -1,8 +1,9 @@
 """A loop through ``launcher.Engine`` that the healing tests kill machines under (tests/beds/test_heal_loop.py):
-``heal_loop.py STEPS OUT_DIR [reducer]``. A fixed data set and model (the same on any number of ranks), SGD with
-momentum, a global batch of 48; each completed step is logged once by every rank (``step.done``, with the time),
-the final model saved by the engine, and by rank 0 to OUT_DIR/model.pt whole, its loss on the whole data set in
-OUT_DIR/final.json."""
+``heal_loop.py STEPS OUT_DIR [reducer [mistake]]`` (mistake: ``outside``, a parameter changed between two steps;
+``other``, the step applied by an optimizer the engine was not given). A fixed data set and model (the same on any
+number of ranks), SGD with momentum, a global batch of 48; each completed step is logged once by every rank
+(``step.done``, with the time), the final model saved by the engine, and by rank 0 to OUT_DIR/model.pt whole, its
+loss on the whole data set in OUT_DIR/final.json."""
 
 import json
 import sys
@@ -18,11 +19,13 @@ import launcher
 
 steps, out = int(sys.argv[1]), Path(sys.argv[2])
 reducer = sys.argv[3] if len(sys.argv) > 3 else "ddp"
+mistake = sys.argv[4] if len(sys.argv) > 4 else ""
 generator = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(1440, 16, generator=generator), torch.randint(0, 4, (1440,), generator=generator))
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+other = torch.optim.SGD(model.parameters(), lr=0.05)
 
 engine = launcher.Engine(reducer=reducer)
 model, optimizer = engine.setup(model, optimizer)
@@ -33,8 +36,11 @@ while engine.global_step < steps:
         with engine.step() as step:
             loss = F.cross_entropy(model(x), y)
             engine.backward(loss)
-            optimizer.step()
+            (other if mistake == "other" and engine.global_step == 3 else optimizer).step()
             optimizer.zero_grad()
+        if mistake == "outside" and engine.global_step == 3:
+            with torch.no_grad():
+                next(model.parameters()).mul_(0.5)
         if step.done:
             print(f"rank {engine.rank}: step {engine.global_step} on {engine.world_size} ranks at {time.time():.3f}")
         if engine.global_step >= steps:
