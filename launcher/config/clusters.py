@@ -25,10 +25,11 @@ class ClusterConfig:
     max_restarts: int = 0  # whole-group restarts after a rank fails: the trainer resumes from its newest
     #                        checkpoint, a script= starts again from its first line (its own snapshot, if it keeps one)
     min_nodes: Optional[int] = None  # sim, ssh: keep training on this many machines when others are lost (the
-    #                                  built-in trainer heals in place, from memory; script=, cluster.heal=false
-    #                                  and the other cases of config.rules.heals_in_place restart the survivors from
-    #                                  the newest checkpoint); slurm: submit with --nodes=MIN-MAX (start on what is
-    #                                  free); null = nodes, every machine needed (plan_job writes it)
+    #                                  built-in trainer and a script through launcher.Engine heal in place, from
+    #                                  memory; another script=, cluster.heal=false and the other cases of
+    #                                  config.rules.heals_in_place restart the survivors from the newest checkpoint);
+    #                                  slurm: submit with --nodes=MIN-MAX (start on what is free); null = nodes,
+    #                                  every machine needed (plan_job writes it)
     master_addr: str = "127.0.0.1"  # the rendezvous address: loopback for a local run (nothing listens outside);
     #                                 by hand (cluster.node_rank), node 0's address as the other machines reach it
     #                                 (sim and Slurm choose their own)
