@@ -92,7 +92,7 @@ def versions(model: nn.Module) -> tuple[int, ...]:
 
 
 def check_changed(before: tuple[int, ...], after: tuple[int, ...], inside: bool) -> None:
-    """A loop that heals in place changes the model only inside ``engine.step()``, through the optimizer the engine
+    """A loop that heals in place changes the model only inside ``Engine.step()``, through the optimizer the engine
     returned (a heal drops a step that was not applied, and gives the ranks behind the state of the ranks ahead:
     a change elsewhere would be lost, or made twice). ``inside``: the step's own check (its optimizer did not step)."""
     if before == after:

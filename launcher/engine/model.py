@@ -45,7 +45,7 @@ class EngineModel(nn.Module):
         return self
 
     def no_sync(self) -> Any:
-        """As torch DDP's (micro-batches: ``engine.micro_batches`` does this for you)."""
+        """As torch DDP's (micro-batches: ``Engine.micro_batches`` does this for you)."""
         no_sync = getattr(self._run, "no_sync", None)
         return no_sync() if no_sync is not None else contextlib.nullcontext()
 

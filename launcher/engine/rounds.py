@@ -1,8 +1,8 @@
 """Healing in place, a loop's side (``Engine``'s part for a job that heals: sim and ssh under ``cluster.min_nodes``).
 
 The trainer's healing (``launcher.heal``, through the seam ``train/in_place.py``) with the engine's calls as the
-places where a loss is met: a machine lost while the ranks are inside ``with engine.step():`` (its body or its
-boundary) or an ``engine.save()`` fails their collectives (at once, or when the keeper decides); the engine asks the
+places where a loss is met: a machine lost while the ranks are inside ``with Engine.step():`` (its body or its
+boundary) or an ``Engine.save()`` fails their collectives (at once, or when the keeper decides); the engine asks the
 keeper's decision and, when a machine was lost, every survivor goes into the next round (``_heal``): the new
 process group, the training state agreed (the highest step a survivor completed; ranks behind it get a live peer's
 state, in memory, signed: ``heal.rank_side.agree_on_state``), the sync built again for the new ranks (FSDP2: the
@@ -41,7 +41,7 @@ _PLACE_VARS = {
 }
 
 
-class Rounds:
+class EngineRounds:
     """Mixed into ``Engine``: what it holds that a heal rebuilds."""
 
     env: DistEnv

@@ -16,7 +16,7 @@ from launcher.base.env import DistEnv
 from launcher.base.faults import Fault, fire_at
 from launcher.comm.sync import Sync
 from launcher.engine.checks import check_changed, versions
-from launcher.engine.rounds import Rounds
+from launcher.engine.rounds import EngineRounds
 from launcher.engine.state import Plain
 from launcher.engine.stopping import StopSignals
 from launcher.group.abort import PeerLost
@@ -41,7 +41,7 @@ class StepState:
         return self.counted
 
 
-class Steps(Rounds):
+class Steps(EngineRounds):
     """Mixed into ``Engine``: what it holds that a step uses."""
 
     job: Any

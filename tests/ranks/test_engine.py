@@ -164,6 +164,54 @@ def test_the_loader_gives_the_same_global_batches_on_1_2_and_3_ranks_and_resumes
     assert batches(1, Position(epoch=0)) != batches(1, Position(epoch=1))  # reshuffled each epoch
 
 
+def test_after_a_heal_the_loader_hands_out_the_dropped_global_batch_again_re_split_over_the_ranks_left():
+    """Three ranks' loaders (each its own position, as each rank holds one) in a user's loop over two epochs; global
+    step 3 is dropped by a heal that leaves two ranks (``give_back``, then ``regroup``) and is handed out again,
+    split over the two; and a rank joining at the end of an epoch (its position not settled) ends that epoch with
+    nothing, as the others do. The global batches, each once, are one rank's (the same samples, in the same steps)."""
+    from launcher.engine.loader import EngineLoader
+    from launcher.train.progress import Position
+
+    indices = TensorDataset(torch.arange(SAMPLES))
+    one = [
+        sorted(int(i) for i in b[0])
+        for epoch in (0, 1)
+        for b in EngineLoader(indices, 12, 1, 0, 0, Position(epoch=epoch), torch.device("cpu"))
+    ]
+    positions = [Position() for _ in range(3)]
+    loaders = [EngineLoader(indices, 12, 3, r, 0, positions[r], torch.device("cpu")) for r in range(3)]
+
+    def loop(loader):  # the user's: for epoch in range(2): for batch in loader: with engine.step(): ...
+        for _ in range(2):
+            yield from loader
+            yield "end of epoch"
+
+    loops = [loop(loader) for loader in loaders]
+    seen: list[list[int]] = []
+    while True:
+        parts = [next(each, None) for each in loops]
+        if parts[0] is None:
+            break
+        if isinstance(parts[0], str):
+            assert all(p == "end of epoch" for p in parts), parts
+            continue
+        if len(seen) == 2 and len(loops) == 3:  # step 3, handed out: a machine is lost inside it (dropped)
+            for rank, loader in enumerate(loaders[:2]):
+                loader.give_back(positions[rank].step)
+                loader.regroup(rank, 2)
+            loops, loaders = loops[:2], loaders[:2]
+            continue
+        seen.append(sorted(int(i) for part in parts for i in part[0]))
+        for pos in positions:
+            pos.step += 1
+    assert seen == one and len(seen) == 2 * (SAMPLES // 12)
+    assert [(p.step, p.epoch, p.batch_in_epoch) for p in positions[:2]] == [(len(one), 2, 0)] * 2
+    done = SAMPLES // 12  # a rank joining with the position at the end of epoch 0 (a survivor's, sent to it)
+    joined = Position(step=done, epoch=0, batch_in_epoch=done)
+    assert list(EngineLoader(indices, 12, 3, 2, 0, joined, torch.device("cpu"))) == []
+    assert (joined.epoch, joined.batch_in_epoch) == (1, 0)
+
+
 @pytest.fixture
 def alone(tmp_path, monkeypatch):
     """One process (no torchrun variables): the engine opens a group of one and closes it."""
