@@ -109,3 +109,18 @@ def check_changed(before: tuple[int, ...], after: tuple[int, ...], inside: bool)
         "outside a step is lost, or made twice, when a machine is lost; HINT: make it inside the with "
         "engine.step(): block (or register it as part of the step: docs/your-loop.md, Healing in place)"
     )
+
+
+def check_schedulers(optimizer: Any, registered: dict[str, Any]) -> None:
+    """A loop that heals in place registers the LR scheduler stepping its optimizer (torch's schedulers wrap the
+    optimizer's ``step``): a heal gives the ranks behind the learning rate of the ranks ahead, and their scheduler
+    must go on from the same count, or the ranks train with different rates from then on."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    wrapped = getattr(vars(optimizer).get("step"), "_wrapped_by_lr_sched", False)
+    if wrapped and not any(isinstance(thing, LRScheduler) for thing in registered.values()):
+        raise ValueError(
+            "an LR scheduler steps the optimizer engine.setup() returned, but the engine does not know it: when a "
+            "machine is lost the ranks behind take the others' state, and an unregistered scheduler would go on "
+            "from its own count (another learning rate on each rank); HINT: engine.register(scheduler=scheduler)"
+        )

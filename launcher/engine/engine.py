@@ -251,6 +251,13 @@ class Engine(Steps):
             self._loader.settle()
         return dict(self.state.extra) if path is not None else {}
 
+    def register(self, **objects: Any) -> None:
+        """The loop's own objects with ``state_dict``/``load_state_dict`` (an LR scheduler, an EMA model, a metric):
+        saved with every checkpoint, restored by ``resume`` (register before it), and sent with the state to the
+        ranks behind when the job heals in place."""
+        self._require("engine.register()")
+        self.state.register(objects)
+
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective under ``reducer=fsdp``: the whole model's weights on the CPU, without any wrapper's prefix
         (what ``python -m launcher export`` writes): on every rank, but under ``reducer=fsdp`` on rank 0 only (DCP
@@ -288,8 +295,3 @@ class Engine(Steps):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    # ---------------------------------------------------------------- checks
-    def _require(self, what: str) -> None:
-        if self.sync is None:
-            raise ValueError(f"{what} before engine.setup(model, optimizer); HINT: setup first")

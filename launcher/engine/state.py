@@ -30,6 +30,7 @@ class EngineParts:
     """What both kinds hold for an engine instead of the trainer's schedule and stepper (a mixin before the kind)."""
 
     extra: dict[str, Any]
+    registered: dict[str, Any]  # the loop's own objects with a state (``Engine.register``): saved, carried, resumed
     scaler: Optional[torch.amp.GradScaler]
     pos: Any
     span: Span
@@ -54,6 +55,7 @@ class EngineParts:
             "compressed": sync.plan.compresses,
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), enum_to_str=True),
             "engine": True,  # written by a user's loop (launcher.Engine), not the built-in trainer
+            "registered": {name: thing.state_dict() for name, thing in self.registered.items()},
         }
 
     def load_shared_state_dict(self, state: dict[str, Any]) -> None:
@@ -61,6 +63,20 @@ class EngineParts:
             self.scaler.load_state_dict(state["stepper"]["scaler"])
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.extra = dict(state.get("extra") or {})
+        saved = state.get("registered") or {}
+        for name, thing in self.registered.items():
+            if name in saved:
+                thing.load_state_dict(saved[name])
+
+    def register(self, objects: dict[str, Any]) -> None:
+        for name, thing in objects.items():
+            if not (callable(getattr(thing, "state_dict", None)) and callable(getattr(thing, "load_state_dict", None))):
+                raise ValueError(
+                    f"engine.register({name}={type(thing).__name__}): an object with state_dict() and "
+                    "load_state_dict() is needed (an LR scheduler, a module, a torchmetrics metric); HINT: put plain "
+                    "values in engine.save(extra)"
+                )
+        self.registered.update(objects)
 
 
 class EngineReplicated(EngineParts, ReplicatedState):
@@ -101,7 +117,7 @@ def engine_state(
 ) -> TrainState:
     kind = EngineSharded if job.comm.reducer.sharded else EngineReplicated
     state = kind(job, model, optimizer, device)
-    state.extra, state.scaler = {}, scaler
+    state.extra, state.scaler, state.registered = {}, scaler, {}
     state.shape(0, 0)  # (the loader's shape once it is made)
     return state
 

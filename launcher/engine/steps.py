@@ -15,7 +15,7 @@ import torch
 from launcher.base.env import DistEnv
 from launcher.base.faults import Fault, fire_at
 from launcher.comm.sync import Sync
-from launcher.engine.checks import check_changed, versions
+from launcher.engine.checks import check_changed, check_schedulers, versions
 from launcher.engine.rounds import EngineRounds
 from launcher.engine.state import Plain
 from launcher.engine.stopping import StopSignals
@@ -56,10 +56,12 @@ class Steps(EngineRounds):
     _stops: StopSignals
     _faults: dict[int, Fault]
     _step_state: StepState
+    optimizer: Any
     env: DistEnv
 
     def _require(self, what: str) -> None:
-        raise NotImplementedError
+        if self.sync is None:
+            raise ValueError(f"{what} before engine.setup(model, optimizer); HINT: setup first")
 
     def save(self, extra: Optional[dict[str, Any]] = None) -> None:
         raise NotImplementedError
@@ -89,6 +91,7 @@ class Steps(EngineRounds):
         now.versions = versions(self.state.model)
         if self._seen is not None:  # (what the last step left)
             check_changed(self._seen, now.versions, inside=False)
+        check_schedulers(self.optimizer, self.state.registered)
         try:
             with typed_errors(self._seam.abort):
                 yield now

@@ -83,6 +83,7 @@ def test_a_sharded_engine_loop_heals_when_rank_0s_machine_is_lost(tmp_path, one_
     [
         ("outside", "1 parameter(s) changed between two engine.step() blocks: in a job that heals in place a change"),
         ("other", "6 parameter(s) changed inside engine.step() but not through the optimizer engine.setup() returned"),
+        ("scheduler", "an LR scheduler steps the optimizer engine.setup() returned, but the engine does not know it"),
     ],
 )
 def test_a_loop_that_heals_may_change_its_model_only_inside_a_step_through_the_engines_optimizer(
@@ -90,7 +91,8 @@ def test_a_loop_that_heals_may_change_its_model_only_inside_a_step_through_the_e
 ):
     """What a loop that heals must not do, named with the fix at the step where it happened: a parameter changed
     between two steps (a heal would lose it, or make it twice), a step applied by an optimizer the engine was not
-    given (a heal must know whether a step was applied)."""
+    given (a heal must know whether a step was applied), an LR scheduler the engine does not know (the ranks behind
+    would go on with another learning rate)."""
     two = ("+cluster=sim", "cluster.nodes=2", "cluster.min_nodes=1", "cluster.procs_per_node=1", "train.batch_size=48")
     args = f"script_args=[{STEPS},{tmp_path},ddp,{mistake}]"
     result = run_launcher(*two, "train.threads_per_rank=1", LOOP, args, run_dir=tmp_path / "run")

@@ -329,3 +329,31 @@ def test_setup_gives_every_rank_rank_0s_weights(tmp_path, kind):
     for state in states:
         for key, value in want.items():
             assert torch.equal(state[key], value), key
+
+
+def test_a_registered_scheduler_is_saved_and_resumed_with_the_checkpoint(alone):
+    """``engine.register``: the loop's own objects with a state go into every checkpoint and come back with
+    ``resume``; an object without ``state_dict``/``load_state_dict`` is named with the fix."""
+    import launcher
+
+    def run(steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        with launcher.Engine(run_dir=str(alone / "run")) as engine:
+            net = model()
+            net, opt = engine.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)
+            engine.register(scheduler=scheduler)
+            with pytest.raises(ValueError, match=r"engine.register\(count=int\): an object with state_dict\(\)"):
+                engine.register(count=3)
+            engine.resume()
+            for x, y in zip(torch.randn(steps, 4, FEATURES), torch.randint(0, CLASSES, (steps, 4))):
+                with engine.step():
+                    engine.backward(F.cross_entropy(net(x), y))
+                    opt.step()
+                    opt.zero_grad()
+                    scheduler.step()
+            engine.save()
+            return scheduler
+
+    assert run(3).last_epoch == 3
+    resumed = run(0)
+    assert (resumed.last_epoch, resumed.get_last_lr()) == (3, [0.1 * 0.5**3])
