@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.base.env import DistEnv
+from launcher.config.rules import heals_in_place
 from launcher.engine.model import EngineModel
 from launcher.group.helpers import Peers
 
@@ -123,4 +124,15 @@ def check_schedulers(optimizer: Any, registered: dict[str, Any]) -> None:
             "an LR scheduler steps the optimizer engine.setup() returned, but the engine does not know it: when a "
             "machine is lost the ranks behind take the others' state, and an unregistered scheduler would go on "
             "from its own count (another learning rate on each rank); HINT: engine.register(scheduler=scheduler)"
+        )
+
+
+def check_heals(job: Any) -> None:
+    """A job the plan runs as one that heals in place, whose engine's own settings (``Engine(reducer=...)``) make it
+    one that cannot (``config.rules.heals_in_place``): named before anything is built."""
+    heals = heals_in_place(job)
+    if not heals:
+        raise ValueError(
+            f"launcher.Engine: the launcher runs this job as one that heals in place, but with the engine's settings "
+            f"it cannot: {heals.reason}; HINT: give those settings on the command line, where the plan sees them"
         )

@@ -38,7 +38,7 @@ from launcher.base.gpus import backend_for
 from launcher.base.sync_modes import Backend
 from launcher.comm.sync import Sync
 from launcher.config import collective_timeout_s
-from launcher.engine.checks import broadcast_weights, check_same_world, check_setup, closer
+from launcher.engine.checks import broadcast_weights, check_heals, check_same_world, check_setup, closer
 from launcher.engine.loader import EngineLoader
 from launcher.engine.model import EngineModel, skeleton
 from launcher.engine.settings import engine_job, handed
@@ -140,6 +140,8 @@ class Engine(Steps):
         if self.sync is not None:
             raise ValueError("engine.setup() was called already; HINT: one Engine per model: setup once, then train")
         check_setup(model, optimizer)
+        if self._seam.abort is not None:
+            check_heals(self.job)
         model.to(self.device)
         names = {id(p): name for name, p in model.named_parameters()}
         joins, sharded = self._seam.joins, self.job.comm.reducer.sharded
