@@ -54,6 +54,7 @@ def end_by_signal(job: JobConfig, env: DistEnv, stop: Stopped) -> None:
     log.warning("%s: checkpoint written; run again with the same run dir to continue", stop)
     if stop.signum:
         logging.shutdown()
+        signal.signal(stop.signum, signal.SIG_DFL)  # (the stop's handler records until the line is written)
         os.kill(os.getpid(), stop.signum)
 
 
@@ -101,16 +102,18 @@ def rank_main(
         result = run_rank_work(job, env, stop=stop, failures=failures)
     except BaseException as exc:
         failed(failures, elastic_errors, exc)
-        raise
-    finally:
         stop.uninstall()
+        raise
     if not isinstance(result, Stopped):
+        stop.uninstall()
         return result
     try:  # every rank stopped at one step, the checkpoint written: end as the signal asked, or requeue (Slurm)
-        after_stop(job, env, result)
+        after_stop(job, env, result)  # (a stop signal meanwhile, its agent's, is recorded: no end before the line)
     except BaseException as exc:  # a requeue refused (exit 1), or made (Requeued: exit 0, as set above)
         failed(failures, elastic_errors, exc)
         raise
+    finally:
+        stop.uninstall()
     return None
 
 

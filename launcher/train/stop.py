@@ -102,7 +102,7 @@ class StopRequest:
         evaluation at the end): nothing to checkpoint, so end now, even while the main thread is blocked in C++
         (joining the group, a collective) where the Python handler would not run."""
         with self._lock:
-            if self._held:
+            if self._held or (self._agreed and not self.armed):  # (stopped with a checkpoint: it ends by itself)
                 return
             if not self.armed:
                 self._say_last(signum)
@@ -142,6 +142,8 @@ class StopRequest:
 
     def _record(self, signum: int, frame: object) -> None:
         if self._held:
+            return
+        if not self.armed and self._agreed:  # stopped with a checkpoint: the rank says so and ends by itself
             return
         if not self.armed and signum in STOP_SIGNALS:
             self.uninstall()  # nothing to checkpoint yet (or any more): stop now, as without a handler
