@@ -204,12 +204,13 @@ class JobConfig:
         assert fewest is not None  # (may_shrink: min_nodes is set)
         per_node = self.cluster.procs_per_node or 1
         _check(
-            not self.cluster.may_shrink or self.train.batch_size_per_rank is None,
+            not self.cluster.may_shrink or self.train.batch_size_per_rank is None or self.script is not None,
             f"cluster.min_nodes={fewest} < cluster.nodes={self.cluster.nodes} with train.batch_size_per_rank="
             f"{self.train.batch_size_per_rank}: on fewer machines the global batch would shrink and the run could "
             "not resume; HINT: set the global batch (train.batch_size=N train.batch_size_per_rank=null)",
         )
-        if self.train.batch_size_per_rank is None and not self.doctor:  # the doctor trains nothing
+        trains = not self.doctor and self.script is None  # (the doctor trains nothing; a script= its own batches)
+        if self.train.batch_size_per_rank is None and trains:
             for nodes in range(self.cluster.nodes, fewest - 1, -1):  # every world the job may run on
                 world = nodes * per_node
                 every = math.lcm(*(n * per_node for n in range(fewest, self.cluster.nodes + 1)))

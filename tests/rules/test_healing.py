@@ -117,6 +117,9 @@ def test_a_script_heals_in_place_when_its_loop_goes_through_the_engine(tmp_path)
     assert heals_in_place(job) and describe_on_loss(job) == (
         "the survivors heal in place through launcher.Engine (cluster.heal)"
     )
+    # the trainer's train.batch_size (64) splits over neither 3 nor 2 ranks: a script's batches are its own
+    three = ("+cluster=sim", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.procs_per_node=1")
+    assert heals_in_place(plan(*three, "script=tests/scripts/engine_loop.py")[0])
     for source, uses in (
         ("import launcher\nengine = launcher.Engine()", True),
         ("from launcher import Engine as E", True),
