@@ -255,8 +255,8 @@ class Engine(Steps):
 
     def register(self, **objects: Any) -> None:
         """The loop's own objects with ``state_dict``/``load_state_dict`` (an LR scheduler, an EMA model, a metric):
-        saved with every checkpoint, restored by ``resume`` (register before it), and sent with the state to the
-        ranks behind when the job heals in place."""
+        saved with every checkpoint, restored by ``resume``, and sent with the state to the ranks behind when the
+        job heals in place (what arrived before one was registered is loaded when it is)."""
         self._require("engine.register()")
         self.state.register(objects)
 

@@ -31,7 +31,9 @@ class EngineParts:
 
     extra: dict[str, Any]
     registered: dict[str, Any]  # the loop's own objects with a state (``Engine.register``): saved, carried, resumed
+    waiting: tuple[dict[str, Any], list[dict[str, Any]]] = ({}, [])  # a state's registered parts not yet registered
     scaler: Optional[torch.amp.GradScaler]
+    optimizer: torch.optim.Optimizer
     pos: Any
     span: Span
     job: Any
@@ -63,10 +65,14 @@ class EngineParts:
             self.scaler.load_state_dict(state["stepper"]["scaler"])
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.extra = dict(state.get("extra") or {})
-        saved = state.get("registered") or {}
+        saved = dict(state.get("registered") or {})
         for name, thing in self.registered.items():
             if name in saved:
-                thing.load_state_dict(saved[name])
+                thing.load_state_dict(saved.pop(name))
+        # what is not registered yet (a joining rank takes the state inside setup, before its loop makes its LR
+        # scheduler): loaded when it is, with the optimizer's settings as they came (a new scheduler resets them)
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.waiting = (saved, settings)
 
     def register(self, objects: dict[str, Any]) -> None:
         for name, thing in objects.items():
@@ -77,6 +83,13 @@ class EngineParts:
                     "values in engine.save(extra)"
                 )
         self.registered.update(objects)
+        saved, settings = self.waiting
+        if any(name in saved for name in objects):
+            for name, thing in objects.items():
+                if name in saved:
+                    thing.load_state_dict(saved.pop(name))
+            for group, kept in zip(self.optimizer.param_groups, settings):
+                group.update(kept)
 
 
 class EngineReplicated(EngineParts, ReplicatedState):
