@@ -66,6 +66,7 @@ undo() {
   exit "$code"
 }
 trap undo EXIT
+trap 'echo "[slurm] failed at line $LINENO: $BASH_COMMAND" >&2' ERR  # (a silent set -e exit says where)
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
@@ -174,7 +175,8 @@ if ((NETNS)); then  # a bridge (slurmctld's side: .254) and one namespace per no
   done
 fi
 
-[[ -f $ROOT/munge/munge.key ]] || mungekey -c -k "$ROOT/munge/munge.key" -b 1024
+[[ -f $ROOT/munge/munge.key ]] || mungekey -c -k "$ROOT/munge/munge.key" -b 1024 ||
+  { echo "[slurm] mungekey failed" >&2; exit 1; }
 chmod 600 "$ROOT/munge/munge.key"
 running "$ROOT/munge/munged.pid" || munged --key-file="$ROOT/munge/munge.key" --socket="$SOCK" \
   --pid-file="$ROOT/munge/munged.pid" --log-file="$ROOT/log/munged.log" --seed-file="$ROOT/munge/munged.seed"
@@ -183,7 +185,8 @@ until_ok 10 munged bash -c "munge -n -S '$SOCK' | unmunge -S '$SOCK'"
 DB=$ROOT/db
 if [[ ! -d $DB/data/mysql ]]; then
   mariadb-install-db --no-defaults --user=root --datadir="$DB/data" --auth-root-authentication-method=socket \
-    --skip-test-db >"$ROOT/log/mariadb-install.log" 2>&1
+    --skip-test-db >"$ROOT/log/mariadb-install.log" 2>&1 ||
+    { echo "[slurm] mariadb-install-db failed:" >&2; tail -n 20 "$ROOT/log/mariadb-install.log" >&2; exit 1; }
   new_db=1
 fi
 if ! running "$DB/mysqld.pid"; then
