@@ -372,20 +372,22 @@ def test_first_machine_lost_the_others_heal_in_place_and_it_joins_again(
         verify(path)  # raises on a torn or corrupted file
 
 
-def test_an_engine_loop_loses_its_first_machine_and_it_joins_again(machines, tmp_path):
+@pytest.mark.parametrize("reducer", ["ddp", "fsdp"])
+def test_an_engine_loop_loses_its_first_machine_and_it_joins_again(machines, tmp_path, reducer):
     """``launcher.Engine``'s loop (tests/scripts/heal_loop.py) on three machines, ``cluster.min_nodes=2``: the first
     machine's link goes down as soon as the loop trains; the other two heal in place; the link comes back, the
     machine's ranks start the script from its first line and wait in ``engine.setup`` until the ranks agree at a
     step boundary to let them in; they take the state from a live peer (no checkpoint read) and the loop goes on on
     3 machines. Exit 0, each step logged once by a survivor, and the final model is one process's fed the same
-    global batches."""
+    global batches. ``fsdp``: the same sharded (one rank a machine: each holds a replica; the survivors' models
+    sharded anew from the skeleton, the joining machine's filled from a survivor's shards)."""
     args = ["+cluster=ssh", f"cluster.hosts=[{','.join(ALL)}]", f"cluster.ssh_options=[-F,{machines}/ssh_config]"]
     run_dir, log, steps = tmp_path / "run", tmp_path / "run-head.log", 40
     loop = ("cluster.procs_per_node=1", "train.batch_size=48", "train.threads_per_rank=1", "cluster.min_nodes=2")
     loop += (
         "cluster.heartbeat_timeout_s=15",
         f"script='{REPO}/tests/scripts/heal_loop.py'",
-        f"script_args=[{steps},{tmp_path}]",
+        f"script_args=[{steps},{tmp_path},{reducer}]",
     )
     slow = tmp_path / "slow"  # the second machine's rank takes DELAY_S more per step while it exists
     slow.touch()
@@ -406,7 +408,7 @@ def test_an_engine_loop_loses_its_first_machine_and_it_joins_again(machines, tmp
     assert done == list(range(1, steps + 1)), done
     alone = tmp_path / "alone"
     result = run_launcher(
-        f"script='{REPO}/tests/scripts/heal_loop.py'", f"script_args=[{steps},{alone}]", run_dir=alone
+        f"script='{REPO}/tests/scripts/heal_loop.py'", f"script_args=[{steps},{alone},{reducer}]", run_dir=alone
     )
     assert result.returncode == 0, result.stderr[-3000:]
     final = {"model": torch.load(tmp_path / "model.pt", weights_only=True)}
