@@ -357,3 +357,27 @@ def test_a_registered_scheduler_is_saved_and_resumed_with_the_checkpoint(alone):
     assert run(3).last_epoch == 3
     resumed = run(0)
     assert (resumed.last_epoch, resumed.get_last_lr()) == (3, [0.1 * 0.5**3])
+
+
+def test_what_a_loop_that_heals_must_not_do_is_named_with_the_fix():
+    """The engine's checks of a loop that heals in place (``engine/checks.py``; called around every step of such a
+    loop, tests/beds/test_heal_loop.py): a step applied by another optimizer, a parameter changed between steps, an
+    LR scheduler stepping the engine's optimizer unregistered; none when the parameters did not move or the
+    scheduler is registered."""
+    from launcher.engine.checks import check_changed, check_schedulers, versions
+
+    net = model()
+    before = versions(net)
+    check_changed(before, versions(net), inside=True)
+    with torch.no_grad():
+        next(net.parameters()).mul_(0.5)
+    with pytest.raises(ValueError, match=r"1 parameter\(s\) changed inside engine.step\(\) but not through the opt"):
+        check_changed(before, versions(net), inside=True)
+    with pytest.raises(ValueError, match=r"1 parameter\(s\) changed between two engine.step\(\) blocks: .*HINT: make"):
+        check_changed(before, versions(net), inside=False)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    check_schedulers(optimizer, {})
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    with pytest.raises(ValueError, match=r"HINT: engine.register\(scheduler=scheduler\)"):
+        check_schedulers(optimizer, {})
+    check_schedulers(optimizer, {"scheduler": scheduler})

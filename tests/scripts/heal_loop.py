@@ -1,6 +1,5 @@
 """A loop through ``launcher.Engine`` that the healing tests kill machines under (tests/beds/test_heal_loop.py):
-``heal_loop.py STEPS OUT_DIR [reducer [mistake]]`` (mistake: ``outside``, a parameter changed between two steps;
-``other``, the step applied by an optimizer the engine was not given; ``scheduler``, an LR scheduler not registered).
+``heal_loop.py STEPS OUT_DIR [reducer [outside]]`` (``outside``: a parameter changed between two steps, a mistake).
 A fixed data set and model (the same on any number of ranks), SGD with momentum and a decaying learning rate (its
 scheduler registered with the engine), a global batch of 48; each completed step is logged once by every rank
 (``step.done``, with the time), the final model saved by the engine, and by rank 0 to OUT_DIR/model.pt whole, its
@@ -26,13 +25,11 @@ data = TensorDataset(torch.randn(1440, 16, generator=generator), torch.randint(0
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-other = torch.optim.SGD(model.parameters(), lr=0.05)
 
 engine = launcher.Engine(reducer=reducer)
 model, optimizer = engine.setup(model, optimizer)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.02 * step))
-if mistake != "scheduler":
-    engine.register(scheduler=scheduler)
+engine.register(scheduler=scheduler)
 loader = engine.loader(data, batch_size=48)
 engine.resume()
 while engine.global_step < steps:
@@ -40,7 +37,7 @@ while engine.global_step < steps:
         with engine.step() as step:
             loss = F.cross_entropy(model(x), y)
             engine.backward(loss)
-            (other if mistake == "other" and engine.global_step == 3 else optimizer).step()
+            optimizer.step()
             optimizer.zero_grad()
             scheduler.step()
         if mistake == "outside" and engine.global_step == 3:
