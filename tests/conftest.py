@@ -46,6 +46,7 @@ def torch_cache_dir() -> Path:
 
 def pytest_configure(config):
     config.torch_cache_existed = torch_cache_dir().exists()  # (xdist: each worker, and the controller first)
+    os.chdir(TESTS.parent)  # the repository's root, wherever pytest was started (its paths are written from there)
 
 
 def pytest_unconfigure(config):

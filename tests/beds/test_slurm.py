@@ -21,7 +21,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from harness import REPO
+from harness import REPO, path_override
 from harness.checks import assert_hang_named, assert_same_trajectory, expect_root_cause
 from harness.jobs import HANG_SCRIPT as SCRIPT
 from harness.jobs import REPEAT, STUCK, STUCK_FRAME, TRAIN, WATCH, job_args
@@ -545,7 +545,9 @@ def test_a_preempted_script_gets_slurms_sigterm_saves_and_is_requeued(slurm, tmp
     folder.mkdir()
     script = REPO / "tests" / "scripts" / "requeue_script.py"
     layout = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=1")
-    head = popen_logged(launcher_argv(run_dir, *layout, f"script={script}", f"script_args=[{folder}]"), log, slurm)
+    head = popen_logged(
+        launcher_argv(run_dir, *layout, path_override("script", script), f"script_args=[{folder}]"), log, slurm
+    )
     try:
         for marks, within_s in (("running-0", 240), ("saved", 90)):  # (saved: Slurm's KillWait is 30 s here)
             deadline = time.monotonic() + within_s

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import REPO, heads
+from harness import REPO, heads, path_override
 from harness.beds import ALL, HOSTS, SUBNET, command_line, job_processes, needs_ssh_machines, wait_nothing_left
 from harness.checks import assert_same_trajectory, expect_root_cause, final_state
 from harness.jobs import HEAL_JOB, job_args
@@ -386,7 +386,7 @@ def test_an_engine_loop_loses_its_first_machine_and_it_joins_again(machines, tmp
     loop = ("cluster.procs_per_node=1", "train.batch_size=48", "train.threads_per_rank=1", "cluster.min_nodes=2")
     loop += (
         "cluster.heartbeat_timeout_s=15",
-        f"script='{REPO}/tests/scripts/heal_loop.py'",
+        path_override("script", REPO / "tests" / "scripts" / "heal_loop.py"),
         f"script_args=[{steps},{tmp_path},{reducer}]",
     )
     slow = tmp_path / "slow"  # the second machine's rank takes DELAY_S more per step while it exists
@@ -408,7 +408,9 @@ def test_an_engine_loop_loses_its_first_machine_and_it_joins_again(machines, tmp
     assert done == list(range(1, steps + 1)), done
     alone = tmp_path / "alone"
     result = run_launcher(
-        f"script='{REPO}/tests/scripts/heal_loop.py'", f"script_args=[{steps},{alone},{reducer}]", run_dir=alone
+        path_override("script", REPO / "tests" / "scripts" / "heal_loop.py"),
+        f"script_args=[{steps},{alone},{reducer}]",
+        run_dir=alone,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     final = {"model": torch.load(tmp_path / "model.pt", weights_only=True)}

@@ -18,3 +18,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent
+
+
+def path_override(key: str, path: object) -> str:
+    """``key='path'``: a Hydra override whose value is a path, quoted (a clone's path may hold ``,``, ``=``, ``(``,
+    ``)`` or spaces, which Hydra's grammar would read as its own)."""
+    text = str(path).replace("'", "\\'")  # (in Hydra's quotes a backslash escapes a quote only)
+    return f"{key}='{text}'"

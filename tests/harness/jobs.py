@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from harness import REPO
+from harness import REPO, path_override
 
 # ------------------------------------------------------------------------------------------------ healing
 # the heal tests' job (test_sim, test_ssh; tests/beds/conftest.py's one_process_heal_job is its one-process
@@ -41,7 +41,7 @@ def job_args(kind: str, where: str, rank: int) -> tuple[list[str], dict[str, str
     """(overrides, environment) of a job whose ``rank`` fails ``where`` (``before``, ``between``, ``inside`` a
     collective): a ``script=`` (``kind="script"``) or the trainer's injected fault."""
     if kind == "script":
-        return [f"script={FAIL_SCRIPT}", f"script_args=[{where},{rank}]"], {}
+        return [path_override("script", FAIL_SCRIPT), f"script_args=[{where},{rank}]"], {}
     return list(TRAIN), {"LAUNCHER_FAULT": f"{FAULTS[where]},rank={rank}"}
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, TESTS, heads
+from harness import REPO, TESTS, heads, path_override
 from harness.run import user_env
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP}
@@ -84,7 +84,7 @@ class Cell:
     def program_args(self, run_dir: Path) -> tuple[str, ...]:
         if self.program == "trainer":
             return TRAINER
-        return (f"script={STOP_SCRIPT}", f"script_args=[{marks(run_dir)}]")
+        return (path_override("script", STOP_SCRIPT), f"script_args=[{marks(run_dir)}]")
 
 
 def cells(*modes: str) -> list[Cell]:

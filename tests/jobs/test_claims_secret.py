@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from harness import path_override
 from harness.run import run_launcher
 
 # A script= rank: was it handed a secret (its environment at exec, /proc/self/environ), is it still in os.environ,
@@ -35,7 +36,7 @@ def test_a_program_a_rank_starts_gets_no_secret(tmp_path, mode):
     script.write_text(SCRIPT)
     out = tmp_path / "seen"
     out.mkdir()
-    result = run_launcher(*mode, f"script={script}", f"script_args=[{out}]", run_dir=tmp_path / "run")
+    result = run_launcher(*mode, path_override("script", script), f"script_args=[{out}]", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
     expected = {"handed": True, "in_os_environ": False, "child_environ": False, "child_names": False}

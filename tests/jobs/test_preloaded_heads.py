@@ -4,7 +4,7 @@ seen from outside (console, exit code, session, environment, working directory).
 import subprocess
 import sys
 
-from harness import REPO, heads
+from harness import REPO, heads, path_override
 from harness.run import user_env
 
 PROBE = "import os, sys; print(os.getcwd(), os.getsid(0) == os.getpid(), os.environ.get('PROBE'), sys.argv[0])"
@@ -35,7 +35,7 @@ def test_a_forked_head_has_its_own_session_environment_and_directory(tmp_path):
     """A one-rank ``script=`` job runs its script in the head's own process: the script sees the head."""
     probe = tmp_path / "probe.py"
     probe.write_text(f"{PROBE}\n")
-    args = (f"script={probe}", "cluster.procs_per_node=1", f"hydra.run.dir={tmp_path / 'run'}")
+    args = (path_override("script", probe), "cluster.procs_per_node=1", f"hydra.run.dir={tmp_path / 'run'}")
     forked, fresh = both(*args, env={"PROBE": "yes"})
     line = f"{REPO} True yes {probe}"
     assert forked[0] == fresh[0] == 0 and line in forked[1] and line in fresh[1], (forked, fresh)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import REPO
+from harness import REPO, path_override
 from harness.run import Run, run_launcher
 
-SCRIPT = f"script={REPO / 'tests' / 'scripts' / 'snapshot_script.py'}"
+SCRIPT = path_override("script", REPO / "tests" / "scripts" / "snapshot_script.py")
 EPOCHS, SAVE_EVERY, KILL_EPOCH = 6, 2, 3  # snapshots after epochs 1, 3, 5; the kill before epoch 3: resume at 2
 RESUMED = f"Resuming training from snapshot at Epoch {KILL_EPOCH // SAVE_EVERY * SAVE_EVERY}"
 LAST = f"Epoch {EPOCHS - 1} | Steps: 4 | attempt 1"  # the last epoch, run by the second attempt (64 samples / 2 / 8)

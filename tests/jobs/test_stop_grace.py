@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import TESTS
+from harness import TESTS, path_override
 from harness.run import launcher_argv
 from harness.stops import LOOP_SCRIPT, READY_S, marks, popen_logged, processes_of, script_ends
 
@@ -64,7 +64,7 @@ def of(ended: dict[str, Ended], name: str) -> Ended:
 
 
 def script(path: Path) -> tuple[str, ...]:
-    return (f"script={path}", "script_args=[{marks}]")
+    return (path_override("script", path), "script_args=[{marks}]")
 
 
 CASES = {

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from harness import path_override
 from harness.run import run_launcher
 from launcher.base.threads import choose_threads
 
@@ -29,7 +30,7 @@ def cores() -> int:
 def threads_seen(tmp_path, *overrides, env=None, ranks=2):
     script = tmp_path / "threads.py"
     script.write_text(SCRIPT)
-    given = (f"script={script}", f"script_args=[{tmp_path}]", *overrides)
+    given = (path_override("script", script), f"script_args=[{tmp_path}]", *overrides)
     result = run_launcher(*given, run_dir=tmp_path / "run", env=env)
     assert result.returncode == 0, result.stderr
     seen = [json.loads((tmp_path / f"threads-{r}.json").read_text()) for r in range(ranks)]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO
+from harness import REPO, path_override
 from harness.run import run_launcher, user_env
 from launcher.launch.ports import free_port
 
@@ -104,7 +104,12 @@ def under_launcher(tmp_path: Path, *overrides: str, world: int, restarts: int = 
     out = tmp_path / "launcher-out"
     out.mkdir()
     run = run_launcher(
-        f"script={SCRIPT}", f"cluster.max_restarts={restarts}", *overrides, "--", str(out), run_dir=tmp_path / "run"
+        path_override("script", SCRIPT),
+        f"cluster.max_restarts={restarts}",
+        *overrides,
+        "--",
+        str(out),
+        run_dir=tmp_path / "run",
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return records(out, world)

@@ -280,3 +280,13 @@ def test_a_damaged_frozen_config_is_named_not_asserted(tmp_path, text, message):
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError, match=rf"{tmp_path}/config.yaml.*{re.escape(message)}.*HINT: the launcher writes"):
         load_frozen(tmp_path)
+
+
+def test_a_path_with_hydras_own_characters_reaches_the_job_whole():
+    """Issue 60: the tests hand paths (a clone's, anywhere) to Hydra quoted (``harness.path_override``): a path with
+    a space, ``,``, ``=``, ``(``, ``)`` or a quote arrives as it was."""
+    from harness import path_override
+    from harness.config import compose
+
+    for path in ("/opt/my clone,v=2 (x)/tests/scripts/s.py", "/data/it's/s.py", "C:\\data\\s.py"):
+        assert compose(path_override("script", path)).script == path
