@@ -44,15 +44,31 @@ def torch_cache_dir() -> Path:
     )
 
 
+SYSTEM_TEMP_ENV, PRIVATE_TEMP_ENV = "LAUNCHER_TESTS_SYSTEM_TMP", "LAUNCHER_TESTS_TMP"
+
+
 def pytest_configure(config):
-    config.torch_cache_existed = torch_cache_dir().exists()  # (xdist: each worker, and the controller first)
+    """The session's own temp dir (the controller makes it, the workers and every job inherit it as ``TMPDIR``):
+    what the tests leave there is theirs alone, whatever other programs write to the system's meanwhile (pytest's
+    base temp dir stays in the system's, kept for the last runs)."""
     os.chdir(TESTS.parent)  # the repository's root, wherever pytest was started (its paths are written from there)
+    if PRIVATE_TEMP_ENV not in os.environ:
+        system = tempfile.gettempdir()
+        os.environ[SYSTEM_TEMP_ENV] = system
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)
+        os.environ["TMPDIR"] = os.environ[PRIVATE_TEMP_ENV] = tempfile.mkdtemp(prefix="launcher-tests-", dir=system)
+        tempfile.tempdir = None  # (computed again from TMPDIR)
+        config.private_temp = Path(os.environ[PRIVATE_TEMP_ENV])
+    config.torch_cache_existed = torch_cache_dir().exists()  # (xdist: each worker, and the controller first)
 
 
 def pytest_unconfigure(config):
-    """After every worker (xdist's controller ends last): a worker that found the dir made by another left it."""
+    """After every worker (xdist's controller ends last): a worker that found the dir made by another left it; the
+    session's temp dir goes (its leftovers were named: ``pytest_sessionfinish``)."""
     if not getattr(config, "torch_cache_existed", True):
         shutil.rmtree(torch_cache_dir(), ignore_errors=True)
+    if (private := getattr(config, "private_temp", None)) is not None:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 BEDS_ENV = "LAUNCHER_REQUIRE_BEDS"  # .ci/run sets it: a test skipped for a missing bed fails instead
@@ -194,6 +210,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionstart(session):
     session.config.temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    session.config.system_before = {p.name for p in Path(os.environ[SYSTEM_TEMP_ENV]).iterdir()}
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -201,8 +218,11 @@ def pytest_sessionfinish(session, exitstatus):
     dirs aside); the session fails naming what was left."""
     xdist = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
     if xdist:
+        system, private = Path(os.environ[SYSTEM_TEMP_ENV]), Path(tempfile.gettempdir())
         try:
-            new_in_temp(Path(tempfile.gettempdir()), session.config.temp_before, Path("/"))
+            new_in_temp(private, session.config.temp_before, Path("/"))
+            # what escaped it (a fixed path, an ssh machine's process): only ours, another program's is not looked at
+            new_in_temp(system, session.config.system_before | {private.name}, Path("/"), only_ours=True)
         except AssertionError as exc:
             print(f"\n{exc}", file=sys.stderr)
             session.exitstatus = 1
@@ -214,12 +234,13 @@ OWN_TEMP = ("pytest-of-", "torchinductor_", "pymp-")  # pytest's base temp dir (
 OURS = ("torchelastic_", "launcher-")  # what a job or a test of ours makes there: removed when left
 
 
-def new_in_temp(temp: Path, before: set[str], basetemp: Path) -> None:
+def new_in_temp(temp: Path, before: set[str], basetemp: Path, only_ours: bool = False) -> None:
     """No entry the module's jobs made in the temp dir survives it (e.g. torch elastic's ``torchelastic_*`` log
     dirs when no log dir is given): the module fails naming each one; ours are removed (another program's entry
-    that appeared meanwhile is named, never touched)."""
+    that appeared meanwhile is named, never touched; ``only_ours``: not even looked at)."""
     own = {basetemp.name} if basetemp.parent == temp else set()
     left = sorted(p for p in temp.iterdir() if p.name not in before | own and not p.name.startswith(OWN_TEMP))
+    left = [p for p in left if p.name.startswith(OURS)] if only_ours else left
     for path in left:
         if path.name.startswith(OURS) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
