@@ -1,3 +1,4 @@
+import atexit
 import getpass
 import os
 import shutil
@@ -45,6 +46,17 @@ def torch_cache_dir() -> Path:
 
 
 SYSTEM_TEMP_ENV, PRIVATE_TEMP_ENV = "LAUNCHER_TESTS_SYSTEM_TMP", "LAUNCHER_TESTS_TMP"
+_made_temp: list[Path] = []  # the session's temp dir, made by this process
+
+
+def _remove_made_temp() -> None:
+    for path in _made_temp:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# Registered at import, before torch imports multiprocessing: atexit runs it last, after multiprocessing's own
+# finalizers have removed their pymp-* dirs inside it (its leftovers were named: ``new_in_temp``).
+atexit.register(_remove_made_temp)
 
 
 def pytest_configure(config):
@@ -58,17 +70,14 @@ def pytest_configure(config):
         os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)
         os.environ["TMPDIR"] = os.environ[PRIVATE_TEMP_ENV] = tempfile.mkdtemp(prefix="launcher-tests-", dir=system)
         tempfile.tempdir = None  # (computed again from TMPDIR)
-        config.private_temp = Path(os.environ[PRIVATE_TEMP_ENV])
+        _made_temp.append(Path(os.environ[PRIVATE_TEMP_ENV]))
     config.torch_cache_existed = torch_cache_dir().exists()  # (xdist: each worker, and the controller first)
 
 
 def pytest_unconfigure(config):
-    """After every worker (xdist's controller ends last): a worker that found the dir made by another left it; the
-    session's temp dir goes (its leftovers were named: ``pytest_sessionfinish``)."""
+    """After every worker (xdist's controller ends last): a worker that found the dir made by another left it."""
     if not getattr(config, "torch_cache_existed", True):
         shutil.rmtree(torch_cache_dir(), ignore_errors=True)
-    if (private := getattr(config, "private_temp", None)) is not None:
-        shutil.rmtree(private, ignore_errors=True)
 
 
 BEDS_ENV = "LAUNCHER_REQUIRE_BEDS"  # .ci/run sets it: a test skipped for a missing bed fails instead
