@@ -70,10 +70,13 @@ def test_an_engine_loop_heals_in_place_when_a_machine_is_killed(tmp_path, one_pr
 
 def test_a_sharded_engine_loop_heals_when_rank_0s_machine_is_lost(tmp_path, one_process):
     """3 simulated nodes x 2 ranks under FSDP2 inside each node (``comm.shard=node``: every node a whole replica):
-    node 0, holding rank 0, is killed at step 10. The survivors' models are sharded anew on the next round's mesh,
-    each rank's shards kept; the new rank 0 (node 1's first) talks to the console; the final model is one
-    process's."""
-    result = run_loop(tmp_path, "step=10,rank=0,signal=KILL,target=node", "cluster.procs_per_node=2", reducer="fsdp")
+    node 0, holding rank 0, is killed inside step 10's backward. The survivors' models are sharded anew on the
+    next round's mesh, each rank's shards kept; the new rank 0 (node 1's first) talks to the console; the final
+    model is one process's."""
+    # (inside step 10's backward, as test_sim_sharded's: killed at the step's start, a node's two ranks may be a
+    # step apart, one inside FSDP2's intra-node all-gather, which nothing can abort: the known limit in the note)
+    fault = "step=10,rank=0,signal=KILL,target=node,backward"
+    result = run_loop(tmp_path, fault, "cluster.procs_per_node=2", reducer="fsdp")
     final = assert_healed_once(tmp_path, result, "node-0", ranks_after=4)
     assert_same_trajectory(final, one_process)
 
