@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from launcher.base.env import DistEnv
 from launcher.config.rules import heals_in_place
@@ -116,8 +117,6 @@ def check_schedulers(optimizer: Any, registered: dict[str, Any]) -> None:
     """A loop that heals in place registers the LR scheduler stepping its optimizer (torch's schedulers wrap the
     optimizer's ``step``): a heal gives the ranks behind the learning rate of the ranks ahead, and their scheduler
     must go on from the same count, or the ranks train with different rates from then on."""
-    from torch.optim.lr_scheduler import LRScheduler
-
     wrapped = getattr(vars(optimizer).get("step"), "_wrapped_by_lr_sched", False)
     if wrapped and not any(isinstance(thing, LRScheduler) for thing in registered.values()):
         raise ValueError(

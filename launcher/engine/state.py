@@ -31,7 +31,7 @@ class EngineParts:
 
     extra: dict[str, Any]
     registered: dict[str, Any]  # the loop's own objects with a state (``Engine.register``): saved, carried, resumed
-    waiting: tuple[dict[str, Any], list[dict[str, Any]]] = ({}, [])  # a state's registered parts not yet registered
+    waiting: tuple[dict[str, Any], list[dict[str, Any]]]  # a state's registered parts not yet loaded
     scaler: Optional[torch.amp.GradScaler]
     optimizer: torch.optim.Optimizer
     pos: Any
@@ -65,14 +65,12 @@ class EngineParts:
             self.scaler.load_state_dict(state["stepper"]["scaler"])
         self.pos.step, self.pos.epoch, self.pos.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.extra = dict(state.get("extra") or {})
-        saved = dict(state.get("registered") or {})
-        for name, thing in self.registered.items():
-            if name in saved:
-                thing.load_state_dict(saved.pop(name))
-        # what is not registered yet (a joining rank takes the state inside setup, before its loop makes its LR
-        # scheduler): loaded when it is, with the optimizer's settings as they came (a new scheduler resets them)
+        # the registered objects' states, loaded now, and those of objects not registered yet when they are (a
+        # joining rank takes the state inside setup, before its loop makes its LR scheduler), with the optimizer's
+        # settings as they came (a new scheduler resets them)
         settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.waiting = (saved, settings)
+        self.waiting = (dict(state.get("registered") or {}), settings)
+        self._load_waiting(self.registered)
 
     def register(self, objects: dict[str, Any]) -> None:
         for name, thing in objects.items():
@@ -83,11 +81,14 @@ class EngineParts:
                     "values in engine.save(extra)"
                 )
         self.registered.update(objects)
+        self._load_waiting(objects)
+
+    def _load_waiting(self, objects: dict[str, Any]) -> None:
         saved, settings = self.waiting
-        if any(name in saved for name in objects):
-            for name, thing in objects.items():
-                if name in saved:
-                    thing.load_state_dict(saved.pop(name))
+        found = [name for name in objects if name in saved]
+        for name in found:
+            objects[name].load_state_dict(saved.pop(name))
+        if found:
             for group, kept in zip(self.optimizer.param_groups, settings):
                 group.update(kept)
 
@@ -130,7 +131,7 @@ def engine_state(
 ) -> TrainState:
     kind = EngineSharded if job.comm.reducer.sharded else EngineReplicated
     state = kind(job, model, optimizer, device)
-    state.extra, state.scaler, state.registered = {}, scaler, {}
+    state.extra, state.scaler, state.registered, state.waiting = {}, scaler, {}, ({}, [])
     state.shape(0, 0)  # (the loader's shape once it is made)
     return state
 

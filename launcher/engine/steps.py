@@ -81,27 +81,22 @@ class Steps(EngineRounds):
             self.watch.note_step(self.pos.step)
         fire_at(self._faults, self.pos.step + 1, self.state.model)  # LAUNCHER_FAULT: tests and trying failures
         now = self._step_state = StepState(inside=True)
-        if self._seam.abort is None:  # a job that does not heal: torch's errors as they are
-            try:
-                yield now
-                self._boundary(now)
-            finally:
-                now.inside = False
-            return
-        now.versions = versions(self.state.model)
-        if self._seen is not None:  # (what the last step left)
-            check_changed(self._seen, now.versions, inside=False)
-        check_schedulers(self.optimizer, self.state.registered)
+        heals = self._seam.abort is not None  # (a job that does not heal: torch's errors as they are)
+        if heals:  # what a loop that heals must not do (``checks.py``)
+            now.versions = versions(self.state.model)
+            if self._seen is not None:  # (what the last step left)
+                check_changed(self._seen, now.versions, inside=False)
+            check_schedulers(self.optimizer, self.state.registered)
         try:
-            with typed_errors(self._seam.abort):
+            with typed_errors(self._seam.abort) if heals else contextlib.nullcontext():
                 yield now
-                if not now.applied:
+                if heals and not now.applied:
                     check_changed(now.versions, versions(self.state.model), inside=True)
                 self._boundary(now)
-                self._seen = versions(self.state.model)
+                if heals:
+                    self._seen = versions(self.state.model)
         except (PeerLost, CollectiveFailed) as exc:  # a machine lost? (the keeper's decision tells; else raised)
             decision = self._lost(exc)
-            now.inside = False
             if now.applied and not now.counted:  # (the optimizer stepped: a collective after it in the body failed)
                 self._count()
             elif not now.counted and self._loader is not None:
