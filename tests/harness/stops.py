@@ -1,6 +1,7 @@
 """The stop-signal matrix (issue 51, item 3; issue 58, item 1; docs/running.md, "Exit codes"): SIGINT, SIGTERM and
 SIGHUP to the process a user started (the launcher's head; torchrun; node 0's launcher of a job started by hand) in
-every launch mode, for the built-in trainer and for a ``script=`` job. Each cell is one job, stopped once it runs; it
+every launch mode, for the built-in trainer and for a ``script=`` job (SIGHUP only where its path is not SIGINT's:
+``HUP_CELLS``). Each cell is one job, stopped once it runs; it
 must end with the documented exit code and the stop line, the trainer with a checkpoint written at the stop (none
 before: ``TRAINER`` writes none on its own) and the line naming it, the script (``STOP_SCRIPT``: a handler that
 notes the signal, the ranks agree on it at their next all_reduce, save and exit 0) having got the signal itself on
@@ -87,8 +88,27 @@ class Cell:
         return (path_override("script", STOP_SCRIPT), f"script_args=[{marks(run_dir)}]")
 
 
+# SIGINT and SIGTERM take different paths in every mode (the process group, the process alone): each mode x program
+# has both. SIGHUP takes SIGINT's path (at the process group; the same stop, under its own name and code 129) except
+# where the launcher turns it into another word: it is run where that happens or is seen end to end, and not again
+# where it would only repeat a SIGINT cell (issue 60, item 3: suite time):
+HUP_CELLS = {
+    ("local", "trainer"),  # the exit code 129, the stop line and the checkpoint, end to end
+    ("local", "script"),  # the terminal closed: the script's own ranks get SIGHUP from the group
+    ("by-hand", "script"),  # the relay's word for it (launch/nodes/control.py: Control.HUP), told to another machine
+    ("slurm", "trainer"),  # the Slurm head passes it on as a SIGTERM (scancel)
+    ("slurm", "script"),
+}
+
+
 def cells(*modes: str) -> list[Cell]:
-    return [Cell(mode, sig, program) for mode in modes for sig in SIGNALS for program in PROGRAMS]
+    return [
+        Cell(mode, sig, program)
+        for mode in modes
+        for sig in SIGNALS
+        for program in PROGRAMS
+        if sig != "HUP" or (mode, program) in HUP_CELLS
+    ]
 
 
 def marks(run_dir: Path) -> Path:

@@ -1,8 +1,9 @@
-"""The stop-signal matrix is whole (issue 51, item 3): every launch mode x SIGINT / SIGTERM / SIGHUP x the trainer
-and a script has its cell, run by the module ``harness.stops.MODULE_OF_MODE`` names, each cell once."""
+"""The stop-signal matrix is whole (issue 51, item 3): every launch mode x SIGINT / SIGTERM x the trainer and a script
+has its cell, SIGHUP where its path differs from SIGINT's (``HUP_CELLS``, issue 60), run by the module
+``harness.stops.MODULE_OF_MODE`` names, each cell once."""
 
 from harness import REPO
-from harness.stops import MODULE_OF_MODE, PROGRAMS, SIGNALS, cells
+from harness.stops import HUP_CELLS, MODULE_OF_MODE, PROGRAMS, cells
 
 MODES = ("local", "torchrun", "by-hand", "sim", "sim-healing", "ssh", "slurm")
 
@@ -10,7 +11,11 @@ MODES = ("local", "torchrun", "by-hand", "sim", "sim-healing", "ssh", "slurm")
 def test_every_mode_signal_and_program_has_one_cell():
     assert tuple(MODULE_OF_MODE) == MODES
     every = cells(*MODES)
-    assert len({c.id for c in every}) == len(every) == len(MODES) * len(SIGNALS) * len(PROGRAMS) == 42
+    assert len({c.id for c in every}) == len(every) == len(MODES) * 2 * len(PROGRAMS) + len(HUP_CELLS) == 33
+    assert {(c.mode, c.program) for c in every if c.sig == "HUP"} == HUP_CELLS
+    assert {(c.mode, c.sig, c.program) for c in every} >= {
+        (m, s, p) for m in MODES for s in ("INT", "TERM") for p in PROGRAMS
+    }
 
 
 def test_each_module_parametrizes_the_cells_of_its_modes():
