@@ -21,9 +21,9 @@ from common import machine, run_ranks, table
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.base.devices import rng_state
 from launcher.base.env import DistEnv
 from launcher.group.helpers import Peers
-from launcher.train.saving import rng_state
 from launcher.trust.secret import Secret
 from models.lenet import LeNet
 
@@ -47,7 +47,7 @@ def steps(env: DistEnv, blocks: int, every: int) -> dict[str, float]:
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
-            peers[variant].all_gather_object(rng_state())
+            peers[variant].gather_object(rng_state())  # as the trainer's save (launcher/train/state.py)
             if block:
                 took[variant] += time.perf_counter() - began
     return {v: t / (blocks * every) for v, t in took.items()}
@@ -71,7 +71,7 @@ def form(env: DistEnv, reps: int) -> dict[str, float]:
             view = guard(store, secret if variant == "signed" else None, f"form-{variant}-{i}")
             began = time.perf_counter()
             pg = dist.distributed_c10d.ProcessGroupGloo(view, env.rank, 2, timedelta(seconds=60))
-            pg.allreduce([torch.ones(1)]).wait()
+            pg.allreduce([torch.ones(1)]).wait()  # type: ignore[attr-defined]  # gloo has it; torch's stubs do not
             took[variant].append(time.perf_counter() - began)
             del pg
     return {v: statistics.median(s) for v, s in took.items()}

@@ -44,9 +44,15 @@ def _entry(fn: Callable, rank: int, world: int, per_node: int, port: int, out: A
         raise
 
 
+def rank_context() -> Any:
+    """How ``run_ranks`` starts its ranks: fresh interpreters. (tests/jobs/test_bench_scripts.py forks them from
+    its fork server instead, which imported torch once: the same ranks, without paying the import each.)"""
+    return mp.get_context("spawn")
+
+
 def run_ranks(fn: Callable, world: int, *args: Any, per_node: int | None = None) -> Any:
     """Run ``fn(env, *args)`` on ``world`` gloo ranks over loopback; return rank 0's result."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.SimpleQueue()
     port = free_port("127.0.0.1")
     procs = [ctx.Process(target=_entry, args=(fn, r, world, per_node or world, port, out, args)) for r in range(world)]

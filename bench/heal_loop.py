@@ -186,7 +186,8 @@ def main() -> None:
     args.faults = [f for f in args.faults.split(",") if f]
     args.kinds = [k for k in args.kinds.split(",") if k]
     assert set(args.faults) <= {"kill", "freeze", "cut"} and set(args.kinds) <= {"engine", "trainer"}
-    assert min(args.nodes) >= 3 and 11 <= args.at <= args.steps - 10, "needs 3+ nodes, 10 steps each side"
+    assert min(args.nodes) >= 3 and 12 <= args.at <= args.steps - 10, "needs 3+ nodes, 11 steps before, 10 after"
+    # (the engine's 10 steps before the loss are timed from stamp to stamp: the first of them needs one before it)
     if "cut" in args.faults and (os.geteuid() != 0 or shutil.which("ip") is None):
         raise SystemExit("--faults cut needs root and iproute2 (cluster.netns=true)")
 

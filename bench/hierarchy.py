@@ -1,10 +1,10 @@
 """Hierarchy benchmark: flat vs node-first vs auto allreduce on 2 simulated nodes x 2 ranks (network namespaces).
 
-    sudo python bench/hierarchy.py [--mb 25] [--reps 5] [--json PATH]
+    sudo python bench/hierarchy.py [--mb 25] [--reps 5] [--links unshaped,1] [--json PATH]
 
-For each link (unshaped veth, then tbf 1 Gbit/s burst 2mbit) and each rank layout (ranks numbered node by node,
-then interleaved across nodes), four gloo ranks run in two namespaces joined by a bridge. Per variant, repetitions
-are interleaved; each is timed as the slowest rank's (median). Inter-node bytes come from the veth counters
+For each link (``--links``: unshaped veth, then tbf 1 Gbit/s burst 2mbit) and each rank layout (ranks numbered node
+by node, then interleaved across nodes), four gloo ranks run in two namespaces joined by a bridge. Per variant,
+repetitions are interleaved; each is timed as the slowest rank's (median). Inter-node bytes come from the veth counters
 (what each node sent on its link, per allreduce). Wire bound: a node must send 2(n-1)/n * S bytes over its link
 for n nodes, so at B bytes/s no allreduce beats 2(n-1)/n * S / B (n = 2: S / B).
 """
@@ -45,7 +45,7 @@ def worker(args: argparse.Namespace) -> None:
                 "hierarchical": lambda: hierarchical_allreduce(tensor, topo).wait(),
             }
             ops["auto"] = ops["hierarchical" if choice.hierarchical else "flat"]
-            times = {name: [] for name in ops}
+            times: dict[str, list[float]] = {name: [] for name in ops}
             sent = {name: 0 for name in ops}
             for op in ops.values():
                 op()  # warm-up
@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     times[name].append(elapsed.item())
                     dist.barrier()
-                    if env.rank == 0:
+                    if before is not None:  # (rank 0)
                         after = [net.tx_bytes(n) for n in range(NODES)]
                         sent[name] += max(a - b for a, b in zip(after, before))
             if env.rank == 0:
@@ -92,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=25.0)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--links", default="unshaped,1", help="comma-separated: unshaped, or a tbf rate in Gbit/s")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", help=argparse.SUPPRESS)
@@ -102,7 +103,7 @@ def main() -> None:
         raise SystemExit("bench/hierarchy.py creates network namespaces: run it as root")
     size = args.mb * 2**20
     rows, records = [], []
-    for link in (None, 1.0):
+    for link in [None if x == "unshaped" else float(x) for x in args.links.split(",")]:
         for interleaved in (False, True):
             r = run_case(args, link, interleaved)
             ms, sent = r["ms"], r["bytes_per_node"]

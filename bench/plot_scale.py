@@ -5,8 +5,8 @@ python bench/scale.py --json scale.json && python bench/plot_scale.py scale.json
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -23,7 +23,7 @@ PANELS: list[tuple[str, str, float, float | None, str]] = [
 ]
 
 
-def main(source: str, target: str) -> None:
+def plot(source: str, target: str) -> None:
     data = json.loads(Path(source).read_text())
     ranks = data["ranks"]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
@@ -42,5 +42,13 @@ def main(source: str, target: str) -> None:
     print(target)
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="bench/scale.py's --json file")
+    parser.add_argument("target", help="the image to write (PNG)")
+    args = parser.parse_args()
+    plot(args.source, args.target)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

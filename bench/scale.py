@@ -39,6 +39,7 @@ from pathlib import Path
 import torch.distributed as dist
 from common import machine, table
 
+from launcher.base.errors import Kind
 from launcher.base.run_dir import RunDir
 from launcher.group.rendezvous import attempt_prefix
 from launcher.heal.head_side import KeeperClient
@@ -100,11 +101,11 @@ def report_time(ranks: int, nodes: int, run_dir: Path) -> float:
 
     stack = "".join(f'  File "train.py", line {i}, in step\n    work()\n' for i in range(30))
     records = [
-        failures.Failure(**ident(culprit), kind="hang", summary="has not entered collective #9", traceback=stack)
+        failures.Failure(**ident(culprit), kind=Kind.hang, summary="has not entered collective #9", traceback=stack)
     ]
     records += [
         failures.Failure(
-            **ident(r), kind="peer", summary=f"waited 6 s in collective #9 for rank {culprit}", time_ns=now
+            **ident(r), kind=Kind.peer, summary=f"waited 6 s in collective #9 for rank {culprit}", time_ns=now
         )
         for r in range(ranks)
         if r != culprit
@@ -138,7 +139,9 @@ def watch_run(ranks: int, nodes: int, warn_s: float, clean_s: float, hosts: int,
     ]
     try:
         zero = [*script, "zero", *common, f"{warn_s:g}", f"{clean_s:g}", str(stall_at), str(culprit)]
-        out = subprocess.run(zero, capture_output=True, text=True, timeout=clean_s + warn_s + 120, check=True)
+        out = subprocess.run(zero, capture_output=True, text=True, timeout=clean_s + warn_s + 120)
+        if out.returncode:
+            raise SystemExit(f"{ranks} ranks: rank 0's watch failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     finally:
         for proc in procs:
             proc.kill()

@@ -70,8 +70,8 @@ class FakeRecorder:
 
 
 def _fake_torch_side(ranks: int) -> None:
-    recorder.members = lambda: {"0": list(range(ranks))}  # type: ignore[assignment]
-    recorder.dump_json = lambda: b"{}"  # type: ignore[assignment]
+    recorder.members = lambda: {"0": list(range(ranks))}
+    recorder.dump_json = lambda: b"{}"
 
 
 def _env(rank: int, ranks: int, nodes: int) -> DistEnv:
@@ -104,7 +104,7 @@ def zero(
     handler = logging.Handler()
     handler.emit = lambda record: said.append((time.time(), record.getMessage()))  # type: ignore[method-assign]
     logging.getLogger("launcher.watch").addHandler(handler)
-    watch = Watch(run, _env(0, ranks, nodes), warn_s, None)
+    watch = Watch(RunDir(run), _env(0, ranks, nodes), warn_s, None)
     watch.publisher.recorder = FakeRecorder(0, t0, stall_at, culprit)  # type: ignore[assignment]
     time.sleep(max(0.0, t0 - time.time()))
     watch.start()
@@ -131,7 +131,7 @@ def zero(
 if __name__ == "__main__":
     role, run, t0, *numbers = sys.argv[1:]
     if role == "host":
-        host(run, float(t0), *(int(n) for n in numbers))  # type: ignore[arg-type]
+        host(run, float(t0), *(int(n) for n in numbers))
     else:
         ranks, nodes, warn_s, clean_s, stall_at, culprit = numbers
         zero(run, float(t0), int(ranks), int(nodes), float(warn_s), float(clean_s), int(stall_at), int(culprit))

@@ -37,10 +37,11 @@ exec bash -c "${@: -1}"
 PYTHON_STUB = """#!/bin/bash
 # cluster.python on a simulated machine: the host check's facts, or a node process that reads its stdin to the end
 case "$2" in
-  launcher.launch.ssh.host_check)
-    port=""; [ "$6" != "-" ] && port=', "port": 29500'
-    printf '{"host": "%s", "problems": [], "addr": "%s", "head": "127.0.0.1", "head_lookup_s": 0.0, "gpus": 0%s}\\n' \\
-      "$BENCH_HOST" "$BENCH_HOST" "$port";;
+  launcher.launch.ssh.host_check)  # RUN_DIR TOKEN MASTER_ADDR PORT ...: every field of its HostFacts
+    port=null; [ "$6" != "-" ] && port=29500
+    facts='"head": "127.0.0.1", "head_lookup_s": 0.0, "gpus": 0, "tensorboard": false, "problems": []'
+    printf '{"host": "%s", "addr": "%s", "port": %s, "master_ip": "%s", %s, "slow_lookups": []}\\n' \\
+      "$BENCH_HOST" "$BENCH_HOST" "$port" "$5" "$facts";;
   *) : > "$BENCH_MARKS/$BENCH_HOST"  # a node process: ends as a real one would on the head's stop words
      while IFS= read -r word; do case "$word" in TERM) exit 143;; INT) exit 130;; ABORT) exit 1;; esac; done;;
 esac

@@ -81,19 +81,17 @@ def pytest_unconfigure(config):
 
 
 BEDS_ENV = "LAUNCHER_REQUIRE_BEDS"  # .ci/run sets it: a test skipped for a missing bed fails instead
-MAY_SKIP = ("no CUDA device", "runs on the one-host cluster only")  # GPUs are lent by chance; a choice of the suite
+MAY_SKIP = ("no CUDA device",)  # the only skip the suite chooses (tests/README.md): GPUs are lent by chance
 HOW_TO_RUN = (
     "as root with iproute2, openssh-server and Slurm 22.05 (slurm/README.md installs them; scripts/ssh-hosts/ "
     "starts the ssh machines) the suite runs every bed, as CI does"
 )
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """A skip for a missing test bed (root, network namespaces, the local Slurm, sshd, a bare python) fails under
-    ``LAUNCHER_REQUIRE_BEDS=1`` (CI: no area may go untested and green); elsewhere it says how to run it."""
-    outcome = yield
-    report = outcome.get_result()
+def held_to_the_beds(report, what: str = "this test") -> None:
+    """A skip for a missing test bed (root, network namespaces, the local Slurm, sshd, a bare python, a package)
+    fails under ``LAUNCHER_REQUIRE_BEDS=1`` (CI: no area may go untested and green); elsewhere it says how to run
+    it. Only ``MAY_SKIP``'s skips stay skips."""
     if not report.skipped or not isinstance(report.longrepr, tuple):
         return
     path, line, reason = report.longrepr
@@ -102,9 +100,37 @@ def pytest_runtest_makereport(item, call):
         return
     if os.environ.get(BEDS_ENV) == "1":
         report.outcome = "failed"
-        report.longrepr = f"{BEDS_ENV}=1: this test would be skipped ({reason}): its bed is missing on this machine"
+        report.longrepr = f"{BEDS_ENV}=1: {what} would be skipped ({reason}): its bed is missing on this machine"
     elif "HINT:" not in reason:
         report.longrepr = (path, line, f"{reason}; HINT: {HOW_TO_RUN}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test's skip, at its setup or in its body (``held_to_the_beds``)."""
+    outcome = yield
+    held_to_the_beds(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A skip while collecting (a module-level ``pytest.importorskip`` or ``pytest.skip(allow_module_level=True)``):
+    every test of the module, which never become items (``held_to_the_beds``; under ``LAUNCHER_REQUIRE_BEDS=1`` a
+    collection error)."""
+    outcome = yield
+    report = outcome.get_result()
+    held_to_the_beds(report, f"every test of {report.nodeid}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    """tests/beds/test_slurm.py runs on two local Slurm clusters (its ``slurm`` fixture: one-host, then netns); a
+    test its ``NETNS_TOO`` does not name is generated for the one-host cluster alone (the netns one's 100 s requeue
+    would overrun the suite's time), rather than generated and skipped there: only ``MAY_SKIP`` may skip. (Before
+    the fixtures' own parametrization: a test's parametrize mark takes precedence over the fixture's params.)"""
+    netns_too = getattr(metafunc.module, "NETNS_TOO", None)
+    if netns_too is not None and "slurm" in metafunc.fixturenames and metafunc.function.__name__ not in netns_too:
+        metafunc.definition.add_marker(pytest.mark.parametrize("slurm", ["one-host"], indirect=True), append=False)
 
 
 HEADS = "tests/harness/heads.py"  # (its command line)
@@ -188,8 +214,7 @@ BED_OF_MODULE = {
     "test_watch": "bed-netns",
     "test_slurm": "bed-slurm",
     "test_ssh": "bed-ssh",
-    "test_hang_clusters": "bed-ssh",  # (the ssh machines, and simulated nodes)
-    "test_file_modes_beds": "bed-ssh",
+    "test_hang_clusters": "bed-ssh",
     "test_signals_ssh": "bed-ssh",
 }
 

@@ -64,10 +64,20 @@ class Backend(Mode):
 
 
 class Shard(Mode):
-    """``comm.shard`` under ``comm.reducer=fsdp``: the ranks one model is sharded among."""
+    """``comm.shard`` under ``comm.reducer=fsdp``: the ranks one model is sharded among; ``auto`` is one of the two
+    others once the job's shape is known (``resolve``)."""
 
+    auto = "auto"  # node where a node holds several ranks, world where each holds one
     node = "node"  # the ranks of a node (replicated across nodes: only each shard's gradient crosses the link)
     world = "world"  # every rank (one flat group: every all-gather and reduce-scatter crosses the link)
+
+    def resolve(self, nodes: int, per_node: int) -> Shard:
+        """``node`` or ``world`` on ``nodes`` node(s) of ``per_node`` rank(s): as set, or for ``auto`` ``node``
+        where a node holds several ranks (or there is one node: both are every rank) and ``world`` where each
+        node holds one (sharding inside it would shard nothing: every rank would hold the whole model)."""
+        if self is not Shard.auto:
+            return self
+        return Shard.world if per_node == 1 and nodes > 1 else Shard.node
 
 
 class Hierarchical(Mode):

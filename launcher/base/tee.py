@@ -4,7 +4,8 @@ then the same for stderr. Each chunk read goes to its console stream, then to th
 stdout and stderr stay apart on the console and do not cut each other's lines where both reach one terminal or
 file (``2>&1``), as two ``tee`` processes would. It ends when the rank and every process holding its output have
 ended, after writing what was left (a rank killed by SIGKILL loses nothing it wrote). Torch-free, and quick to
-start: run as a file, without site-packages, it imports only the standard library."""
+start: run as a file, without site-packages, it imports only the standard library, and setproctitle for its title
+(``name_this_process``)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,37 @@ def write_all(fd: int, data: bytes) -> None:
         pass
 
 
+def name_this_process(log_path: str) -> None:
+    """Titled as the launcher's other processes are (``titles.py``: what ps, top and py-spy show): whose output it
+    passes on, and the run dir. setproctitle is in site-packages, which ``-S`` leaves off ``sys.path``: its
+    directories are added for that one import (as site's start-up finds them, a virtual environment's first);
+    without setproctitle there, the process stays untitled."""
+    import importlib
+    import site
+
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    venvs = (
+        [os.path.dirname(here)]
+        if any(os.path.isfile(os.path.join(d, VENV)) for d in (here, os.path.dirname(here)))
+        else []
+    )
+    sys.path += [d for d in site.getsitepackages([*venvs, sys.prefix]) if d not in sys.path]
+    try:
+        titles = importlib.import_module("titles")  # launcher/base/titles.py, beside this file
+    except ImportError:
+        return
+    logs, name = os.path.split(os.path.abspath(log_path))
+    rank = name.split(".")[0].replace("-", " ")  # rank-0.log: "rank 0"
+    titles.name_process(f"tee {rank}", f"to the console and logs/{name}", os.path.dirname(logs))  # (fits its argv)
+
+
+VENV = "pyvenv.cfg"  # beside a virtual environment's bin/ (site.py's test)
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C to the terminal: the rank's to answer; this one drains
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    name_this_process(sys.argv[1])
     fds = [int(arg) for arg in sys.argv[2:]]
     tee(sys.argv[1], dict(zip(fds[::2], fds[1::2])))
 

@@ -38,6 +38,7 @@ from launcher.base.sync_modes import Compress, Shard
 from launcher.comm.collectives import hierarchical_allreduce
 from launcher.comm.compress import Compression, Matrix
 from launcher.comm.topology import Layout, Topology, new_groups
+from launcher.comm.units import choose_units
 from launcher.group.abort import Abort
 
 log = logging.getLogger(__name__)
@@ -58,22 +59,23 @@ def _fsdp() -> Any:
 @dataclass(frozen=True)
 class ShardSpec:
     """How a model is sharded on its mesh (``shard_mesh``): whether the units free their gathered parameters after
-    forward, which modules are units (the classes named, else every module holding ``min_params`` parameters not yet
-    in a unit), the dtype the forward computes in."""
+    forward, which modules are units (``comm/units.py``: the classes named, else the model's blocks or every module
+    holding ``min_params`` parameters not yet in a unit), the dtype the forward computes in."""
 
     reshard_after_forward: bool = True
     unit_classes: tuple[str, ...] = ()
-    min_params: Optional[int] = None  # None: 2^20 or an eighth of the model, the fewer
+    min_params: Optional[int] = None  # None: the blocks of the model's ModuleLists, or the size rule's default
     param_dtype: Optional[torch.dtype] = None  # None: the parameters' own (fp32)
     scatter_unused: bool = False  # parameters without a gradient join the reduce-scatter as zeros (same layout)
 
 
 def shard_mesh(env: Any, shard: Shard, device_type: str, timeout_s: Optional[float] = None) -> Any:
     """The 1-D ``DeviceMesh`` FSDP2 shards over (collective): the ranks of this rank's node under
-    ``Shard.node`` (groups of their own: the cross-node stage's are the topology's), every rank under ``world``."""
+    ``Shard.node`` (groups of their own: the cross-node stage's are the topology's), every rank under ``world``
+    (``auto``: by the world's shape, ``Shard.resolve``)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    if shard is Shard.world or env.num_nodes == 1:
+    if shard.resolve(env.num_nodes, env.local_world_size) is Shard.world or env.num_nodes == 1:
         group = dist.group.WORLD
     else:
         from datetime import timedelta
@@ -91,49 +93,9 @@ def shard_mesh(env: Any, shard: Shard, device_type: str, timeout_s: Optional[flo
     return DeviceMesh.from_group(group, device_type, mesh_dim_names=("shard",))
 
 
-def _shared_outside(model: nn.Module) -> set[str]:
-    """Modules (by name) holding a parameter also reachable from outside their subtree (tied weights): never a unit of
-    their own (FSDP refuses a parameter in two units)."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    shared = set()
-    for module_name, module in model.named_modules():
-        if not module_name:
-            continue
-        prefix = module_name + "."
-        for p in module.parameters():
-            if any(not n.startswith(prefix) for n in names[id(p)]):
-                shared.add(module_name)
-                break
-    return shared
-
-
 def units(model: nn.Module, spec: ShardSpec) -> list[tuple[str, nn.Module]]:
-    """The modules wrapped as units, children before parents (the root comes last, apart)."""
-    total = sum(p.numel() for p in model.parameters())
-    min_params = spec.min_params if spec.min_params is not None else max(1, min(1 << 20, total // 8))
-    shared, claimed, chosen = _shared_outside(model), set[int](), []
-
-    def visit(name: str, module: nn.Module) -> None:
-        for child_name, child in module.named_children():
-            visit(f"{name}.{child_name}" if name else child_name, child)
-        if not name or name in shared or type(module).forward is nn.Module.forward:
-            return  # the root (apart), tied weights, containers never called (ModuleList: no forward to gather in)
-        free = [p for p in module.parameters() if id(p) not in claimed]
-        listed = type(module).__name__ in spec.unit_classes
-        if free and (listed or (not spec.unit_classes and sum(p.numel() for p in free) >= min_params)):
-            claimed.update(id(p) for p in free)
-            chosen.append((name, module))
-
-    visit("", model)
-    if spec.unit_classes and not chosen:
-        present = sorted({type(m).__name__ for _, m in model.named_modules() if any(True for _ in m.parameters())})
-        raise ValueError(
-            f"comm.fsdp_units={list(spec.unit_classes)}: no module of {type(model).__name__} is one (every parameter "
-            f"would be gathered at once, with the root); HINT: the classes holding parameters: {', '.join(present)}"
-        )
-    return chosen
+    """The modules wrapped as units, children before parents (the root comes last, apart): ``comm/units.py``."""
+    return choose_units(model, spec.unit_classes, spec.min_params)
 
 
 def shard_model(model: nn.Module, mesh: Any, spec: ShardSpec) -> list[str]:
@@ -182,15 +144,24 @@ def no_sync(model: nn.Module) -> Iterator[None]:
 
 
 def _own_params(module: nn.Module, fsdp: Any) -> list[nn.Parameter]:
-    """The parameters ``module``'s own FSDP unit manages, in its order (not those of nested units)."""
-    inner = [m for m in module.modules() if m is not module and isinstance(m, fsdp.FSDPModule)]
-    nested = {id(p) for m in inner for p in m.parameters()}
-    seen: set[int] = set()
-    own = []
-    for p in module.parameters():
-        if id(p) not in nested and id(p) not in seen:
-            seen.add(id(p))
-            own.append(p)
+    """The parameters ``module``'s own FSDP unit manages (not those of nested units), in FSDP2's order: its modules
+    depth first, each module's own parameters after its children's (torch's ``_get_managed_modules``: an attention
+    holding its own weight and an ``out_proj`` lays the latter out first)."""
+    visited: set[int] = set()  # modules (one shared by two parents: once)
+    seen: set[int] = set()  # parameters
+    own: list[nn.Parameter] = []
+
+    def visit(m: nn.Module) -> None:
+        visited.add(id(m))
+        for child in m.children():
+            if id(child) not in visited and not isinstance(child, fsdp.FSDPModule):
+                visit(child)
+        for p in m.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                own.append(p)
+
+    visit(module)
     return own
 
 
@@ -247,7 +218,8 @@ class CrossNodeStage:
         self.futures: list[Future] = []
         self.units: list[_Unit] = []
         self.last_wait_s = 0.0
-        self.matrices_ok, self.layout_checked = True, False
+        # the layout PowerSGD's matrices assume, checked after the first backward (nothing to check uncompressed)
+        self.matrices_ok, self.layout_checked = True, compression.name is not Compress.powersgd
         for module in fsdp_modules(model):
             unit = _Unit(module, keys, fsdp)
             if unit.params:

@@ -40,7 +40,7 @@ class SyncAsk:
     first_bucket_mb: float = 1.0
     whole_gradient: Optional[str] = None  # why the optimizer step needs every gradient at once (clipping, fp16)
     forward_refusal: Optional[str] = None  # why the forward overlap cannot run with this optimizer (updates.py)
-    shard: Shard = Shard.node  # comm.reducer=fsdp: the ranks a model is sharded among
+    shard: Shard = Shard.auto  # comm.reducer=fsdp: the ranks a model is sharded among (auto: by the world's shape)
 
 
 @dataclass(frozen=True)
@@ -127,16 +127,20 @@ def _sharded(asked: SyncAsk, world: SyncWorld) -> StrategyChoice:
     (``comm.hierarchical`` does not apply)."""
     if world.nodes == 1:
         return StrategyChoice(False, "comm.reducer=fsdp on one node: sharded among its ranks, nothing crosses nodes")
-    if asked.shard is Shard.world:
+    per_node = world.world_size // world.nodes
+    shard = asked.shard.resolve(world.nodes, per_node)  # (the config resolved auto already where it knew the shape)
+    said = f"comm.shard=auto -> {shard}" if asked.shard is Shard.auto else f"comm.shard={shard}"
+    if shard is Shard.world:
+        inside = " (comm.shard=node keeps them inside a node)" if per_node > 1 else " (one rank a node)"
         return StrategyChoice(
             False,
-            f"comm.shard=world: one flat shard group over {world.world_size} ranks; every all-gather and "
-            "reduce-scatter crosses the slowest link (comm.shard=node keeps them inside a node)",
+            f"{said}: one flat shard group over {world.world_size} ranks; every all-gather and reduce-scatter "
+            f"crosses the slowest link{inside}",
         )
     return StrategyChoice(
         True,
-        f"comm.shard=node: sharded among the ranks of a node, each shard's gradient summed across the {world.nodes} "
-        "nodes by our stage",
+        f"{said}: sharded among the ranks of a node, each shard's gradient summed across the {world.nodes} nodes by "
+        "our stage",
     )
 
 
@@ -147,6 +151,8 @@ def _compression(asked: SyncAsk, world: SyncWorld, links: Links, flat_chosen: bo
         return Compress.none, ""
     if world.nodes == 1:
         return Compress.none, f"comm.compress={asked.compress}: one node, nothing crosses nodes: nothing compressed"
+    if asked.reducer.sharded and asked.shard.resolve(world.nodes, world.world_size // world.nodes) is Shard.world:
+        return Compress.none, f"comm.compress={asked.compress}: a flat shard group has no cross-node stage to compress"
     if asked.compress is Compress.auto:
         return auto_compression(links.link(True), flat_chosen)
     return asked.compress, f"comm.compress={asked.compress}"

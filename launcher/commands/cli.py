@@ -47,7 +47,6 @@ from typing import Optional
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from launcher.base.devices import gpu_count
@@ -58,7 +57,9 @@ from launcher.base.run_dir import RunDir
 from launcher.base.sync_modes import Compress
 from launcher.base.titles import name_process
 from launcher.commands.command_line import prepared
+from launcher.commands.dry_run import dry_run
 from launcher.commands.export import export_command
+from launcher.commands.pipes import quiet_closed_pipes
 from launcher.commands.plot import plot_all
 from launcher.commands.sweep import Sweep
 from launcher.config import (
@@ -69,7 +70,6 @@ from launcher.config import (
     freeze,
     register_configs,
     register_resolvers,
-    to_yaml,
 )
 from launcher.config.keys import choice_overrides, own_model
 from launcher.config.rules import entry_words
@@ -96,21 +96,8 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
         if sweep is not None:
             sweep.add(None, code=EXIT_CONFIG)
         return EXIT_CONFIG
-    if job.dry_run:
-        try:  # built here, so an error in the user's class shows before anything starts
-            built = instantiate(job.model)
-        except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is reported
-            cause = exc.__cause__ or exc  # the user's error, not Hydra's wrapper
-            target = job.model["_target_"]
-            print(f"launcher: error: model._target_={target} failed to build: {cause!r}", file=sys.stderr)
-            return EXIT_CONFIG
-        print(to_yaml(job) + "\n# launch plan\n" + plan.describe())
-        print(f"model       : {type(built).__name__}, {sum(p.numel() for p in built.parameters()):,} parameters")
-        if extra := mode.preview(job):
-            print("\n" + extra)
-        with contextlib.suppress(OSError):  # the run dir Hydra made for it, empty: a dry run leaves nothing
-            Path(job.run_dir).rmdir()
-        return EXIT_OK
+    if job.dry_run:  # printed, and what it builds built here: an error in the user's code shows before anything
+        return dry_run(job, plan, mode)
     if mode.in_process:  # this process is one rank (of torchrun, or srun in an sbatch): rank_main freezes
         finished = mode.run(plan, job, env) == EXIT_OK
         own = exit_code() or EXIT_OK  # the rank's (a script's that ended on a Ctrl-C it did not handle: 130)
@@ -149,7 +136,8 @@ def run_job(cfg: DictConfig, sweep: Optional[Sweep] = None) -> int:
 def end_job(job: JobConfig, plan: LaunchPlan, code: int, since: float, launch: Optional[str] = None) -> None:
     """summary.json's job part (every entry's: ``launcher.report.attempts``), and the attempts when several."""
     layout = (plan.nodes, plan.procs_per_node)
-    for line in attempts.end_of_job(job.run, entry_words(job), layout, code, since, launch):
+    script = job.script is not None  # (its end line: it has no trainer's table)
+    for line in attempts.end_of_job(job.run, entry_words(job), layout, code, since, launch, script=script):
         print(line, file=sys.stderr)
 
 
@@ -258,6 +246,7 @@ def check_output_dir(args: list[str]) -> None:
 
 
 def main() -> None:
+    quiet_closed_pipes()  # `python -m launcher export RUN OUT | head -1`: no traceback when the reader has gone
     no_world_writable_files()  # before Hydra creates the run dir
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command in ("plot", "export"):

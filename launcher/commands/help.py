@@ -6,10 +6,12 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+from launcher.commands.pipes import quiet_closed_pipes
 from launcher.config import CONF_DIR, register_configs, register_resolvers
 
 
 def main() -> None:
+    quiet_closed_pipes()  # `python -m launcher --help | head -3`: no traceback when the reader has gone
     register_resolvers()
     register_configs()
 

@@ -11,13 +11,14 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from launcher.base.run_dir import RunDir
 from launcher.report.summary import RunSummary
 
 log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
-_NO_COMM = "exposed communication not measured (comm.reducer=ddp)"
 
 
 def load_metrics(run_dir: RunDir) -> tuple[list[Record], list[Record]]:
@@ -59,6 +60,23 @@ def run_title(summary: Optional[RunSummary]) -> str:
     parts.append(f"{s.nodes} node{plural(s.nodes)} × {s.procs_per_node} rank{plural(s.procs_per_node)}")
     parts.append(s.reducer + (", hierarchical" if s.hierarchical else ""))
     return " · ".join(p for p in parts if p)
+
+
+def reducer_run(run_dir: RunDir, summary: Optional[RunSummary]) -> str:
+    """The ``comm.reducer`` the run ran: its summary's, else (a run still going) its frozen config's; "" unknown."""
+    if summary is not None:
+        return summary.reducer
+    try:
+        comm = (yaml.safe_load(run_dir.config.read_text(encoding="utf-8")) or {}).get("comm") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return ""
+    return str(comm.get("reducer") or "") if isinstance(comm, dict) else ""
+
+
+def unmeasured_note(reducer: str) -> str:
+    """The time panel's note where no step recorded its exposed communication (torch DDP's, a flat FSDP2 group's
+    collectives run inside its hooks: no wait of ours to time), naming the reducer that ran."""
+    return "exposed communication not measured" + (f" (comm.reducer={reducer})" if reducer else "")
 
 
 def _xy(records: list[Record], key: str, x: str = "step", scale: float = 1.0) -> tuple[list[float], list[float]]:
@@ -120,7 +138,8 @@ def plot_run(run_dir: RunDir) -> Path:
             ax_time.bar(steps, exposed, bottom=compute, label="exposed communication", alpha=0.8)
     elif train:
         ax_time.plot(*_xy(train, "step_s", scale=1e3), line, label="step time (compute + communication)")
-        ax_time.text(0.5, 0.5, _NO_COMM, ha="center", va="center", transform=ax_time.transAxes)
+        note = unmeasured_note(reducer_run(run_dir, summary))
+        ax_time.text(0.5, 0.5, note, ha="center", va="center", transform=ax_time.transAxes)
     if train:
         ax_time.set_ylim(bottom=0)
         ax_time.legend(loc="lower right")

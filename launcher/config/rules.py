@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.base.gpus import backend_for
-from launcher.base.sync_modes import Backend, Overlap, Reducer, Shard
+from launcher.base.sync_modes import Backend, Compress, Overlap, Reducer, Shard
 from launcher.config.errors import ConfigError
 from launcher.config.schema import JobConfig, OptimConfig, TrainConfig
 
@@ -25,7 +25,14 @@ def entry_argv(job: JobConfig) -> list[str]:
         return [Path(job.script).name, *job.script_args]
     if job.doctor:
         return ["doctor"]
-    return ["train", str(job.model["_target_"]).rsplit(".", 1)[-1], "on", job.data.name]
+    return ["train", str(job.model["_target_"]).rsplit(".", 1)[-1], "on", data_words(job)]
+
+
+def data_words(job: JobConfig) -> str:
+    """What the job's data is called in a few words: its factory's name (``data._target_``'s last part, the user's
+    own data: ``mypkg.data.make_tiles`` is ``make_tiles``), else ``data.name`` (a built-in set)."""
+    target = job.data._target_
+    return target.rsplit(".", 1)[-1] if target else job.data.name
 
 
 def entry_words(job: JobConfig) -> str:
@@ -109,9 +116,10 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
     if job.doctor:
         return "doctor=true"
     if job.comm.reducer.sharded and job.comm.shard is Shard.world:
+        auto = job.comm.shard_auto
         return (
-            "comm.shard=world: a lost machine takes shards no survivor holds (comm.shard=node keeps a whole replica "
-            "on every machine: it heals in place)"
+            f"{f'comm.shard=auto -> world ({auto})' if auto else 'comm.shard=world'}: a lost machine takes shards no "
+            "survivor holds (comm.shard=node keeps a whole replica on every machine: it heals in place)"
         )
     if job.comm.reducer.sharded and job.train.checkpoint_async:
         return "train.checkpoint_async with comm.reducer=fsdp: a sharded write in flight holds the old round's group"
@@ -122,6 +130,32 @@ def _restart_reason(job: JobConfig) -> Optional[str]:
             "state at any moment; HINT: comm.overlap=backward heals in place"
         )
     return None
+
+
+def describe_planned_sharding(job: JobConfig, per_node: int) -> str:
+    """``comm.reducer=fsdp`` in the trainer: which ``comm.shard`` and why (``comm.shard=auto``'s choice), who holds
+    which shard and what crosses nodes ("" otherwise)."""
+    comm, nodes = job.comm, job.cluster.nodes
+    if not comm.reducer.sharded or job.script or job.doctor:
+        return ""
+    shard = comm.shard.resolve(nodes, per_node)  # (resolved already when the job's shape was known)
+    chose = f"comm.shard=auto -> {shard} ({comm.shard_auto}); " if comm.shard_auto else ""
+    if shard is Shard.world or nodes == 1:
+        world = nodes * per_node
+        said = f"{chose}FSDP2 over every rank: each of {world} holds 1/{world} of the parameters, gradients and "
+        said += "optimizer state"
+        if nodes > 1:
+            said += "; every all-gather and reduce-scatter crosses the slowest link"
+            said += " (comm.shard=node: inside a node)" if per_node > 1 else ""
+        return said
+    compressed = f", {comm.compress} across nodes" if comm.compress is not Compress.none else ""
+    said = (
+        f"{chose}FSDP2 among the {per_node} rank(s) of each node (each holds 1/{per_node} of the model), replicated "
+        f"across {nodes} nodes: only each shard's gradient crosses nodes{compressed}"
+    )
+    if per_node == 1:
+        said += "; one rank a node: every rank holds the whole model, nothing is sharded (comm.shard=world shards it)"
+    return said
 
 
 def uses_engine(script: str) -> bool:

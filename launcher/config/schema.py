@@ -200,6 +200,8 @@ class JobConfig:
                 Path(self.script).is_file(),
                 f"script={self.script!r} does not exist; HINT: give the path of a torchrun-compatible .py file",
             )
+        if self.cluster.procs_per_node is not None:  # the job's shape, filled in by its mode: comm.shard=auto resolved
+            self.comm.resolve_shard(self.cluster.nodes, self.cluster.procs_per_node)
         fewest = self.cluster.min_nodes if self.cluster.may_shrink else self.cluster.nodes  # null: not yet planned
         assert fewest is not None  # (may_shrink: min_nodes is set)
         per_node = self.cluster.procs_per_node or 1

@@ -3,7 +3,10 @@
 built-in word), ``train.metric`` and each entry of ``train.metrics``. One ``ConfigError`` names every wrong one, a line
 each, with what is wrong and the fix: the package is not importable from here (run from the directory that holds it,
 or PYTHONPATH), a module or a name in one is missing ("did you mean" from the module's public names and the
-package's modules, spelt as whole paths that resolve), importing it raised, or it names something not callable.
+package's modules, spelt as whole paths that resolve), importing it raised, or it names something not callable,
+or it needs an argument the config does not give (``MulticlassF1Score`` without ``num_classes``: the key and the
+override that gives it). What a path builds is built where the job starts too (``launch/plan.py``: the metrics;
+``commands/dry_run.py``: everything), before any rank does.
 
 A path resolves as Hydra resolves it (``hydra.utils.get_method``): its first part imported, then each next part an
 attribute, else a submodule. Close spellings are tried (imported) only once something is wrong."""
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import pkgutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,13 +36,17 @@ class Target:
     key: str
     path: str
     words: tuple[str, ...] = ()
+    args: Optional[tuple[str, ...]] = None  # the keyword arguments the job calls it with (None: not called with them)
+    at: str = ""  # the config key that holds those arguments (model, data.kwargs, train.metrics.f1)
+    classes_only: bool = False  # only a class is called now (a metric function is called with every batch instead)
 
 
 def job_targets(job: Any) -> list[Target]:
     """Every dotted path ``job`` (a ``JobConfig``) names, with its key, in the config's order."""
     found = list(_nested(job.model, "model"))
     if job.data._target_ is not None:
-        found.append(Target("data._target_", job.data._target_))
+        kwargs = tuple(job.data.kwargs)
+        found.append(Target("data._target_", job.data._target_, args=kwargs, at="data.kwargs"))
     train = job.train
     if train.loss not in LOSSES:
         found.append(Target("train.loss", train.loss, LOSSES))
@@ -47,10 +55,14 @@ def job_targets(job: Any) -> list[Target]:
         found.append(Target("train.metric", metric))
     metrics = getattr(train, "metrics", None) or {}  # name -> path, or {_target_: path, **kwargs}
     for name, spec in metrics.items() if isinstance(metrics, Mapping) else enumerate(metrics):
+        key = f"train.metrics.{name}"
         if isinstance(spec, str) and "." in spec:  # (a word without a dot is left to the trainer's own names)
-            found.append(Target(f"train.metrics.{name}", spec))
+            found.append(Target(key, spec, args=(), at=key, classes_only=True))
+        elif isinstance(spec, Mapping) and isinstance(spec.get("_target_"), str):  # (scores.build: its arguments)
+            given = tuple(str(k) for k in spec if k != "_target_")
+            found.append(Target(f"{key}._target_", spec["_target_"], args=given, at=key, classes_only=True))
         else:
-            found += _nested(spec, f"train.metrics.{name}")
+            found += _nested(spec, key)
     return found
 
 
@@ -58,7 +70,9 @@ def _nested(tree: Any, key: str) -> Iterator[Target]:
     """The ``_target_``\\ s of a config tree that ``instantiate`` builds (all of them unless ``_recursive_: false``)."""
     if isinstance(tree, Mapping):
         if isinstance(tree.get("_target_"), str):
-            yield Target(f"{key}._target_", tree["_target_"])
+            partial = tree.get("_partial_") is True  # (built later, with the rest of its arguments)
+            given = None if partial or "_args_" in tree else tuple(str(k) for k in tree if not str(k).startswith("_"))
+            yield Target(f"{key}._target_", tree["_target_"], args=given, at=key)
         if tree.get("_recursive_", True) is not False:
             for name, value in tree.items():
                 if not str(name).startswith("_"):
@@ -69,8 +83,10 @@ def _nested(tree: Any, key: str) -> Iterator[Target]:
 
 
 def check_targets(targets: Sequence[Target]) -> None:
-    """Raise one ConfigError naming every target that does not resolve to something callable, a line each."""
-    lines = [f"{t.key}={t.path!r} {problem}" for t in targets if (problem := what_is_wrong(t.path, t.words))]
+    """Raise one ConfigError naming every target that does not resolve to something callable, or misses an argument
+    it needs, a line each."""
+    wrong = ((t, what_is_wrong(t.path, t.words) or _unmet(t)) for t in targets)
+    lines = [f"{t.key}={t.path!r} {problem}" for t, problem in wrong if problem]
     if len(lines) == 1:
         raise ConfigError(lines[0])
     if lines:
@@ -98,6 +114,44 @@ def what_is_wrong(path: str, words: Sequence[str] = ()) -> Optional[str]:
         kind = "a module" if isinstance(found, ModuleType) else f"a {type(found).__name__}"
         return f"is not callable: {path} is {kind}, not a class or function{_listing(found, path)}"
     return None
+
+
+def _unmet(target: Target) -> Optional[str]:
+    """What ``target`` (a path that resolves) needs that the config does not give it, with the override that does."""
+    if target.args is None:
+        return None
+    found = _resolve(target.path.split("."))
+    if target.classes_only and not isinstance(found, type):
+        return None
+    missing = missing_arguments(found, target.args)
+    if not missing:
+        return None
+    gives = " ".join(f"+{target.at}.{name}=VALUE" for name in missing)
+    said = " and ".join(missing)
+    return f"cannot be built: it needs {said}, which {target.at} does not give; HINT: {gives}"
+
+
+def build_error(target: Target, made: Any, given: Sequence[str], exc: BaseException) -> str:
+    """The error of building ``target`` (``made(**given)``, its arguments under ``target.at``) that raised ``exc``:
+    the key, what it raised, and the fix (the arguments it misses, by the overrides that give them)."""
+    missing = missing_arguments(made, given)
+    cause = exc.__cause__ or exc  # the user's error, not Hydra's wrapper (instantiate's InstantiationException)
+    if missing:
+        fix = " ".join(f"+{target.at}.{name}=VALUE" for name in missing) + f" (it needs {' and '.join(missing)})"
+    else:
+        fix = f"the keys under {target.at} are its arguments: give the one it names as {target.at}.NAME=VALUE"
+    return f"{target.key}={target.path!r} failed to build: {type(cause).__name__}: {cause}; HINT: {fix}"
+
+
+def missing_arguments(made: Any, given: Sequence[str]) -> list[str]:
+    """The arguments ``made(**given)`` would be missing (those without a default); none when its signature is not
+    known (a builtin)."""
+    try:
+        parameters = inspect.signature(made).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in given]
 
 
 @dataclass(frozen=True)

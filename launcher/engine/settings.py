@@ -20,6 +20,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.base.env import DistEnv
 from launcher.config import CommConfig, ConfigError, JobConfig, OptimConfig, TrainConfig
 from launcher.trust.secret import Secret
 
@@ -80,9 +81,12 @@ def engine_job(overrides: dict[str, Any], job: Optional[JobConfig] = None) -> Jo
             raise ValueError(f"Engine({key.split('.', 1)[1]}={value!r}): {str(exc).splitlines()[0]}") from None
     try:
         made = OmegaConf.to_object(config)
+        assert isinstance(made, JobConfig)
+        if job is None:  # plain torchrun: the job's shape is the world's (comm.shard=auto resolved on it)
+            env = DistEnv.resolve()
+            made.comm.resolve_shard(env.num_nodes, env.local_world_size)
     except (ConfigError, OmegaConfBaseException) as exc:
         raise ValueError(f"Engine({_said(dotted)}): {str(exc).splitlines()[0]}") from None
-    assert isinstance(made, JobConfig)
     return made
 
 

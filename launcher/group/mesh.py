@@ -6,7 +6,9 @@ The node-first rule, for sharded training too: ``shard="node"`` (the default) is
 HSDP: parameters and gradients sharded inside a node (all-gather and reduce-scatter on the fast links), every shard
 replicated across nodes (one all-reduce of a shard's gradient per step on the slow link), not a flat group whose
 every all-gather crosses it. ``shard="world"`` is the flat 1-D mesh (dim ``shard``) over every rank; one node gives
-it too. The node-local group is ``mesh.get_group("shard")``, the cross-node group ``mesh.get_group("replicate")``.
+it too. ``shard="auto"`` (``comm.shard``'s default) is ``node`` where a node holds several ranks and ``world`` where
+each holds one (a 2-D mesh would shard nothing there). The node-local group is ``mesh.get_group("shard")``, the
+cross-node group ``mesh.get_group("replicate")``.
 
 Ranks are numbered node by node (rank = node x ranks per node + local rank) in every mode: the mesh's rows are the
 nodes. Call it after ``init_process_group`` (a script's own, as under torchrun)."""
@@ -29,7 +31,9 @@ def mesh(shard: str | Shard = "node", device_type: Optional[str] = None, env: Op
     (``cuda`` under nccl, else ``cpu``) unless given. ``env``: this rank's place (resolved from the environment)."""
     spread = Shard.of(shard)  # (a member, or the text a user types: compared as a member)
     if spread is None:
-        raise ValueError(f"launcher.mesh(shard={shard!r}); HINT: shard='node' (HSDP: shard inside a node) or 'world'")
+        raise ValueError(
+            f"launcher.mesh(shard={shard!r}); HINT: shard='node' (HSDP: shard inside a node), 'world' or 'auto'"
+        )
     if not dist.is_initialized():
         raise RuntimeError(
             "launcher.mesh() needs the job's process group; HINT: call dist.init_process_group() first (the launcher "
@@ -48,6 +52,6 @@ def mesh(shard: str | Shard = "node", device_type: Optional[str] = None, env: Op
             "shard='world' (a flat mesh) for uneven nodes"
         )
     device = device_type or ("cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu")
-    if spread is Shard.world or env.num_nodes == 1:
+    if spread.resolve(env.num_nodes, per_node) is Shard.world or env.num_nodes == 1:
         return init_device_mesh(device, (env.world_size,), mesh_dim_names=("shard",))
     return init_device_mesh(device, (env.num_nodes, per_node), mesh_dim_names=("replicate", "shard"))

@@ -45,7 +45,7 @@ class LaunchPlan:
     entry: str
     on_loss: str = ""  # what losing a machine does (a job that may shrink: plan.describe_on_loss)
     threads: str = ""  # threads per rank (launcher.base.threads.plan_line)
-    sharding: str = ""  # comm.reducer=fsdp: who holds which shard, what crosses nodes (plan.describe_planned_sharding)
+    sharding: str = ""  # comm.reducer=fsdp: who holds which shard (config.rules.describe_planned_sharding)
 
     @property
     def world_size(self) -> int:

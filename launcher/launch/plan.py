@@ -12,11 +12,11 @@ import os
 from omegaconf import DictConfig
 
 from launcher.base.env import DistEnv
-from launcher.base.sync_modes import Backend, Compress, Shard
+from launcher.base.sync_modes import Backend
 from launcher.base.threads import plan_line
 from launcher.config import ConfigError, JobConfig, to_job
 from launcher.config.keys import check_model_keys
-from launcher.config.rules import check_tensorboard, heals_in_place, job_backend
+from launcher.config.rules import check_tensorboard, describe_planned_sharding, heals_in_place, job_backend
 from launcher.launch.local import LocalMode
 from launcher.launch.mode import BaseMode, LaunchPlan
 from launcher.launch.sim.head import SimMode
@@ -24,6 +24,7 @@ from launcher.launch.slurm.submit import SlurmMode
 from launcher.launch.slurm.task_entry import SlurmTaskMode
 from launcher.launch.ssh.head import SshMode
 from launcher.launch.torchrun import TorchrunMode
+from launcher.train.scores import build, metric_specs
 
 # The detection order (``launch/__init__.py``'s docstring says why): the first mode that says yes runs the job.
 MODES: tuple[BaseMode, ...] = (TorchrunMode(), SlurmTaskMode(), SlurmMode(), SshMode(), SimMode(), LocalMode())
@@ -46,6 +47,7 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     job = to_job(cfg)
     check_model_keys(job.model)
     check_tensorboard(job)
+    build_metrics(job)
     mode.validate(job, env, gpus_visible)
     c = job.cluster
     procs, gpus = int(c.procs_per_node or 0), int(c.gpus_per_node or 0)
@@ -74,6 +76,20 @@ def plan_job(cfg: DictConfig, env: DistEnv, gpus_visible: int) -> tuple[JobConfi
     return job, plan, mode
 
 
+def build_metrics(job: JobConfig) -> None:
+    """Each metric of ``train.metrics`` built once here, before any rank starts (a trainer's job): one that cannot be
+    built is named with its key and the fix now, not at every rank's first step. (The dotted paths and the arguments
+    each one needs were checked with the config: ``config/targets.py``; the model and the data are built by the dry
+    run: on a real run each rank builds them, and they may be large.)"""
+    if job.script is not None or job.doctor:
+        return
+    for name, spec in metric_specs(job.train).items():
+        try:
+            build(name, spec)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
 def describe_on_loss(job: JobConfig) -> str:
     """What losing a machine does to a job that may shrink ("" for one that may not)."""
     if not job.cluster.may_shrink:
@@ -94,23 +110,3 @@ def describe_entry(job: JobConfig) -> str:
         return f"script {job.script} {' '.join(job.script_args)}".rstrip()
     preflight = " (after the doctor's preflight checks)" if job.preflight else ""
     return f"trainer: model {job.model['_target_']} on data {job.data.label}{preflight}"
-
-
-def describe_planned_sharding(job: JobConfig, per_node: int) -> str:
-    """``comm.reducer=fsdp`` in the trainer: who holds which shard and what crosses nodes ("" otherwise)."""
-    comm, nodes = job.comm, job.cluster.nodes
-    if not comm.reducer.sharded or job.script or job.doctor:
-        return ""
-    if comm.shard is Shard.world or nodes == 1:
-        world = nodes * per_node
-        said = (
-            f"FSDP2 over every rank: each of {world} holds 1/{world} of the parameters, gradients and optimizer state"
-        )
-        if nodes > 1:
-            said += "; every all-gather and reduce-scatter crosses the slowest link (comm.shard=node: inside a node)"
-        return said
-    compressed = f", {comm.compress} across nodes" if comm.compress is not Compress.none else ""
-    return (
-        f"FSDP2 among the {per_node} rank(s) of each node (each holds 1/{per_node} of the model), replicated across "
-        f"{nodes} nodes: only each shard's gradient crosses nodes{compressed}"
-    )

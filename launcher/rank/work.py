@@ -8,14 +8,18 @@ import dataclasses
 import logging
 import os
 import runpy
+import socket
 import sys
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from launcher.base.devices import rank_device
 from launcher.base.env import HEAD_ATTEMPT, TORCHRUN_VARS, DistEnv
+from launcher.base.errors import LauncherError
 from launcher.base.faults import faults_for
 from launcher.base.logs import setup_logging
 from launcher.base.threads import for_this_rank
@@ -43,7 +47,7 @@ def run_rank_work(
     records an error the moment it is caught, before the process group (ours, or the script's as long as it does
     not tear it down itself) goes down and makes the peers fail."""
     failures = failures or FailureLog(job.run, env)
-    setup_logging(job.run, env)
+    mark_attempt(setup_logging(job.run, env), env)
     if env.local_rank == 0:  # this node's start of this attempt (summary.json's attempts)
         mark_start(job.run, env)
     c = job.comm
@@ -58,6 +62,15 @@ def run_rank_work(
         return result
     finally:
         watch.end(how)  # the round's watch when the job healed in place
+
+
+def mark_attempt(log_file: Path, env: DistEnv) -> None:
+    """Where this attempt's output starts in the rank's log: a restarted job (or one run again in its run dir)
+    appends to the same log, and its attempts read apart by this line (summary.json's ``attempts`` by number)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    where = f"rank {env.rank}/{env.world_size}, node {env.node_rank}, on {env.hostname or socket.gethostname()}"
+    with open(log_file, "a", encoding="utf-8") as log_lines:
+        log_lines.write(f"==== attempt {env.attempt} (launch {env.launch_id or '-'}): {where}, {when} ====\n")
 
 
 def _run(
@@ -152,17 +165,50 @@ def run_script(script: str, args: list[str]) -> None:
     path = str(Path(script).resolve())
     sys.argv = [path, *args]
     sys.path.insert(0, str(Path(path).parent))
+    said = LastLine(sys.stderr)
+    sys.stderr = said  # (a stand-in that passes every write on)
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            raise ScriptExited(script, exc.code) from None
+            if not isinstance(exc.code, int):  # sys.exit("message"): Python would print it, and exit 1
+                print(exc.code, file=sys.stderr)
+            raise ScriptExited(script, exc.code, said.last()) from None
+    finally:
+        if sys.stderr is said:
+            sys.stderr = said.stream
 
 
-class ScriptExited(RuntimeError):
+class LastLine:
+    """``sys.stderr`` while a script runs: every write passed on as it comes, the last line that says something kept
+    (argparse's ``error: ...`` before its exit 2: the report names it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.line, self.pending = stream, "", ""
+
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        self.pending = self.pending[-LAST_LINE_CHARS:]
+        self.line = next((line.strip() for line in reversed(lines) if line.strip()), self.line)[:LAST_LINE_CHARS]
+        return written
+
+    def last(self) -> str:
+        return self.pending.strip() or self.line
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, buffer...: the stream's own
+        return getattr(self.stream, name)
+
+
+LAST_LINE_CHARS = 300  # of the script's last line on stderr, in its failure's summary
+
+
+class ScriptExited(LauncherError):
     """The script ended with a non-zero exit status (``sys.exit(N)``; a message: 1, as Python exits): a failure,
-    unless a stop signal came first (``rank.entry``: then its exit code, said)."""
+    unless a stop signal came first (``rank.entry``: then its exit code, said). Its message names the status and
+    the script's own last line on stderr (the error it exited on), which the job's report shows."""
 
-    def __init__(self, script: str, code: object) -> None:
-        super().__init__(f"script {script} exited with status {code}")
+    def __init__(self, script: str, code: object, said: str = "") -> None:
         self.code = code if isinstance(code, int) else 1
+        why = f"; its last line on stderr: {said}" if said else " (it wrote nothing on stderr)"
+        super().__init__(f"script {script} exited with status {self.code}{why}")

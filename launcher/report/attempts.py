@@ -150,21 +150,41 @@ def attempt_lines(listed: list[dict[str, Any]]) -> list[str]:
     lines = []
     for a in listed:
         cause = a["cause"]
-        why = f": rank {cause['rank']} on {cause['host']} ({cause['error']})" if cause else ""
+        node = f" (node {cause['node']})" if cause and len(a["hosts"]) > 1 else ""  # as the restart's line names it
+        why = f": rank {cause['rank']}{node} on {cause['host']} ({cause['error']})" if cause else ""
         resumed = f", resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else ""
         lines.append(f"launcher: attempt {a['attempt']}: {a['start']} to {a['end']}{resumed}, {a['ended']}{why}")
     return lines
 
 
-def end_of_job(
-    run_dir: RunDir, entry: str, layout: tuple[int, int], code: int, since: float, launch: Optional[str] = None
+def script_line(entry: str, code: int, attempts_run: int, wall_s: float, run_dir: RunDir) -> str:
+    """The line a ``script=`` job ends with, whatever its end (it has no trainer's table): how it ended, its
+    attempts, its time, and where its run dir is."""
+    how = "finished" if code == 0 else "stopped" if _stopped(code) else "failed"
+    attempts_said = f"{attempts_run} attempt{'s' if attempts_run != 1 else ''}"
+    return (
+        f"launcher: script {entry}: {how}, exit code {code}, {attempts_said} in {wall_s:.1f} s; run dir {run_dir} "
+        "(logs/rank-<k>.log, summary.json)"
+    )
+
+
+def end_of_job(  # noqa: PLR0913
+    run_dir: RunDir,
+    entry: str,
+    layout: tuple[int, int],
+    code: int,
+    since: float,
+    launch: Optional[str] = None,
+    script: bool = False,
 ) -> list[str]:
     """The job (``layout``: nodes, ranks per node) ended with ``code`` (started at ``since``): its ``summary.json``
-    gets the job's part (``JobSummary``), and the end-of-run lines for its attempts are returned."""
+    gets the job's part (``JobSummary``), and the end-of-run lines for its attempts are returned, then a ``script``'s
+    own end line (every script job's: ``script_line``)."""
     listed = attempts(run_dir, code, launch)
     hosts = listed[-1]["hosts"] if listed else []
     nodes, procs_per_node = len(hosts) or layout[0], layout[1]
     first = min((time.time(), since, *(a["start_s"] for a in listed)))  # torchrun: its earlier attempts
     wall_s = round(time.time() - first, 3)
     JobSummary(entry, nodes * procs_per_node, nodes, procs_per_node, hosts, wall_s, code, listed).write(run_dir, since)
-    return attempt_lines(listed)
+    ending = [script_line(entry, code, max(1, len(listed)), wall_s, run_dir)] if script else []
+    return attempt_lines(listed) + ending

@@ -29,7 +29,8 @@ WRAPPER_FRAMES = (
 
 
 def format_traceback(exc: BaseException) -> str:
-    """The traceback as Python prints it, without the frames of WRAPPER_FRAMES."""
+    """The traceback as Python prints it, without the frames of WRAPPER_FRAMES; nothing when no frame is left (a
+    script's ``sys.exit(2)``, raised on by the rank's own frames: its failure's summary says it all)."""
     kept, skipping = [], False
     for line in "".join(traceback.format_exception(exc)).splitlines():
         if line.startswith('  File "'):
@@ -38,6 +39,8 @@ def format_traceback(exc: BaseException) -> str:
             skipping = False
         if not skipping:
             kept.append(line)
+    if not any(line.startswith('  File "') for line in kept):  # every frame a wrapper's: the summary says it all
+        return ""
     return "\n".join(kept)
 
 

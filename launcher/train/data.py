@@ -166,7 +166,11 @@ def user_datasets(cfg: DataConfig, images: bool = True) -> tuple[Dataset, Option
     its first and last labels below data.num_classes. Otherwise samples of any shape: the loss checks what it gets
     at the first step (``task.py``)."""
     assert cfg._target_ is not None
-    made = get_method(cfg._target_)(**cfg.kwargs)
+    return checked_datasets(cfg, get_method(cfg._target_)(**cfg.kwargs), images)
+
+
+def checked_datasets(cfg: DataConfig, made: Any, images: bool = True) -> tuple[Dataset, Optional[Dataset]]:
+    """What ``data._target_`` returned (``made``), checked as ``user_datasets`` says: (train, test or None)."""
     where = f"data._target_={cfg._target_!r}"
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
         raise ValueError(f"{where} returned a {type(made).__name__}; HINT: return (train, test) Datasets (test: None)")

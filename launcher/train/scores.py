@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 from hydra.utils import get_object
 
+from launcher.config.targets import Target, build_error
 from launcher.group.helpers import Peers
 from launcher.train.batch import Batch, need_targets, predictions
 
@@ -55,7 +56,12 @@ def build(name: str, spec: Any) -> Score:
             "BinaryF1Score (a metric class, its arguments beside _target_), or a function of (preds, targets)"
         )
     found = get_object(target)
-    made = found(**kwargs) if isinstance(found, type) else functools.partial(found, **kwargs) if kwargs else found
+    try:
+        made = found(**kwargs) if isinstance(found, type) else functools.partial(found, **kwargs) if kwargs else found
+    except Exception as exc:  # noqa: BLE001 - the user's metric: whatever its constructor raises is named
+        key = f"train.metrics.{name}"
+        said = Target(key if isinstance(spec, str) else f"{key}._target_", target, at=key)
+        raise ValueError(build_error(said, found, list(kwargs), exc)) from exc
     if all(callable(getattr(made, m, None)) for m in ("update", "compute", "reset")):
         return Score(name, made, averaged=False)
     if callable(made):

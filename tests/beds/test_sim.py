@@ -18,7 +18,8 @@ from harness.checks import assert_same_trajectory, final_state
 from harness.config import plan
 from harness.jobs import HEAL_JOB, HEAL_SCHEDULE
 from harness.probes import stranger_writing
-from harness.run import run_launcher
+from harness.run import launcher_argv, run_launcher
+from harness.stops import PROGRAMS, Cell, check, drive_all, job
 from launcher.config import ConfigError
 from launcher.launch.sim.netns import RECORDS, SimNetwork
 
@@ -188,6 +189,28 @@ def test_namespaces_removed_when_a_rank_fails(tmp_path):
     )
     assert result.returncode == 1 and "injected fault at step 2 on rank 0" in result.stderr
     assert namespaces() == before
+
+
+@needs_netns
+def test_ctrl_c_under_netns_reaches_every_rank_as_sigint(tmp_path):
+    """Issue 60, item 6 (edge 7): under ``cluster.netns=true`` the node processes run through ``ip netns exec``, and
+    a Ctrl-C was said to reach the ranks as SIGTERM while the launcher said SIGINT. The stop-signal matrix's sim
+    cells run on loopback, and its trainer cells read only the head's line: here a Ctrl-C (SIGINT at the head's
+    process group) stops a netns job of the trainer and one of a script, each checked as a matrix cell
+    (``harness.stops.check``): the trainer's ranks each say they stopped on SIGINT (or were told by a peer), the
+    script's ranks got SIGINT themselves; nothing of either job is left (the matrix's check)."""
+
+    def driver(cell: Cell):
+        run_dir = tmp_path / cell.id / "run"
+        argv = launcher_argv(run_dir, *NETNS_SIM, *cell.program_args(run_dir))
+        return job(cell, run_dir, lambda: [argv], [tmp_path / cell.id / "head.log"])
+
+    outcomes = drive_all(driver, [Cell("sim-netns", "INT", program) for program in PROGRAMS], at_once=2)
+    for out in outcomes.values():
+        check(out)
+
+
+NETNS_SIM = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1", "cluster.netns=true")
 
 
 def test_netns_without_root_is_refused_before_start(monkeypatch):

@@ -3,7 +3,8 @@ SIGHUP to the process a user started (the launcher's head; torchrun; node 0's la
 every launch mode, for the built-in trainer and for a ``script=`` job (SIGHUP only where its path is not SIGINT's:
 ``HUP_CELLS``). Each cell is one job, stopped once it runs; it
 must end with the documented exit code and the stop line, the trainer with a checkpoint written at the stop (none
-before: ``TRAINER`` writes none on its own) and the line naming it, the script (``STOP_SCRIPT``: a handler that
+before: ``TRAINER`` writes none on its own) and the line naming it, each of its ranks saying it stopped on the signal
+sent (``check_trainer_ranks``), the script (``STOP_SCRIPT``: a handler that
 notes the signal, the ranks agree on it at their next all_reduce, save and exit 0) having got the signal itself on
 every rank (Slurm: its SIGTERM), saved, run its atexit handler, and the line saying each rank exited 0; nothing of
 the job may be left ``LEFT_S`` after it ended.
@@ -56,6 +57,7 @@ END_S = 60.0  # from the signal to the end of every process started (STOP_DEADLI
 LEFT_S = 15.0  # nothing of the job left this long after it ended
 SCRIPT_STOPPED = "how the script's ranks ended: "
 SCRIPT_SAID = re.compile(r"how the script's ranks ended: (.*) \(the launcher writes no checkpoint for a script=")
+RANK_STOPPED = re.compile(r"stopped at step \d+ (?:on (SIG\w+)|\(another rank was signalled\)): checkpoint written")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,12 @@ class Cell:
     def ranks_got(self) -> str:
         """The signal each script rank gets: the one sent (a Slurm job's head cancels it: Slurm's SIGTERM)."""
         return "SIGTERM" if self.mode == "slurm" else f"SIG{self.sig}"
+
+    @property
+    def trainer_ranks_got(self) -> str | None:
+        """The signal the trainer's ranks say they stopped on: the one sent (None: not checked; on Slurm the head
+        stops the job through Slurm, its tasks are sent SIGUSR2: tests/beds/test_slurm.py says so)."""
+        return None if self.mode == "slurm" else f"SIG{self.sig}"
 
     def program_args(self, run_dir: Path) -> tuple[str, ...]:
         if self.program == "trainer":
@@ -282,6 +290,20 @@ def check_script(cell: Cell, out: Outcome, log: str, ranks: Sequence[int]) -> No
     assert ends == {r: "exited 0" for r in ranks}, f"{cell.id}: the stop line says {ends}\n{out.tail()}"
 
 
+def check_trainer_ranks(cell: Cell, out: Outcome) -> None:
+    """A trainer cell's ranks: each one's own stop line (its log) names the signal sent, or says another rank was
+    signalled (the ranks agree at a step; one may learn it from a peer before its own signal arrives), and one names
+    it. (The head's stop line alone passed with ranks that said another signal: issue 60, item 6, edge 7.)"""
+    if cell.program != "trainer" or cell.trainer_ranks_got is None:
+        return
+    said = {}
+    for log in sorted((out.run_dir / "logs").glob("rank-*.log")):
+        stops = RANK_STOPPED.findall(log.read_text())
+        said[log.name] = (stops[-1] or "another rank") if stops else "no stop line"
+    assert set(said.values()) <= {cell.trainer_ranks_got, "another rank"}, f"{cell.id}: {said}\n{out.tail()}"
+    assert cell.trainer_ranks_got in said.values(), f"{cell.id}: no rank says {cell.trainer_ranks_got}: {said}"
+
+
 def stop_line(cell: Cell, out: Outcome) -> str:
     """The line the signalled process's log must hold (a script's: its start, ``check_script`` reads the rest);
     asserts the trainer's checkpoint at the stop first."""
@@ -308,5 +330,6 @@ def check(out: Outcome, codes: Sequence[int] | None = None, traceback_ok: bool =
     assert line in out.logs[0], f"{cell.id}: no line {line!r}\n{out.tail()}"
     if cell.program == "script":  # (torchrun's rank 0 and by hand node 0's launcher know their own ranks only)
         check_script(cell, out, out.logs[0], [0] if cell.mode in ("torchrun", "by-hand") else [0, 1])
+    check_trainer_ranks(cell, out)
     assert traceback_ok or "Traceback" not in out.logs[0], f"{cell.id}: a traceback\n{out.tail()}"
     assert not out.left, f"{cell.id}: still running {LEFT_S:.0f} s after the job ended:\n" + "\n".join(out.left)

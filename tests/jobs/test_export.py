@@ -5,6 +5,7 @@ exported model computes what the checkpoint's own model computes: the ``.pt``'s 
 torch's own converter (``dcp_to_torch_save``) and the replicated run of the same seed for a sharded one. The line of
 Python the command prints is run as printed. Refusals name what exists and the fix."""
 
+import os
 import pickle
 import re
 import shutil
@@ -157,3 +158,30 @@ class Ran:
 def test_help_lists_export():
     help_text = subprocess.run([sys.executable, "-m", "launcher", "--help"], cwd=REPO, capture_output=True, text=True)
     assert "python -m launcher export RUN_DIR OUT" in help_text.stdout, help_text.stdout
+
+
+def test_no_command_ends_in_a_traceback_on_a_closed_pipe(replicated, tmp_path):
+    """Issue 60, item 6 (edge 8): ``python -m launcher export RUN OUT | head -1`` ended in a BrokenPipeError
+    traceback (``--cfg job | head``: Hydra's, from inside its ``run_and_report``, and exit 2). Each command that prints
+    meets a pipe whose reader has gone before it writes: it runs to its end (the model is exported), exit 0, and
+    says nothing on stderr."""
+    commands = {
+        "export": ["export", replicated, tmp_path / "model.pt"],
+        "plot": ["plot", replicated],
+        "help": ["--help"],
+        "cfg": ["--cfg", "job", f"hydra.run.dir={tmp_path / 'cfg'}"],
+    }
+    read, write = os.pipe()
+    os.close(read)  # (head -1 has had its line)
+    try:
+        procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", "launcher", *map(str, args)], cwd=REPO, stdout=write, stderr=subprocess.PIPE
+            )
+            for name, args in commands.items()
+        }
+    finally:
+        os.close(write)
+    ended = {name: (proc.wait(timeout=120), proc.stderr.read().decode()) for name, proc in procs.items()}
+    assert ended == {name: (0, "") for name in commands}, ended
+    assert (tmp_path / "model.pt").is_file()

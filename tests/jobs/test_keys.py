@@ -79,7 +79,11 @@ def test_keys_an_own_model_does_not_take_are_named_with_the_fix(tmp_path, own_pa
 def test_a_dry_run_builds_the_model_and_reports_its_error(tmp_path, own_package):
     result = run_launcher("model._target_=charlm.model.broken", "dry_run=true", run_dir=tmp_path, env=own_package)
     assert result.returncode == 2
-    assert "model._target_=charlm.model.broken failed to build: RuntimeError('no weights for size 3')" in result.stderr
+    assert (
+        "launcher: error: model._target_='charlm.model.broken' failed to build: RuntimeError: no weights for size 3; "
+        "HINT: the keys under model are its arguments: give the one it names as model.NAME=VALUE"
+    ) in result.stderr
+    assert not (tmp_path / "logs").exists() and "Traceback" not in result.stderr  # nothing started, no traceback
 
 
 def test_hydra_flags_and_their_values_are_not_overrides():

@@ -4,7 +4,8 @@ TORCHELASTIC_RESTART_COUNT) has one rank SIGKILLed at the start of epoch 3 of 6 
 ``cluster.max_restarts=1`` the launcher starts the ranks again, locally (2 ranks, the store's host killed) and on 2
 simulated nodes of one rank each (the other node's rank killed): the job exits 0, the killed rank's log says it
 resumed from the snapshot at epoch 2, the last epoch ran, and the model is the one a run without the kill trains,
-bit for bit."""
+bit for bit. Each rank's log marks where each attempt starts, and the end-of-run lines name the killed rank's node
+as the restart's line does (issue 60, item 6)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,16 @@ def assert_resumed_and_finished(tmp_path: Path, run: Run, run_dir: Path, killed:
     assert (first["ended"], first["cause"]["rank"], first["cause"]["signal"]) == ("failed", killed, "SIGKILL"), first
     assert second["ended"] == "finished" and second["cause"] is None and summary["exit"] == 0, summary
     assert summary["entry"].startswith("snapshot_script.py 6 --snapshot=") and summary["world_size"] == 2, summary
-    assert re.search(r"^launcher: attempt 0: .*, failed: rank \d on \S+ \(died with signal 9", run.stderr, re.M)
+    # the end-of-run lines name the node as the restart's line does (issue 60, item 6: edge 10)
+    node = rf" \(node {killed}\)" if killed else ""  # (two nodes: the sim job's rank 1 is node 1's)
+    said = rf"^launcher: attempt 0: .*, failed: rank {killed}{node} on \S+ \(died with signal 9"
+    assert re.search(said, run.stderr, re.M), run.stderr[-3000:]
+    for rank in (0, 1):  # each rank's log: where each attempt's output starts (issue 60, item 6: edge 10)
+        text = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        marker = rf"^==== attempt (\d) \(launch \w+\): rank {rank}/2, node \d, on \S+, [\d-]+ [\d:]+ ====$"
+        assert re.findall(marker, text, re.M) == ["0", "1"], text[-3000:]
     log = (run_dir / "logs" / f"rank-{killed}.log").read_text()
-    assert RESUMED in log, log[-3000:]
+    assert log.index(RESUMED) > log.index("==== attempt 1 "), log[-3000:]  # the second attempt's, below its marker
     assert f"[rank {killed}] {LAST}" in log, log[-3000:]
     final = torch.load(tmp_path / "final.pt")
     assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final), (

@@ -1,7 +1,9 @@
 """Threads per rank (issue 36): every rank gets ``cores / ranks on its machine`` threads (torchrun sets 1; we set
 nothing before, and each rank of a 2-rank script ran with every core's threads: 1.85x slower than torchrun), in a
 ``script=`` job too and on simulated nodes (which share one machine's cores); the user's OMP_NUM_THREADS and
-train.threads_per_rank win. The ranks report what torch really uses (``torch.get_num_threads``)."""
+train.threads_per_rank win. The ranks report what torch really uses (``torch.get_num_threads``). The jobs run on a
+machine of 8 or 6 cores (a fake: ``sitecustomize`` gives every process of the job that CPU affinity), so each rank's
+share differs from torchrun's blunt 1 and from the machine's every core on any box."""
 
 import json
 import os
@@ -10,7 +12,7 @@ import pytest
 
 from harness import path_override
 from harness.run import run_launcher
-from launcher.base.threads import choose_threads
+from launcher.base.threads import RANKS_ON_MACHINE, choose_threads, for_this_rank, plan_line
 
 SCRIPT = """
 import json, os, sys
@@ -23,8 +25,21 @@ dist.destroy_process_group()
 """
 
 
+FAKE_CORES = """import os
+os.sched_getaffinity = lambda pid: set(range({cores}))  # a machine of {cores} cores (tests/jobs/test_threads.py)
+"""
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def on_cores(tmp_path, count: int) -> dict[str, str]:
+    """The environment of a job whose every process (head, nodes, ranks) sees ``count`` usable cores."""
+    fake = tmp_path / "fake_cores"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(FAKE_CORES.format(cores=count))
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p)}
 
 
 def threads_seen(tmp_path, *overrides, env=None, ranks=2):
@@ -38,19 +53,18 @@ def threads_seen(tmp_path, *overrides, env=None, ranks=2):
 
 
 def test_script_ranks_split_the_cores_like_torchrun(tmp_path):
-    seen, stderr = threads_seen(tmp_path, "cluster.procs_per_node=2")
-    expected = max(1, cores() // 2)
-    assert seen == [{"torch": expected, "omp": str(expected)}] * 2
-    assert f"threads     : {expected} per rank ({cores()} core(s) / 2 rank(s) on the machine)" in stderr
+    seen, stderr = threads_seen(tmp_path, "cluster.procs_per_node=2", env=on_cores(tmp_path, 8))
+    assert seen == [{"torch": 4, "omp": "4"}] * 2  # (torchrun: 1 each; none set: 8 each)
+    assert "threads     : 4 per rank (8 core(s) / 2 rank(s) on the machine)" in stderr
     empty = [str(p) for p in (tmp_path / "run").rglob("*") if p.is_dir() and not any(p.iterdir())]
     assert not empty, f"a script run left empty folders: {empty}"  # torch elastic's per-rank log folders
 
 
 def test_simulated_nodes_share_the_machines_cores(tmp_path):
-    seen, stderr = threads_seen(tmp_path, "+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1")
-    expected = max(1, cores() // 2)  # one rank per simulated node, both on this machine
-    assert [s["torch"] for s in seen] == [expected, expected]
-    assert f"({cores()} core(s) / 2 rank(s) on the machine)" in stderr
+    sim = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1")
+    seen, stderr = threads_seen(tmp_path, *sim, env=on_cores(tmp_path, 6))
+    assert [s["torch"] for s in seen] == [3, 3]  # one rank per simulated node, both on this machine (not 6 each)
+    assert "(6 core(s) / 2 rank(s) on the machine)" in stderr
 
 
 @pytest.mark.parametrize(
@@ -70,3 +84,21 @@ def test_rules():
     assert choose_threads(None, 4, {"OMP_NUM_THREADS": "5"}) == (5, "OMP_NUM_THREADS")
     not_a_number = choose_threads(None, 1, {"OMP_NUM_THREADS": "lots"})
     assert not_a_number[1].endswith("rank(s) on the machine")  # not a number: ours
+
+
+def test_the_share_of_a_machines_cores(monkeypatch):
+    """On a machine of 12 usable cores (a fake affinity): 12 / ranks, at least 1, never torchrun's blunt 1 where
+    more fit; the rank sets OMP_NUM_THREADS to it; the plan says it."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
+    assert choose_threads(None, 1, {}) == (12, "12 core(s) / 1 rank(s) on the machine")
+    assert choose_threads(None, 4, {}) == (3, "12 core(s) / 4 rank(s) on the machine")
+    assert choose_threads(None, 5, {}) == (2, "12 core(s) / 5 rank(s) on the machine")
+    assert choose_threads(None, 24, {})[0] == 1
+    assert plan_line(None, 3, {}) == "4 per rank (12 core(s) / 3 rank(s) on the machine)"
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # (none given; what the rank sets is undone after the test)
+    monkeypatch.setenv(RANKS_ON_MACHINE, "")
+    assert for_this_rank(None, 2) == (6, "12 core(s) / 2 rank(s) on the machine")
+    assert os.environ["OMP_NUM_THREADS"] == "6"
+    monkeypatch.setenv(RANKS_ON_MACHINE, "4")  # (simulated nodes: every rank of the machine)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert for_this_rank(None, 1) == (3, "12 core(s) / 4 rank(s) on the machine")

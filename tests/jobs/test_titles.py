@@ -1,8 +1,10 @@
 """Issue 47: processes that say what they are. In ``ps``/``top`` each rank is ``launcher rank R/W node N: <script>
 <args> (run dir D)``, its node process (several nodes) ``launcher node N/M: ...``, the head ``launcher head MODE:
-...`` (setproctitle), and a rank's environment stays readable in ``/proc/PID/environ``."""
+...`` (setproctitle), rank 0's output helper ``launcher tee rank 0: ...`` (issue 60), and a rank's environment stays
+readable in ``/proc/PID/environ``. A script's job, of one attempt too, ends with a line naming its run dir."""
 
 import json
+import re
 
 import pytest
 
@@ -16,7 +18,14 @@ def titles(run_dir, mode, *extra):
     out.mkdir()
     run = run_launcher(SCRIPT, *mode, *extra, "--", f"--out={out}", "--lr", "0.1", run_dir=run_dir)
     assert run.returncode == 0, run.stderr
-    return [json.loads((out / f"rank-{k}.json").read_text()) for k in range(2)]
+    # issue 60, item 6 (edge 10): every script job ends with a line, one attempt too (none said where its run was)
+    words = f"titles_script.py --out={out} --lr 0.1"
+    ended = rf"^launcher: script {re.escape(words)}: finished, exit code 0, 1 attempt in [\d.]+ s; run dir "
+    assert re.search(ended + rf"{re.escape(str(run_dir))} \(logs/rank-<k>\.log, summary\.json\)$", run.stderr, re.M)
+    seen = [json.loads((out / f"rank-{k}.json").read_text()) for k in range(2)]
+    tee = f"launcher tee rank 0: to the console and logs/rank-0.log (run dir {run_dir})"
+    assert seen[0]["tee"] == tee, seen[0]  # rank 0's tee helper, titled as every other process (issue 60)
+    return seen
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ root-cause rules from that attempt's records (a SIGKILLed rank, recorded by its 
 its connection close), for a script's job too; a restart is announced in one line."""
 
 import json
+import re
 
 from launcher.base.env import DistEnv
 from launcher.base.run_dir import RunDir
@@ -66,3 +67,24 @@ def test_a_restart_is_announced_with_the_cause_and_the_restarts_left():
         "launcher: attempt 0 ended: rank 3 (node 1, pid 4242) on box died with signal 9 (SIGKILL); restarting: "
         "attempt 1 starts (restart 1 of 3, 2 left: cluster.max_restarts)"
     )
+
+
+def test_the_end_lines_name_the_node_and_every_script_job_ends_with_one(tmp_path):
+    """Issue 60, item 6 (edge 10): the end-of-run attempt lines name the node, as the restart's live line does; a
+    script's job, of one attempt too, ends with a line saying how it ended and where its run dir is."""
+    run = RunDir(tmp_path / "two")
+    started(run, "L", 0)
+    record_exits(run.failure_attempt("L", 0), [exit_failure(1, 12, -9, "host1", node=1, nodes=2)])
+    started(run, "L", 1)
+    lines = attempts.end_of_job(run, "train.py --lr 0.1", (2, 1), 0, since=0.0, script=True)
+    assert lines[0].endswith(", failed: rank 1 (node 1) on host1 (died with signal 9 (SIGKILL))"), lines
+    assert re.fullmatch(
+        rf"launcher: script train\.py --lr 0\.1: finished, exit code 0, 2 attempts in [\d.]+ s; run dir "
+        rf"{re.escape(str(run))} \(logs/rank-<k>\.log, summary\.json\)",
+        lines[2],
+    ), lines
+    one = RunDir(tmp_path / "one")
+    started(one, "M", 0, nodes=1)
+    lines = attempts.end_of_job(one, "train.py", (1, 2), 130, since=0.0, script=True)
+    assert len(lines) == 1 and lines[0].startswith("launcher: script train.py: stopped, exit code 130, 1 attempt in")
+    assert attempts.end_of_job(one, "train LeNet on digits", (1, 2), 0, since=0.0) == []  # the trainer: its table

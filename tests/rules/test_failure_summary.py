@@ -2,9 +2,15 @@
 message, whatever follows it. Issue 51 met ``failed too: rank 0 ..., after a peer failed ( to Tensor)``: the last
 line of a multi-line torch error (a comm hook's failed future, wrapped by torch) stood for the whole error."""
 
+import os
+
+import pytest
 import torch.distributed as dist
 
-from launcher.report.failures import summarize
+from launcher.base.env import DistEnv
+from launcher.base.run_dir import RunDir
+from launcher.rank.work import ScriptExited, run_script
+from launcher.report.failures import FailureLog, format_report, load_newest, summarize
 
 # what a healing sim job's rank 0 raised when rank 1 failed (its comm hook's future failed; torch wrapped it)
 WRAPPED = (
@@ -37,3 +43,43 @@ def test_a_syntax_error_is_named_by_its_own_line_not_the_source_it_quotes():
     except SyntaxError as exc:
         said = summarize(exc)
     assert said.startswith("SyntaxError: ") and "(1," not in said, said
+
+
+ARGPARSE_SCRIPT = """
+import argparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float)
+parser.parse_args()
+"""
+
+
+# the rank's entry catches the script's end and records it (``rank.entry``): here a function of that file's name
+ENTRY = """
+def catch(record, run, *args):
+    try:
+        run(*args)
+    except ScriptExited as exc:
+        record(exc)
+        return exc
+"""
+
+
+def test_a_scripts_exit_status_is_reported_with_its_own_last_error_line(tmp_path, capsys):
+    """Issue 60, item 6 (edge 10): a script that exits 2 on its own (argparse refusing an argument) is reported with
+    its status and its own last line on stderr, the error it exited on, not a bare ``ScriptExited`` under an empty
+    traceback; ``sys.exit("message")`` says its message on stderr, as Python would, and is reported by it."""
+    script, scope = tmp_path / "train.py", {"ScriptExited": ScriptExited}
+    script.write_text(ARGPARSE_SCRIPT)
+    exec(compile(ENTRY, "/x/launcher/rank/entry.py", "exec"), scope)  # noqa: S102 - the rank's frame, by its name
+    run, env = RunDir(tmp_path / "run"), DistEnv(rank=1, world_size=2, hostname="box", launch_id="L")
+    exited = scope["catch"](FailureLog(run, env).record, run_script, str(script), ["--bogus"])
+    said = f"script {script} exited with status 2; its last line on stderr: train.py: error: unrecognized arguments: "
+    assert (exited.code, summarize(exited)) == (2, f"ScriptExited: {said}--bogus")
+    report = format_report(load_newest(run, "L"), run).splitlines()
+    assert report[:2] == [f"launcher: rank 1 (pid {os.getpid()}) on box failed:", f"ScriptExited: {said}--bogus"]
+    script.write_text("import sys\nsys.exit('no data under /data: HINT: --data=DIR')\n")
+    with pytest.raises(ScriptExited) as info:
+        run_script(str(script), [])
+    assert str(info.value).endswith("status 1; its last line on stderr: no data under /data: HINT: --data=DIR")
+    assert capsys.readouterr().err.endswith("no data under /data: HINT: --data=DIR\n")

@@ -4,6 +4,7 @@ The ssh host checks and ``doctor`` time both directions and say which is slow, w
 gives the ranks the store's address, not its name, where every host resolved it alike. Resolution is faked here
 (a resolver that answers late), the rest is the launcher's own."""
 
+import re
 import socket
 import time
 
@@ -113,4 +114,24 @@ def test_the_host_check_reports_its_slow_lookups(resolver, monkeypatch, tmp_path
     assert found.slow_lookups == [
         "on vm1, resolving slowname takes 1.2 s; HINT: put slowname's address in vm1's /etc/hosts, or give "
         "cluster.master_addr as an address"
+    ], found.slow_lookups
+
+
+def test_the_host_check_names_a_slow_reverse_lookup(resolver, monkeypatch, tmp_path):
+    """Every forward look-up is fast here: only the reverse look-ups of ``slowback``'s address (as itself and
+    IPv4-mapped, as a dual-stack store server sees it) are slow, and the host check says both."""
+    from launcher.base.run_dir import RunDir
+    from launcher.launch.ssh import host_check
+
+    monkeypatch.setattr(host_check, "time_lookups", lambda found: names.time_lookups(found, limit_s=3.0))
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: ADDRESSES[name])
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm1")
+    RunDir(str(tmp_path)).host_check("t").write_text("t")
+    found = host_check.check_this_host(str(tmp_path), "t", "fast", "-", "fast,slowback")
+    assert found.master_ip == "10.0.0.1" and not found.problems, found
+    said = sorted(re.sub(r"takes 1\.\d s", "takes 1.x s", line) for line in found.slow_lookups)  # (1.2 s: a busy box)
+    assert said == [
+        f"on vm1, a reverse look-up of {addr} takes 1.x s (c10d makes one per connection); HINT: name {addr} in "
+        f"vm1's /etc/hosts (a line '{addr} <its name>')"
+        for addr in ("10.0.0.4", "::ffff:10.0.0.4")
     ], found.slow_lookups

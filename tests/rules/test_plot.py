@@ -1,13 +1,12 @@
 """``launcher.commands.plot``: metrics.jsonl loading (last record per step wins, broken lines skipped), the PNGs of the
-curves and of the comm.trace timeline."""
+curves and of the comm.trace timeline. matplotlib is one of the launcher's dependencies (pyproject.toml): no
+skip without it (a module-level ``importorskip`` was a skip ``LAUNCHER_REQUIRE_BEDS=1`` did not see)."""
 
 import json
 import logging
 import re
 
 import pytest
-
-pytest.importorskip("matplotlib")
 
 from launcher.base.run_dir import RunDir
 from launcher.commands.plot import load_metrics, plot_all, plot_run, plot_trace, run_title
@@ -125,6 +124,44 @@ def test_run_title_from_the_typed_summary(tmp_path):
     assert run_title(None) == ""
     (tmp_path / "summary.json").write_text("{not json")
     assert RunSummary.read(RunDir(tmp_path)) is None  # unreadable: plots lose the title, nothing fails
+
+
+def _curves_texts(run, monkeypatch):
+    """Every text drawn on ``run``'s curves.png (``plot_run``, its figure read as it is saved)."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    texts: list[str] = []
+    save = Figure.savefig
+
+    def saving(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", saving)
+    _assert_png(plot_run(RunDir(run)))
+    return texts
+
+
+@pytest.mark.parametrize("reducer", ["fsdp", "ddp"])
+def test_the_curves_name_the_reducer_that_ran_where_exposed_communication_was_not_measured(
+    tmp_path, monkeypatch, reducer
+):
+    """Issue 60 (6.6): an FSDP run's curves said "not measured (comm.reducer=ddp)"; they name the run's reducer,
+    from its summary, or from its frozen config while it runs (no summary yet)."""
+    run = _write(tmp_path / "run", [_train(10, 2.0), _train(20, 1.0)])  # (no comm_exposed_s: not measured)
+    (run / "config.yaml").write_text(f"comm:\n  reducer: {reducer}\n  shard: world\n")
+    said = f"exposed communication not measured (comm.reducer={reducer})"
+    assert said in _curves_texts(run, monkeypatch)
+    summary = RunSummary(
+        world_size=2, nodes=2, procs_per_node=1, backend="gloo", device="cpu", reducer=reducer, hierarchical=False,
+        hierarchical_reason="", model="models.text_classifier.TextClassifier", data="text", epochs=1, steps=20,
+        global_batch=64, final_loss=0.5, test_accuracy=None, samples_per_s=None, wall_s=1.0, resumed_from=None,
+    )  # fmt: skip
+    summary.write(RunDir(run))
+    (run / "config.yaml").unlink()
+    texts = _curves_texts(run, monkeypatch)
+    assert said in texts and not [t for t in texts if "comm.reducer=" in t and t != said], texts
 
 
 def test_missing_run_dir_names_path(tmp_path):

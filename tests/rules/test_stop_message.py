@@ -2,15 +2,17 @@
 knows: for a ``script=`` job how each rank ended after it got the signal (as recorded in the run dir: its agent's
 records, a rank's own) and nothing about a checkpoint (the launcher writes none for it); for the built-in trainer,
 the newest checkpoint in the run dir by name, or that there is none yet. The line an agent says when it kills ranks
-at the end of their grace (``said_killed``). (Real jobs stopped by each signal: tests/harness/stops.py, the signal
-matrix; killed after their grace: tests/jobs/test_stop_grace.py.)"""
+at the end of their grace (``said_killed``), and a second stop signal passed on by its own name. (Real jobs stopped
+by each signal: tests/harness/stops.py, the signal matrix; killed after their grace: tests/jobs/test_stop_grace.py.)"""
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from harness.config import plan
 from launcher.base.run_dir import RunDir
+from launcher.launch.nodes.control import Control, abort, forwarding_stops
 from launcher.report.stops import RankEnd, load_ends, print_stopped, record_ends, said_killed, stop_message
 
 NO_CLAIM = ("wrote a checkpoint", "to continue", "checkpoint is")
@@ -101,3 +103,22 @@ def test_print_stopped_reads_the_job(tmp_path, capsys):
     record_ends(job.run, "L", 0, [RankEnd(1, "b", 0), RankEnd(0, "a", 0)])
     print_stopped(143, job, "L")
     assert "how the script's ranks ended: rank 0 on a exited 0; rank 1 on b exited 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("second", "words"),
+    [(Control.stop_for, [Control.INT, Control.TERM]), (abort, [Control.INT, Control.ABORT])],
+    ids=["several-node-heads", "slurm"],
+)
+def test_a_second_stop_signal_is_passed_on_by_its_own_name(capfd, second, words):
+    """Issue 60, item 6 (edge 7): a second stop signal to a simulated or ssh head was passed on as ``ABORT``, which a
+    simulated node gets as SIGTERM: its agent said its ranks were killed at once on "a second stop signal,
+    SIGTERM" after two Ctrl-C's, while the head said SIGINT. The several-node heads pass on the second signal's own
+    word (each node's agent names it: tests/jobs/test_stop_grace.py); Slurm's head still kills every task at once."""
+    sent: list[Control] = []
+    with forwarding_stops(sent.append, "on every node", "the ranks checkpoint", second) as got:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)  # (a third: nothing more to pass on)
+    assert (got, sent) == ([signal.SIGINT, signal.SIGTERM, signal.SIGINT], words)
+    assert "launcher: a second stop signal (SIGTERM): ending the job on every node at once" in capfd.readouterr().err

@@ -165,7 +165,8 @@ def run_attempt(
     endpoint = placement.store if client is None else client.endpoint
     nodes: list[Node] = []
     try:
-        forward = forwarding_stops(lambda word: request_all(nodes, word), f"on every {machines.where}", then_of(job))
+        where = f"on every {machines.where}"  # a second stop: its word again (each node's agent names the signal)
+        forward = forwarding_stops(lambda word: request_all(nodes, word), where, then_of(job), Control.stop_for)
         with forward as stops:
             for position, name in enumerate(names):
                 heal = ",".join(names) if client is not None else ""

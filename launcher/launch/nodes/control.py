@@ -27,7 +27,7 @@ class Control(str, Enum):
     INT = "INT"  # stop the job as SIGINT would: the ranks agree on a step, checkpoint, exit 130 (a script's get it)
     TERM = "TERM"  # the same as SIGTERM (exit 143)
     HUP = "HUP"  # the same as SIGHUP (exit 129)
-    ABORT = "ABORT"  # kill the ranks at once: another machine is lost (no checkpoint can be agreed), a second stop
+    ABORT = "ABORT"  # kill the ranks at once: another machine is lost (no checkpoint can be agreed)
     PING = "PING"  # a heartbeat: the head is there (silence for cluster.heartbeat_timeout_s stops the node)
 
     @classmethod
@@ -37,7 +37,8 @@ class Control(str, Enum):
 
     @property
     def signum(self) -> signal.Signals:
-        """The signal a stop word stands for (``ABORT``: SIGTERM, a second stop to a node already stopping)."""
+        """The signal a stop word stands for (``ABORT``: SIGTERM, to a node process of this host). A stop word to a
+        node already stopping is a second stop: its ranks are ended at once, said with that signal's name."""
         return {Control.INT: signal.SIGINT, Control.HUP: signal.SIGHUP}.get(self, signal.SIGTERM)
 
     def line(self) -> bytes:
@@ -95,13 +96,21 @@ class ProcessNode:
         pass
 
 
+def abort(signum: int) -> Control:
+    """A second stop signal's word where no node can name it (Slurm's head: every task killed at once)."""
+    return Control.ABORT
+
+
 @contextlib.contextmanager
-def forwarding_stops(send: Callable[[Control], None], where: str, then: str) -> Iterator[list[int]]:
+def forwarding_stops(
+    send: Callable[[Control], None], where: str, then: str, second: Callable[[int], Control] = abort
+) -> Iterator[list[int]]:
     """While the head waits, SIGINT / SIGTERM / SIGHUP to it are passed on as a stop (``send(Control.INT, TERM or
     HUP)``: the nodes' ranks agree on a step, checkpoint and exit 130 / 143 / 129; a script's get the signal and
     their grace) instead of ending the head alone, which left the nodes training headless; a second one ends the
-    job at once (``Control.ABORT``). ``then``: what the ranks do, said. Yields the signals got (the caller stops
-    what it starts later)."""
+    job at once (``send(second(signum))``: the several-node heads send its stop word again, so that each node's
+    agent ends its ranks naming the signal sent, not ABORT's SIGTERM: issue 60, item 6). ``then``: what the ranks
+    do, said. Yields the signals got (the caller stops what it starts later)."""
     got: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -111,7 +120,7 @@ def forwarding_stops(send: Callable[[Control], None], where: str, then: str) -> 
             send(Control.stop_for(signum))
         elif len(got) == 1:
             print(f"launcher: a second stop signal ({name}): ending the job {where} at once", file=sys.stderr)
-            send(Control.ABORT)
+            send(second(signum))
         got.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}

@@ -13,8 +13,9 @@ under ``cluster.min_nodes``), so the agent does not. ``--members``: the job heal
 runs the ranks, ENDPOINT is the keeper's store). The job's secret comes in the first line of stdin with
 ``--stdin-control`` (ssh; with the forwarded environment, ``cluster.env``'s values), else in the environment.
 ``--stdin-control``: the head controls this node through stdin (``control.Control``: a line ``INT``, ``TERM`` or
-``HUP`` stops the job as that signal would, ``ABORT`` kills the workers at once: another machine is lost, no
-checkpoint can be agreed, or a second stop; ``PING`` is a heartbeat; the end of input, when the head or its
+``HUP`` stops the job as that signal would (a second one, the head's second stop signal, is passed on as that signal
+again: the agent ends its workers at once, naming it), ``ABORT`` kills the workers at once: another machine is lost,
+no checkpoint can be agreed; ``PING`` is a heartbeat; the end of input, when the head or its
 connection is gone, stops it as SIGTERM),
 and the workers' output goes through a pipe this process copies to the ssh channel: when the channel breaks, lines
 are dropped (they are in the rank logs) instead of ranks
@@ -46,13 +47,14 @@ HEAD_GONE = threading.Event()  # the head stopped talking: relayed output is dro
 
 
 def stop_on_request(silent_s: float) -> None:
-    """Turn the head's ``Control`` words on stdin into one stop signal for this process (the elastic agent passes
-    it on to the workers, with their grace); an ``ABORT`` then (a second stop) or at any time (a machine lost) kills
-    the workers at once. The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or this
+    """Turn the head's ``Control`` words on stdin into a stop signal for this process (the elastic agent passes it on
+    to the workers, with their grace); a second stop word is a second stop signal (the agent ends the workers at
+    once, naming it, as a second Ctrl-C to a local agent does); an ``ABORT`` (a machine lost) kills the workers at
+    once. The head also writes ``PING`` every few seconds: silence for ``silent_s`` (its link or this
     host's is down, the head is suspended) stops the job as the end of input does."""
 
     def watch() -> None:
-        pending, stopped = b"", False
+        pending, stopped = b"", 0  # the stop signals passed on (the head sends two at most)
         while True:
             ready, _, _ = select.select([0], [], [], silent_s)
             chunk = os.read(0, 4096) if ready else b""
@@ -65,15 +67,15 @@ def stop_on_request(silent_s: float) -> None:
                 return
             *lines, pending = (pending + chunk).split(b"\n")
             words = [Control[w] for line in lines if (w := line.decode(errors="replace")) in Control.__members__]
-            if Control.ABORT in words:  # a machine of the job is lost, or a second stop: end the ranks now
+            if Control.ABORT in words:  # a machine of the job is lost: end the ranks now
                 for pid in children(os.getpid()):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 continue  # the agent sees its workers die, and ends
             stops = [word for word in words if word in (Control.INT, Control.TERM, Control.HUP)]  # PING: a heartbeat
-            if stops and not stopped:
-                stopped = True
-                os.kill(os.getpid(), stops[0].signum)
+            for word in stops[: max(0, 2 - stopped)]:  # the first: the ranks' grace; the second: at once, named
+                stopped += 1
+                os.kill(os.getpid(), word.signum)
 
     threading.Thread(target=watch, name="stop-on-request", daemon=True).start()
 
