@@ -1,7 +1,7 @@
 """The stop-signal matrix (issue 51, item 3; issue 58, item 1; docs/running.md, "Exit codes"): SIGINT, SIGTERM and
 SIGHUP to the process a user started (the launcher's head; torchrun; node 0's launcher of a job started by hand) in
-every launch mode, for the built-in trainer and for a ``script=`` job (SIGHUP only where its path is not SIGINT's:
-``HUP_CELLS``). Each cell is one job, stopped once it runs; it
+every launch mode, for the built-in trainer and for a ``script=`` job (where paths are the same, one cell holds
+them: ``runs``, ``HUP_CELLS``, ``DIAGONAL``). Each cell is one job, stopped once it runs; it
 must end with the documented exit code and the stop line, the trainer with a checkpoint written at the stop (none
 before: ``TRAINER`` writes none on its own) and the line naming it, each of its ranks saying it stopped on the signal
 sent (``check_trainer_ranks``), the script (``STOP_SCRIPT``: a handler that
@@ -96,10 +96,15 @@ class Cell:
         return (path_override("script", STOP_SCRIPT), f"script_args=[{marks(run_dir)}]")
 
 
-# SIGINT and SIGTERM take different paths in every mode (the process group, the process alone): each mode x program
-# has both. SIGHUP takes SIGINT's path (at the process group; the same stop, under its own name and code 129) except
-# where the launcher turns it into another word: it is run where that happens or is seen end to end, and not again
-# where it would only repeat a SIGINT cell (issue 60, item 3: suite time):
+# SIGINT and SIGTERM take different paths in every mode (the process group, the process alone): each mode has both.
+# What a program does with the stop (the trainer's checkpoint at one step, the script's own handler and atexit) is
+# the same in every mode, and each relay of a head (torchrun, by hand, simulated nodes, ssh) passes the signal on by
+# its own name whatever runs under it: these modes run the diagonal (SIGINT to the trainer, SIGTERM to the script),
+# where `local` and `slurm` (whose SIGTERM is scancel's, its own path) run both programs under both signals (issue
+# 60, item 3: suite time; the ranks' names of the signal are checked in the trainer's cells too). SIGHUP takes
+# SIGINT's path (at the process group; the same stop, under its own name and code 129) except where the launcher
+# turns it into another word: it is run where that happens or is seen end to end, and not again where it would only
+# repeat a SIGINT cell:
 HUP_CELLS = {
     ("local", "trainer"),  # the exit code 129, the stop line and the checkpoint, end to end
     ("local", "script"),  # the terminal closed: the script's own ranks get SIGHUP from the group
@@ -109,13 +114,23 @@ HUP_CELLS = {
 }
 
 
+WHOLE_MODES = ("local", "slurm")  # both programs under SIGINT and SIGTERM; the other modes: DIAGONAL
+DIAGONAL = {("INT", "trainer"), ("TERM", "script")}
+
+
+def runs(mode: str, sig: str, program: str) -> bool:
+    if sig == "HUP":
+        return (mode, program) in HUP_CELLS
+    return mode in WHOLE_MODES or (sig, program) in DIAGONAL
+
+
 def cells(*modes: str) -> list[Cell]:
     return [
         Cell(mode, sig, program)
         for mode in modes
         for sig in SIGNALS
         for program in PROGRAMS
-        if sig != "HUP" or (mode, program) in HUP_CELLS
+        if runs(mode, sig, program)
     ]
 
 
