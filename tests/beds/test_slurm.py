@@ -163,12 +163,19 @@ def final_params(run_dir):
     return torch.load(path, weights_only=True)
 
 
+# 022 only: Slurm's tasks start under a private umask here, so a task that did not carry the submitter's would pass
+# under 077 (077 carried: tests/jobs/test_file_modes.py, and over ssh
+# tests/beds/test_ssh.py::test_two_machines_train_the_default_job)
+SUBMITTERS_UMASK = 0o022
+
+
 @pytest.fixture(scope="module")
 def two_by_two(slurm, tmp_path_factory):
-    """The plain job (2 nodes x 2 tasks, SHORT) on this cluster, run once: its test and, on the one-host cluster,
-    the requeue test's uninterrupted reference (the same job, the same cluster)."""
-    run_dir = tmp_path_factory.mktemp("two-by-two")
-    return run_launcher(*TWO_BY_TWO, *SHORT, run_dir=run_dir, env=slurm, timeout=300), run_dir
+    """The plain job (2 nodes x 2 tasks, SHORT) on this cluster, run once, under the submitter's umask 022: its test
+    and, on the one-host cluster, the requeue test's uninterrupted reference (the same job, the same cluster)."""
+    run_dir = tmp_path_factory.mktemp("two-by-two") / "run"
+    with umask(SUBMITTERS_UMASK):
+        return run_launcher(*TWO_BY_TWO, *SHORT, run_dir=run_dir, env=slurm, timeout=300), run_dir
 
 
 def test_two_nodes_two_tasks_train(slurm, two_by_two):
@@ -186,25 +193,14 @@ def test_two_nodes_two_tasks_train(slurm, two_by_two):
     assert oct((tmp_path / "submitit").stat().st_mode & 0o777) == "0o700"  # its pickled task holds the secret
     if slurm["LAUNCHER_SLURM_NETNS"] == "1":  # each node its own host name and network stack
         assert summary["hosts"] == ["node1", "node2"], summary
-
-
-# 022 only: Slurm's tasks start under a private umask here, so a task that did not carry the submitter's would
-# pass under 077 (077 carried: tests/jobs/test_file_modes.py, tests/beds/test_file_modes_beds.py)
-@pytest.mark.parametrize("mask", [0o022], ids=["umask022"])
-def test_every_file_of_a_slurm_run_has_the_submitters_umask(slurm, tmp_path, mask):
-    """Issue 51: the tasks start under Slurm's umask, the ranks write under the submitter's (carried in the task);
-    the submitit folder, whose pickled task holds the job's secret, is its owner's only (0700, files 0600); every
-    other file and folder has the mode the submitter's umask gives (tests/harness/modes.py)."""
-    run_dir = tmp_path / "run"
-    job = ("+cluster=slurm", "cluster.nodes=2", "cluster.procs_per_node=1", "train.max_steps=4")
-    with umask(mask):
-        result = run_launcher(*job, "train.checkpoint_every_steps=2", run_dir=run_dir, env=slurm, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    pickled = sorted(run_dir.glob("submitit/*/*_submitted.pkl"))
-    assert pickled and sorted(run_dir.glob("checkpoints/step-*.pt")), sorted(run_dir.rglob("*"))
+    # Issue 51: the tasks start under Slurm's umask, the ranks write under the submitter's (carried in the task); the
+    # submitit folder, whose pickled task holds the job's secret, is its owner's only (0700, files 0600); every other
+    # file and folder has the mode the submitter's umask gives (tests/harness/modes.py)
+    pickled = sorted(tmp_path.glob("submitit/*/*_submitted.pkl"))
+    assert pickled and sorted(tmp_path.glob("checkpoints/step-*.pt")), sorted(tmp_path.rglob("*"))
     secret = DelayedSubmission.load(pickled[0]).function.secret[SECRET_ENV]
-    wrong = wrong_modes(run_dir, mask, {secret}, private=(run_dir / "submitit",))
-    assert not wrong, "\n".join(wrong)
+    wrong = wrong_modes(tmp_path, SUBMITTERS_UMASK, {secret}, private=(tmp_path / "submitit",))
+    assert not wrong, "files not at the submitter's umask 022:\n" + "\n".join(wrong)
 
 
 def test_slurm_env_reaches_an_unchanged_torchrun_script(slurm, tmp_path):
@@ -317,8 +313,11 @@ def test_doctor_on_slurm_times_the_link_between_nodes(slurm, tmp_path):
 
 
 @pytest.mark.parametrize("repeat", range(REPEAT))
-@pytest.mark.parametrize(  # three of the six (local and sim run all six; ssh the same three), on both nodes
-    "kind,where,rank", [("script", "between", 3), ("trainer", "before", 2), ("trainer", "inside", 1)]
+@pytest.mark.parametrize(  # one of the six (tests/jobs/test_root_cause.py runs all six locally; sim and ssh the same
+    # one): the kind and the moment change only the rank's side, Slurm's part (the task and node named, srun's
+    # --kill-on-bad-exit) is the same for every case; a task on the second node: test_a_task_killed_without_a_record...
+    "kind,where,rank",
+    [("trainer", "inside", 1)],
 )
 def test_failing_rank_is_named_first_with_its_error(slurm, tmp_path, kind, where, rank, repeat):
     """Root cause first on Slurm (2 nodes x 2 tasks): the report comes from the ranks' own records, srun's

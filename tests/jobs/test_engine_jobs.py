@@ -1,7 +1,7 @@
 """``launcher.Engine`` in a script the launcher runs (``tests/scripts/engine_loop.py``, docs/your-loop.md's example):
-on 2 simulated nodes x 2 ranks its loss trajectory is one process's on the whole global batch (replicated and
-sharded), the job's ``comm.*`` on the command line reach the script's engine, and ``python -m launcher export`` says
-how to load what a user's loop wrote."""
+on 2 simulated nodes x 2 ranks its loss trajectory is one process's on the whole global batch (replicated; sharded:
+tests/ranks/test_engine.py), the job's ``comm.*`` on the command line reach the script's engine, and ``python -m
+launcher export`` says how to load what a user's loop wrote."""
 
 import os
 import signal
@@ -43,18 +43,18 @@ def one_process_losses() -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reducer", ["ddp", "fsdp"])
-def test_a_loop_through_the_engine_on_two_simulated_nodes_follows_one_process(tmp_path, reducer):
+def test_a_loop_through_the_engine_on_two_simulated_nodes_follows_one_process(tmp_path):
+    """Replicated (torch DDP) only: the Engine's sharded loop against one process is
+    tests/ranks/test_engine.py's (on real ranks); what the launcher adds (its simulated nodes' environment handed to
+    the script's engine) is the same for both reducers."""
     out, run_dir = tmp_path / "out", tmp_path / "run"
-    sharded = ("comm.reducer=fsdp", "comm.fsdp_min_params=64") if reducer == "fsdp" else ()
-    run = run_launcher(*SIM_2X2, SCRIPT, "comm.hierarchical=true", *sharded, "--", str(out), run_dir=run_dir)
+    run = run_launcher(*SIM_2X2, SCRIPT, "comm.hierarchical=true", "--", str(out), run_dir=run_dir)
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [line.split() for line in (out / "losses-0.txt").read_text().splitlines()]
     assert [int(s) for s, _ in steps] == list(range(1, EPOCHS * SAMPLES // BATCH + 1))
     torch.testing.assert_close([float(v) for _, v in steps], one_process_losses(), rtol=1e-4, atol=1e-6)
     said = (run_dir / "logs" / "rank-0.log").read_text()
-    kind = "FSDP2 on a 1-D cpu mesh of 2 rank(s)" if reducer == "fsdp" else "torch DDP"
-    assert f"launcher.Engine: {kind}" in said and "topology 2 node(s) (2+2 ranks)" in said, said[-2000:]
+    assert "launcher.Engine: torch DDP" in said and "topology 2 node(s) (2+2 ranks)" in said, said[-2000:]
     argv = [sys.executable, "-m", "launcher", "export", str(run_dir), str(tmp_path / "model.pt")]
     exported = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=user_env())
     assert exported.returncode == 0, exported.stderr

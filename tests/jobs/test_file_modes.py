@@ -2,7 +2,9 @@
 nodes) and under 022, on this machine and on simulated nodes: every file and folder of its run dir (config, logs,
 checkpoints, metrics, trace, the watch's files, Hydra's) has the mode the umask gives, never writable by others; a
 file holding the job's secret would be 0600 (none does here: the secret travels in environments, which
-``secrets_seen`` reads to look for it). The ssh machines and Slurm: tests/beds/test_file_modes_beds.py."""
+``secrets_seen`` reads to look for it). The ssh machines and Slurm:
+tests/beds/test_ssh.py::test_two_machines_train_the_default_job,
+tests/beds/test_slurm.py::test_two_nodes_two_tasks_train."""
 
 import pytest
 

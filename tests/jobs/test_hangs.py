@@ -1,14 +1,18 @@
 """The progress watch (launcher/watch): the rules on hand-made progress (no processes), then real jobs on this host
 (script= and the trainer) that hang, desync, stop a rank or slow one down; each asserts the culprit is named first,
-with its host and a frame of its stack, in bounded time. Multi-node modes: tests/beds/test_hang_clusters.py."""
+with its host and a frame of its stack, in bounded time; and a script stuck on the second of two simulated nodes (no
+test bed needed). Over ssh: tests/beds/test_hang_clusters.py; on Slurm: tests/beds/test_slurm.py."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 
-from harness.run import run_launcher
+from harness.checks import assert_hang_named
+from harness.jobs import STUCK, STUCK_FRAME, WATCH
+from harness.run import run_launcher, run_timed
 from launcher.base.run_dir import RunDir
 from launcher.watch.verdict import find_hang, find_stragglers
 
@@ -285,6 +289,15 @@ def test_mismatched_shapes_name_the_rank_gloo_aborted_with_its_reason(tmp_path):
     assert result.returncode == 1, err
     assert first_line_with(err, "launcher: rank ").startswith("launcher: rank 1 (pid ")
     assert "Is there a distributed collective mismatch in your code?" in err.split("launcher: failed too")[0]
+
+
+def test_sim_script_stuck_on_the_second_node(tmp_path):
+    """Simulated nodes (2 x 1 rank), the last rank stuck in its own code: the hang named live, the culprit first with
+    its node and its live stack, then the failure report (the multi-node modes' check: tests/beds/test_hang_clusters.py
+    over ssh, tests/beds/test_slurm.py on Slurm)."""
+    sim = ("+cluster=sim", "cluster.nodes=2", "cluster.procs_per_node=1")
+    run = run_timed([*sim, SCRIPT, *WATCH], tmp_path, {**STUCK, "HANG_RANK": "1"})
+    assert_hang_named(run, tmp_path, 1, socket.gethostname(), [0], r"node 1, pid \d+", STUCK_FRAME)
 
 
 def test_without_torchs_flight_recorder_the_watch_is_off_with_one_warning(tmp_path, monkeypatch, caplog):

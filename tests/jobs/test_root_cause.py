@@ -31,14 +31,16 @@ def test_local_names_the_failing_rank(tmp_path, kind, where, repeat):
     assert port_in_use("127.0.0.1", port) is None, f"the rendezvous port {port} is still taken after the failure"
 
 
-# across nodes: each moment once, the kinds mixed (every kind and moment runs locally above; the suite's time)
-SIM_CASES = [("trainer", "inside"), ("script", "between"), ("trainer", "before")]
+# across nodes: one case (every kind and moment runs locally above; the kind and the moment change only the rank's
+# side, and the node agents' relay and the head's choice are the same for every case: the suite's time)
+SIM_CASES = [("trainer", "inside")]
 
 
 @pytest.mark.parametrize("repeat", range(REPEAT))
 @pytest.mark.parametrize("kind,where", SIM_CASES)
 def test_sim_names_the_failing_rank_across_nodes(tmp_path, kind, where, repeat):
-    """2 virtual nodes x 2 ranks; the failing rank alternates between node 0 (rank 1) and node 1 (rank 2)."""
+    """2 virtual nodes x 2 ranks; the failing rank alternates between node 0 (rank 1) and node 1 (rank 2) from one
+    repeat to the next (``LAUNCHER_STRESS``)."""
     rank = 1 if (repeat + SIM_CASES.index((kind, where))) % 2 == 0 else 2
     args, env = job_args(kind, where, rank)
     code, stderr, at = run_watched(
@@ -78,3 +80,23 @@ def test_the_report_ranks_by_kind_not_by_the_clock(tmp_path):
     heads = re.findall(r"^launcher: (?:failed too: )?rank (\d)", out.getvalue(), re.M)
     assert heads == ["1", "2", "0", "3"], out.getvalue()
     assert out.getvalue().startswith("launcher: rank 1 (node 0, pid "), out.getvalue()
+
+
+def test_a_killed_rank_is_named_with_its_signal(tmp_path):
+    """A rank that died of a signal and wrote no record (its agent records its exit code, -9) leads the report,
+    named with its signal, before a peer the launcher stopped. (The agent's record of a real SIGKILL, and the
+    restart line that names it: tests/jobs/test_launch.py::test_killed_rank_with_restarts_resumes.)"""
+    from launcher.base.run_dir import RunDir
+    from launcher.report import failures
+
+    run_dir = RunDir(tmp_path)
+    directory = run_dir.failure_attempt("j", 0)
+    failures.record_exits(
+        directory, [failures.exit_failure(0, 41, -15, "box"), failures.exit_failure(1, 42, -9, "box")]
+    )
+    out = io.StringIO()
+    assert failures.print_report(run_dir, "j", file=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "launcher: rank 1 (pid 42) on box died with signal 9 (SIGKILL)", out.getvalue()
+    assert lines[1] == f"launcher: log of rank 1: {run_dir.rank_log(1)}", out.getvalue()
+    assert "launcher: failed too: rank 0 on box, stopped by the launcher" in lines[2], out.getvalue()

@@ -6,6 +6,7 @@ on this 2-core box."""
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -18,6 +19,7 @@ spec.loader.exec_module(figures)
 
 RECORD = json.loads(figures.FIGURES.read_text())
 COUNT_MARGIN, TIME_MARGIN = 0.02, 0.15  # a figure rounded or typed a little apart passes; a stale one does not
+RECORDING = "LAUNCHER_RECORDING_SUITE"  # set by ./scripts/test.sh --durations
 BUDGET = {"fast": {"pytest_s": 45.0, "whole_s": 90.0}, "full": {"whole_s": 15 * 60.0}}
 
 
@@ -44,6 +46,10 @@ def test_the_sentence_reads_back_as_written():
 
 @pytest.mark.parametrize("lane", ("fast", "full"))
 def test_the_last_recorded_run_is_within_the_budget(lane):
+    """Not while a run is recorded (``--durations`` sets RECORDING): the run that measures the suite anew must not
+    fail for the figures it replaces."""
+    if os.environ.get(RECORDING):
+        return
     recorded = RECORD[lane]
     over = {key: (recorded[key], limit) for key, limit in BUDGET[lane].items() if recorded[key] > limit}
     assert not over, f"the {lane} lane's last recorded run is over its budget (seconds, limit): {over}"
