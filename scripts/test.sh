@@ -8,7 +8,7 @@
 # went to tests/durations/<lane>.txt (scripts/suite_figures.py)
 start=$SECONDS
 record=""
-if [ "${1:-}" = "--durations" ]; then record=1; shift; export LAUNCHER_RECORDING_SUITE=1; fi
+if [ "${1:-}" = "--durations" ]; then record=1; shift; fi
 source "$(dirname "$0")/env.sh"
 cd "$(dirname "$0")/.." || exit 1
 ruff check . && ruff format --check . && mypy && lint-imports || { echo "lint/type/import check failed (ruff check --fix . && ruff format . fixes most)" >&2; exit 1; }
