@@ -126,9 +126,8 @@ def _unmet(target: Target) -> Optional[str]:
     missing = missing_arguments(found, target.args)
     if not missing:
         return None
-    gives = " ".join(f"+{target.at}.{name}=VALUE" for name in missing)
     said = " and ".join(missing)
-    return f"cannot be built: it needs {said}, which {target.at} does not give; HINT: {gives}"
+    return f"cannot be built: it needs {said}, which {target.at} does not give; HINT: {overrides(target.at, missing)}"
 
 
 def build_error(target: Target, made: Any, given: Sequence[str], exc: BaseException) -> str:
@@ -137,10 +136,15 @@ def build_error(target: Target, made: Any, given: Sequence[str], exc: BaseExcept
     missing = missing_arguments(made, given)
     cause = exc.__cause__ or exc  # the user's error, not Hydra's wrapper (instantiate's InstantiationException)
     if missing:
-        fix = " ".join(f"+{target.at}.{name}=VALUE" for name in missing) + f" (it needs {' and '.join(missing)})"
+        fix = f"{overrides(target.at, missing)} (it needs {' and '.join(missing)})"
     else:
         fix = f"the keys under {target.at} are its arguments: give the one it names as {target.at}.NAME=VALUE"
     return f"{target.key}={target.path!r} failed to build: {type(cause).__name__}: {cause}; HINT: {fix}"
+
+
+def overrides(at: str, missing: Sequence[str]) -> str:
+    """The command-line overrides that give the ``missing`` arguments under the key ``at``."""
+    return " ".join(f"+{at}.{name}=VALUE" for name in missing)
 
 
 def missing_arguments(made: Any, given: Sequence[str]) -> list[str]:
