@@ -48,6 +48,7 @@ HELP_ONLY = {  # why a tiny run would not fit the suite (bench/README.md: each w
     "end_to_end.py": f"{JOBS_ON_NODES}, in network namespaces; 6 or 7 of them",
     "heal.py": f"{JOBS_ON_NODES}; 2 of them, on 3 nodes",
     "heal_loop.py": f"{JOBS_ON_NODES}; on 3 nodes, 21 steps at least",
+    "launch.py": "a pair of whole jobs started as a user starts them (fresh interpreters: their cost is the measure)",
     "ssh_startup.py": "its own ssh machines (scripts/ssh-hosts/start.sh) and a job over ssh on 2 of them",
     "torchft_heal.py": "torchft 0.2.0 in a venv of its own (its docstring's set-up), not in the project's",
     "watch.py": "2 jobs of 2 ranks at the least (a single rank has no watch): 4 fresh rank interpreters, ~11 CPU-s",
