@@ -181,8 +181,11 @@ def nothing_left(find: Callable[[], list[str]], what: str) -> None:
 @pytest.fixture(autouse=True)
 def nothing_of_the_job_remains(request):
     """After every test that used a tmp_path (every launcher run's run dir lives there): no process of the job
-    (launcher, agents, ranks: their command lines name the run dir) is left, pass or fail."""
+    (launcher, agents, ranks: their command lines name the run dir) is left, pass or fail; and ``sys.path`` as it
+    was (a fork server started later carries it on its command line: a test's folder there reads as its leftover)."""
+    path = list(sys.path)
     yield
+    assert sys.path == path, f"the test changed sys.path (monkeypatch.setattr(sys, 'path', ...)): {sys.path[:3]}"
     tmp_path = request.node.funcargs.get("tmp_path")
     if tmp_path is not None:
         nothing_left(lambda: processes_mentioning(str(tmp_path)), "the test")

@@ -3,6 +3,7 @@ message, whatever follows it. Issue 51 met ``failed too: rank 0 ..., after a pee
 line of a multi-line torch error (a comm hook's failed future, wrapped by torch) stood for the whole error."""
 
 import os
+import sys
 
 import pytest
 import torch.distributed as dist
@@ -65,10 +66,12 @@ def catch(record, run, *args):
 """
 
 
-def test_a_scripts_exit_status_is_reported_with_its_own_last_error_line(tmp_path, capsys):
+def test_a_scripts_exit_status_is_reported_with_its_own_last_error_line(tmp_path, capsys, monkeypatch):
     """Issue 60, item 6 (edge 10): a script that exits 2 on its own (argparse refusing an argument) is reported with
     its status and its own last line on stderr, the error it exited on, not a bare ``ScriptExited`` under an empty
     traceback; ``sys.exit("message")`` says its message on stderr, as Python would, and is reported by it."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_script puts the script's folder first, as a rank's
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # Python would: not for the later tests of this process
     script, scope = tmp_path / "train.py", {"ScriptExited": ScriptExited}
     script.write_text(ARGPARSE_SCRIPT)
     exec(compile(ENTRY, "/x/launcher/rank/entry.py", "exec"), scope)  # noqa: S102 - the rank's frame, by its name
