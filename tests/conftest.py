@@ -1,4 +1,5 @@
 import atexit
+import gc
 import getpass
 import os
 import shutil
@@ -243,6 +244,10 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(BED_OF_MODULE.get(module, module)))
         if tier := tier_of(item.path):
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_collection_finish(session):
+    gc.freeze()  # the modules collected live as long as the process: full collections walk what the tests made only
 
 
 def pytest_sessionstart(session):

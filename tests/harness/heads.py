@@ -175,7 +175,11 @@ def _connect() -> socket.socket:
 
 
 def _serve(control: socket.socket) -> None:
+    import gc
+
     import launcher.commands.cli  # noqa: F401  (the preload: torch, Hydra, the launcher)
+
+    gc.freeze()  # a forked head walks none of the preload's objects, nor copies their pages (harness.preloaded)
 
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, None)

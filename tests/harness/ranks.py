@@ -9,7 +9,9 @@ test process's ``sys.path``), or here."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,8 @@ def _rank_main(
     os.chdir(cwd)
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
     try:
+        # (a fork server skips a preload it cannot import without a word: every rank would pay for it again)
+        assert "harness.preloaded" in sys.modules, f"the fork server did not preload {RANK_PRELOAD} (sys.path?)"
         store = dist.FileStore(store_path, world)
         with process_group(env, "gloo", timeout_s=60, store=store):
             fn(rank, world, Path(out_dir), *args)
@@ -47,6 +51,7 @@ def _rank_main(
 # torch._dynamo any optimizer imports cost a rank ~4 s of CPU here, more than most tests' own work)
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "launcher.comm.reducer"]
 RANK_PRELOAD += ["harness.ranks"]  # this module: ``_rank_main``, and ``train_layout``'s rank function
+RANK_PRELOAD += ["harness.preloaded"]  # last: what the preload made is frozen, never walked by a rank's collector
 
 
 def _rank_context() -> Any:
@@ -54,6 +59,18 @@ def _rank_context() -> Any:
     ``RANK_PRELOAD`` and nothing else (no thread, no process group: fork-safe), in milliseconds."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
+    # Python 3.11's fork server imports its preload before it takes the test process's sys.path (and skips a module
+    # it cannot import without a word): tests/ reaches it on PYTHONPATH, for its start only
+    tests = str(Path(__file__).resolve().parent.parent)
+    given = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([tests, given] if given else [tests])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if given is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = given
     return ctx
 
 
