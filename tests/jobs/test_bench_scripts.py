@@ -78,6 +78,7 @@ def bench_on_path() -> Iterator[None]:
 @pytest.mark.parametrize("script", ENTRY_POINTS)
 def test_help(script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "argv", [str(BENCH / script), "--help"])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (a script may put the repo first, as run from anywhere)
     with pytest.raises(SystemExit) as ended:
         runpy.run_path(str(BENCH / script), run_name="__main__")
     assert ended.value.code == 0, capsys.readouterr().err
