@@ -28,6 +28,7 @@ import traceback
 import uuid
 
 from omegaconf import DictConfig
+from torch.distributed.launcher.api import LaunchConfig
 
 from launcher.base.env import DistEnv
 from launcher.base.gpus import by_free_memory
@@ -84,7 +85,8 @@ class LocalMode(BaseMode):
         if c.nodes > 1:
             host = "this machine" if c.node_rank == 0 else "node 0"
             return f"store on {c.master_addr}:{c.master_port} ({host}); this machine is node {c.node_rank}, by hand"
-        return f"c10d on {c.master_addr}:{c.master_port or 'free port held by the store'}"
+        where = f"{c.master_addr}:{c.master_port or 'free port held by the store'}"
+        return f"c10d on {where} (restarts)" if c.max_restarts else f"the agent's store on {where}"
 
     def run(self, plan: LaunchPlan, job: JobConfig, env: DistEnv) -> int:
         return launch_local(plan, job)
@@ -135,9 +137,20 @@ def launch_local(plan: LaunchPlan, job: JobConfig) -> int:
         endpoint = f"{c.master_addr}:{c.master_port}"
         config = agent_config(job, c.nodes, endpoint, launch_id, addr, node, static_rendezvous=True)
         return run_agent(job, config, node=node, by_hand=True)
-    config = agent_config(job, 1, f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12], c.master_addr)
+    config = one_machine(job)
     os.environ.update(Secret.new().environ())  # a fresh one for this job: the agent's workers inherit it
     try:
         return run_agent(job, config)
     finally:
         os.environ.pop(SECRET_ENV, None)  # not the next job's of a sweep, nor anything this process starts later
+
+
+def one_machine(job: JobConfig) -> LaunchConfig:
+    """The agent of a job on this one machine. Without restarts, elastic's static rendezvous (the agent's store,
+    nothing to negotiate): its dynamic c10d one cost every launch ~0.5 s more (a join delay, two stack walks per
+    recorded event, a closing round: bench/launch.py). With restarts, c10d: a script's ``init_process_group`` puts no
+    attempt prefix on the agent's store (torch counts on a new store per attempt), so over the static one's store a
+    restarted rank read the dead ranks' addresses."""
+    c = job.cluster
+    endpoint, launch_id = f"{c.master_addr}:{c.master_port}", uuid.uuid4().hex[:12]
+    return agent_config(job, 1, endpoint, launch_id, c.master_addr, static_rendezvous=not c.max_restarts)

@@ -44,9 +44,10 @@ def agent_config(
 
     Default: c10d rendezvous, elastic numbers the nodes (in the order of their addresses) and restarts the
     workers ``cluster.max_restarts`` times. ``static_rendezvous`` (machines named by the user: ssh hosts, or
-    started by hand with ``cluster.node_rank``): node ``node`` is group rank ``node`` (rank 0 on the first host,
-    as listed), and the agent does not restart. ``head_restarts``: the head restarts the whole job, not the agent
-    (the ssh head; the sim head under ``cluster.min_nodes``)."""
+    started by hand with ``cluster.node_rank``; the one machine of a local job that does not restart): node ``node``
+    is group rank ``node`` (rank 0 on the first host, as listed), and the agent does not restart.
+    ``head_restarts``: the head restarts the whole job, not the agent (the ssh head; the sim head under
+    ``cluster.min_nodes``)."""
     c = job.cluster
     join = max(1, round(c.join_timeout_s))
     return LaunchConfig(
