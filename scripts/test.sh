@@ -3,7 +3,7 @@
 #   ./scripts/test.sh [--durations] [--fast] [pytest args...]
 # The suite is in four tiers (tests/README.md): rules/ (no process), ranks/ (real gloo ranks, no launcher), jobs/
 # (python -m launcher on this machine), beds/ (network namespaces, the ssh machines, the local Slurm: root).
-# --fast runs the first two (about a minute: run it before every commit); without it, the whole suite (CI's).
+# --fast runs the first two (about 35 s here: run it before every commit); without it, the whole suite (CI's).
 # --durations (no pytest args): a green run's figures go to tests/suite_figures.json and the README, where its time
 # went to tests/durations/<lane>.txt (scripts/suite_figures.py)
 start=$SECONDS
