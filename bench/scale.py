@@ -12,6 +12,11 @@ Drives the launcher's real code, not a model of it, with lightweight stand-ins f
   culprit's with its stack, a peer record for every other rank), then the real report (``launcher.report.failures``).
   Measured: writing the records and printing the report (goal: 10 s at 1,024 ranks); the report must name the
   culprit first.
+- start-up (``ready_p95_s``, ``torch_store_ready_s``): bench/scale_start.py, every rank a thread with a store client of
+  its own on ``--hosts`` processes, from one moment to every rank joined the job's signed store and checked in
+  (``launcher.group.rendezvous.check_in``); against torch's store barrier alone over the same number of clients on
+  the same store server (issue 61's goals at 16,384 ranks: p95 <= 10 s and <= 1.0x torch's). The p95 of the
+  connect alone is printed beside them (c10d's connect stalls on this box: bench/scale_start.py).
 - watch (``watch_name_s``, ``rank0_watch_cpu``): bench/scale_watch.py, every rank a real progress publisher over
   a simulated flight recorder (``--hosts`` processes host them), rank 0 the real watch thread (publisher and
   reporter). Measured: the CPU share of one core rank 0's watch thread uses in a clean run of ``--clean-s``
@@ -19,7 +24,8 @@ Drives the launcher's real code, not a model of it, with lightweight stand-ins f
   ``comm.hang_warn_s`` + 5 s; here ``--warn-s``).
 
 Sizes are RANKS:NODES. Prints a table; ``--json`` writes {"ranks": [...], "nodes": [...], "watch_name_s": [...],
-"rank0_watch_cpu": [...], "keeper_decide_s": [...], "report_s": [...]}.
+"rank0_watch_cpu": [...], "keeper_decide_s": [...], "report_s": [...], "ready_p95_s": [...],
+"torch_store_ready_s": [...]}.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from common import machine, table
+from scale_start import quantile, ready_times
 
 from launcher.base.errors import Kind
 from launcher.base.run_dir import RunDir
@@ -51,6 +58,7 @@ from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
 
 HERE = Path(__file__).resolve().parent
+KINDS = ("ours", "torch")  # (bench/scale_start.py: the launcher's start-up, torch's store alone)
 HEARD_S = 2.5  # every node beats a few times (every 0.5 s) before one falls silent: the keeper has heard them all
 
 
@@ -166,24 +174,32 @@ def main() -> None:
         args.sizes = ",".join(f"{r}:{max(1, int(r) // 4)}" for r in args.ranks.split(","))
     sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
     result: dict[str, list] = {k: [] for k in ("ranks", "nodes", "watch_name_s", "rank0_watch_cpu")}
-    result.update(keeper_decide_s=[], report_s=[])
+    result.update(keeper_decide_s=[], report_s=[], ready_p95_s=[], torch_store_ready_s=[])
     for ranks, nodes in sizes:
+        (ours_connect, ours), (torch_connect, torch_ready) = (ready_times(k, ranks, args.hosts) for k in KINDS)
         with tempfile.TemporaryDirectory() as tmp:
             watched = watch_run(ranks, nodes, args.warn_s, args.clean_s, args.hosts, Path(tmp) / "watch")
             report_s = report_time(ranks, nodes, Path(tmp) / "report")
         keeper_s = keeper_decision(nodes, args.lost_after_s)
-        for key, value in zip(result, (ranks, nodes, watched["named_s"], watched["cpu"], keeper_s, report_s)):
+        ready = [quantile(ours, 0.95), quantile(torch_ready, 0.95)]
+        figures = (ranks, nodes, watched["named_s"], watched["cpu"], keeper_s, report_s, *ready)
+        for key, value in zip(result, figures):
             result[key].append(value)
         print(
-            f"# {ranks} ranks, {nodes} nodes: {watched}, keeper +{keeper_s:.2f} s, report {report_s:.2f} s", flush=True
+            f"# {ranks} ranks, {nodes} nodes: {watched}, keeper +{keeper_s:.2f} s, report {report_s:.2f} s, ready "
+            f"p50 {quantile(ours, 0.5):.2f} p95 {ready[0]:.2f} s (connected p95 {quantile(ours_connect, 0.95):.2f} s), "
+            f"torch's store alone p95 {ready[1]:.2f} s (connected {quantile(torch_connect, 0.95):.2f} s)",
+            flush=True,
         )
     print(f"# control plane at scale; keeper: cluster.lost_after_s={args.lost_after_s:g}; {machine()}")
     rows = [list(row) for row in zip(*result.values())]
     headers = ["ranks", "nodes", "watch names (s)", "rank 0 watch CPU", "keeper after lost_after_s (s)", "report (s)"]
+    headers += ["ready p95 (s)", "torch's store alone p95 (s)"]
     print(table(headers, rows))
     print(
         f"# goals at 1,024 ranks / 256 nodes: named within warn_s + 5 s = {args.warn_s + 5:g} s; rank 0's watch "
-        "under 5 % of a core; keeper within 1 s after lost_after_s; report within 10 s"
+        "under 5 % of a core; keeper within 1 s after lost_after_s; report within 10 s; at 16,384 ranks: ready p95 "
+        "<= 10 s and <= 1.0x torch's store alone"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

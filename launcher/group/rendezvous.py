@@ -79,7 +79,7 @@ def process_group(
     # The agent's store outlives a failed attempt: a restarted group must not read the dead ranks' addresses.
     store = guard(store, secret, attempt_prefix(env.attempt), where=f"the rendezvous store at {_where(env)}")
     if form:
-        _check_in(store, env, join_s)
+        check_in(store, env, join_s)
     store.set_timeout(timedelta(seconds=max(timeout_s, join_s)))  # later store reads (subgroups' set-up, ...)
     if form:
         init_group(store, env, backend, timeout_s)
@@ -192,7 +192,7 @@ def _connect(env: DistEnv, join_s: float) -> dist.Store:
 ALL_JOINED = "joined/all"  # rank 0's word, once every rank's check-in verified (a signed store)
 
 
-def _check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
+def check_in(store: dist.Store, env: DistEnv, join_s: float) -> None:
     """Every rank writes ``joined/<rank>`` = host and waits for all the others, naming the missing ones. In a signed
     store a rank has arrived only once its value verifies (a stranger's ``joined/<rank>`` is no arrival; the real
     rank's own write replaces it): rank 0 reads every one and then says so (``ALL_JOINED``), which the others wait

@@ -36,6 +36,7 @@ HELPERS = {  # not run by hand: covered through the scripts that import or start
     "heal_loop_job.py": "heal_loop.py",
     "heal_loop_jobs.py": "heal_loop.py",
     "heal_loop_net.py": "heal_loop.py",
+    "scale_start.py": "scale.py",
     "scale_watch.py": "scale.py",
     "your_loop_jobs.py": "your_loop.py",
 }
@@ -168,7 +169,8 @@ def test_optimizer(run_script: Script) -> None:
 
 
 def test_scale(run_script: Script, tmp_path: Path) -> None:
-    """The smallest size, the stall named sooner (bench/scale_watch.py's watch over 8 ranks in 2 processes)."""
+    """The smallest size, the stall named sooner (bench/scale_watch.py's watch over 8 ranks in 2 processes), the 8
+    ranks' start-up in one (bench/scale_start.py)."""
     out = tmp_path / "scale.json"
     small = ("--sizes", "8:2", "--clean-s", 3, "--warn-s", 2, "--lost-after-s", 1, "--hosts", 1)
     run_script("scale", *small, "--json", out)

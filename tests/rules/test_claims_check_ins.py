@@ -2,13 +2,13 @@
 a round of a healing job does not form on a member's forged check-in (its members wait for the real one, or for
 the keeper's next decision), whether the forgery is unsigned at the job's real key or signed with another secret;
 nor does a joining machine enter on a forged answer to its readiness; the ranks' own check-in before their group
-forms is held to the same rule (``rendezvous._check_in``: only a value that verifies is an arrival)."""
+forms is held to the same rule (``rendezvous.check_in``: only a value that verifies is an arrival)."""
 
 import pytest
 import torch.distributed as dist
 
 from launcher.base.env import DistEnv
-from launcher.group.rendezvous import JoinError, _check_in, attempt_prefix
+from launcher.group.rendezvous import JoinError, attempt_prefix, check_in
 from launcher.heal.protocol import Decision, Keys, Place
 from launcher.heal.rank_side import Healer
 from launcher.trust.secret import Secret
@@ -59,4 +59,4 @@ def test_a_forged_join_check_in_is_no_arrival(stranger):
     strangers[stranger].set("joined/1", "stranger-host")  # rank 1 never came
     env = DistEnv(rank=0, world_size=2, local_world_size=2)
     with pytest.raises(JoinError, match=r"ranks \[1\] did not join"):
-        _check_in(store, env, join_s=0.3)
+        check_in(store, env, join_s=0.3)
