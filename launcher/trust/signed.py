@@ -54,6 +54,16 @@ class SignedStore(dist.Store):
             self._refused(self._prefix + key)
         return value
 
+    def read_all(self, keys: list[str]) -> list[Optional[bytes]]:
+        """``read`` of keys the caller knows are there, in one round trip (``multi_get``): each value if it verifies,
+        else None (a forged one is said once)."""
+        values = self.inner.multi_get([self._key(k) for k in keys])
+        opened = [self.secret.open(self._prefix + k, v) for k, v in zip(keys, values)]
+        for key, value in zip(keys, opened):
+            if value is None:
+                self._refused(self._prefix + key)
+        return opened
+
     def get(self, key: str) -> bytes:
         full = self._key(key)
         value = self.secret.open(self._prefix + key, self.inner.get(full))
