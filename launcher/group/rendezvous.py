@@ -219,7 +219,7 @@ def _arrived(store: dist.Store, keys: list[str], signed: bool, deadline: float) 
     tick, waiting = threading.Event(), list(keys)
     while True:
         waited(store, waiting, timedelta(seconds=max(0.001, deadline - time.monotonic())))  # (missing: asked below)
-        # one round trip each for all of them where all are there (rank 0 at 16k ranks: not three per rank)
+        # where all are there, one round trip asks for all of them (rank 0 at 16k ranks: not three per rank)
         there = list(waiting) if store.check(waiting) else [k for k in waiting if store.check([k])]
         verified = store.read_all(there) if signed and there else there  # type: ignore[attr-defined]
         arrived = {k for k, value in zip(there, verified) if value is not None}

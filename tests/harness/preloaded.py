@@ -15,8 +15,8 @@ import gc
 import pytest  # noqa: F401  (a rank unpickles its function by its test module, which imports pytest)
 import torch.distributed.checkpoint  # noqa: F401
 import torch.distributed.checkpoint.state_dict  # noqa: F401
-import torch.profiler._cupti_monitor  # noqa: F401  (what an optimizer's first step imports)
-import torch.utils.serialization  # noqa: F401  (torch.save's)
+import torch.profiler._cupti_monitor  # noqa: F401  (these two: imported by most ranks after the fork, seen)
+import torch.utils.serialization  # noqa: F401
 from omegaconf import OmegaConf
 
 import launcher.comm.ddp_hook  # noqa: F401

@@ -80,8 +80,8 @@ def spawn_ranks(fn: Callable, world: int, tmp_path: Path, *args: Any, timeout: f
     ctx = _rank_context()
     store = tmp_path / "filestore"
     store.unlink(missing_ok=True)  # a FileStore left by earlier ranks in this directory would hand on its keys
-    # every rank here is on this host: gloo listens on loopback by name, never resolving the host's name (a host
-    # named `node` that resolves nowhere cost a rank a 5 s DNS timeout now and then: CI's second clone)
+    # every rank here is on this host: gloo listens on loopback by name, never resolving the host's name (on a host
+    # named `node` that resolves nowhere, building groups stalled 5 s now and then: CI's second clone)
     environ = {"GLOO_SOCKET_IFNAME": "lo", **os.environ}
     common = (str(store), str(tmp_path), args, environ, os.getcwd())
     procs = [ctx.Process(target=_rank_main, args=(fn, r, world, *common)) for r in range(world)]
