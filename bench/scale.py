@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from common import machine, table
-from scale_start import quantile, ready_times
+from scale_start import KINDS, quantile, ready_times
 
 from launcher.base.errors import Kind
 from launcher.base.run_dir import RunDir
@@ -58,7 +58,6 @@ from launcher.trust.secret import Secret
 from launcher.trust.signed import SignedStore
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("ours", "torch")  # (bench/scale_start.py: the launcher's start-up, torch's store alone)
 HEARD_S = 2.5  # every node beats a few times (every 0.5 s) before one falls silent: the keeper has heard them all
 
 

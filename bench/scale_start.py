@@ -40,25 +40,27 @@ from launcher.trust.signed import guard
 
 JOIN_S = 600.0  # cluster.join_timeout_s for the simulated ranks: long enough never to be what ends a run
 PER_NODE = 4  # ranks a simulated node (only their DistEnv says it)
-KINDS = ("ours", "torch")
+KINDS = ("ours", "torch")  # the launcher's start-up, torch's store alone
 
 
-def _ready(kind: str, port: int, rank: int, world: int, secret: Secret | None, connected: list[float]) -> None:
+def _ready(kind: str, port: int, rank: int, world: int, secret: Secret | None) -> float:
+    """Make rank ``rank`` ready; when its store client had connected (wall clock)."""
     client = dist.TCPStore(
         "127.0.0.1", port, world_size=world, is_master=False, timeout=timedelta(seconds=JOIN_S), wait_for_workers=False
     )
-    connected.append(time.time())
+    connected = time.time()
     if kind == "torch":
         if client.add("arrived", 1) == world:
             client.set("all", "1")
         client.wait(["all"])
-        return
+        return connected
     env = DistEnv(
         rank=rank, local_rank=rank % PER_NODE, world_size=world, local_world_size=PER_NODE,
         node_rank=rank // PER_NODE, num_nodes=max(1, world // PER_NODE), master_addr="127.0.0.1", master_port=port,
         hostname=f"sim-{rank // PER_NODE}",
     )  # fmt: skip
     check_in(guard(client, secret, attempt_prefix(0)), env, JOIN_S)
+    return connected
 
 
 def host(kind: str, port: int, world: int, first: int, last: int) -> None:
@@ -69,9 +71,8 @@ def host(kind: str, port: int, world: int, first: int, last: int) -> None:
 
     def rank(r: int) -> None:
         start.wait()
-        connected: list[float] = []
-        _ready(kind, port, r, world, secret, connected)
-        took[r] = (connected[0] - t0[0], time.time() - t0[0])
+        connected = _ready(kind, port, r, world, secret)
+        took[r] = (connected - t0[0], time.time() - t0[0])
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(first, last)]
     for thread in threads:
